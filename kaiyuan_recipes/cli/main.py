@@ -1,0 +1,46 @@
+"""The `kaiyuan` command: parses arguments and dispatches; the work lives in the sub-packages."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import warnings
+
+from kaiyuan_recipes import __version__
+from kaiyuan_recipes.cli import models, train
+
+SUBCOMMANDS = (train, models)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kaiyuan", description="Kaiyuan-2B pretraining recipes")
+    parser.add_argument("--version", action="version", version=f"kaiyuan-recipes {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for module in SUBCOMMANDS:
+        module.add_parser(sub)
+    return parser
+
+
+def quiet_upstream_noise() -> None:
+    """Megatron logs optional-import tracebacks at INFO and warns about absent TE/Apex on every
+    import; on a host without them that is expected, so keep the console for our output."""
+    logging.basicConfig(level=logging.WARNING)
+    for name in ("megatron", "megatron.bridge", "megatron.core"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine|transformer_engine).*")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    quiet_upstream_noise()
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, KeyError, FileNotFoundError, RuntimeError) as err:
+        # Configuration and input errors: one clear line, no traceback.
+        print(f"kaiyuan: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

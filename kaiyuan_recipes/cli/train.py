@@ -1,0 +1,50 @@
+"""`kaiyuan train`: resolve, check and launch a recipe on this node."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+from kaiyuan_recipes.launch.torchrun import TorchrunSpec
+from kaiyuan_recipes.training.config import build_config
+from kaiyuan_recipes.training.entry import prepare_run_dirs
+from kaiyuan_recipes.training.summary import print_summary, resolve_with_upstream, summarize
+from kaiyuan_recipes.training.validate import validate
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("train", help="train a recipe on this node with torchrun")
+    p.add_argument("recipe")
+    p.add_argument("overrides", nargs="*", help="section.field=value (Hydra syntax)")
+    p.add_argument("--nproc-per-node", type=int, default=1)
+    p.add_argument("--dry-run", action="store_true", help="resolve and print the plan; launch nothing")
+    p.add_argument("--json", action="store_true", help="with --dry-run: print the plan as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: Any) -> int:
+    spec = TorchrunSpec(nproc_per_node=args.nproc_per_node)
+    cfg, settings = build_config(args.recipe, args.overrides)
+    layout = validate(cfg, spec.world_size, settings.max_positions)
+    resolve_with_upstream(cfg, spec.world_size)
+    argv = spec.argv(args.recipe, args.overrides)
+    summary = summarize(cfg, settings, layout, argv)
+    if args.dry_run:
+        if args.json:
+            print(json.dumps(summary, indent=2))
+        else:
+            print_summary(summary)
+        return 0
+    prepare_run_dirs(settings)
+    log_path = settings.log_dir / f"train-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    print(f"launching: {summary['launch_command']}\nlog: {log_path}", flush=True)
+    with open(log_path, "w", encoding="utf-8") as log:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            log.write(line)
+        return proc.wait()

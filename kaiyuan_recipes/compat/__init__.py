@@ -1,0 +1,136 @@
+"""Workarounds for upstream defects, one function per defect, each applied only when needed.
+
+Every workaround here has a test in tests/test_compat.py that fails once upstream fixes the defect,
+so the workaround can be deleted. Nothing outside this module patches upstream code.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from typing import Any
+
+_LORA_MODULE = "megatron.bridge.peft.lora_layers"
+_LORA_NAMES = (
+    "LinearAdapter",
+    "LoRALinear",
+    "LoRATopKRouter",
+    "TELinearAdapter",
+    "TEFusedLoRALinear",
+)
+
+
+class LoRAUnavailableError(RuntimeError):
+    pass
+
+
+def transformer_engine_available() -> bool:
+    try:
+        return importlib.util.find_spec("transformer_engine") is not None and bool(
+            importlib.util.find_spec("transformer_engine.pytorch")
+        )
+    except (ImportError, ValueError):
+        return False
+
+
+def _lora_unavailable(name: str) -> type:
+    def _refuse(*_args: Any, **_kwargs: Any) -> None:
+        raise LoRAUnavailableError(
+            f"{name}: LoRA in megatron-bridge 0.6.2 needs Transformer Engine, which is not installed "
+            "on this host. Pretraining works without it; for LoRA/PEFT install transformer-engine."
+        )
+
+    return type(name, (), {"__init__": _refuse})
+
+
+def install_lora_placeholder() -> bool:
+    """megatron-bridge 0.6.2 imports transformer_engine.pytorch unconditionally in
+    peft/lora_layers.py, so `import megatron.bridge` fails without TE. Register a placeholder
+    module whose classes refuse to be built with a clear message. Returns True if installed."""
+    if transformer_engine_available() or _LORA_MODULE in sys.modules:
+        return False
+    placeholder = types.ModuleType(_LORA_MODULE)
+    placeholder.__doc__ = "kaiyuan_recipes.compat placeholder: LoRA needs Transformer Engine."
+    for name in _LORA_NAMES:
+        setattr(placeholder, name, _lora_unavailable(name))
+
+    def patch_linear_module(*_a: Any, **_k: Any) -> None:
+        _lora_unavailable("patch_linear_module")()  # raises LoRAUnavailableError
+
+    placeholder.patch_linear_module = patch_linear_module
+    sys.modules[_LORA_MODULE] = placeholder
+    return True
+
+
+def dataset_helpers_prebuilt() -> bool:
+    try:
+        from megatron.core.datasets import helpers_cpp  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def skip_prebuilt_helpers_build() -> bool:
+    """megatron-bridge calls megatron.core.datasets.utils.compile_helpers() (runs `make` in the
+    package dir) on every start; the PyPI megatron-core wheel ships helpers_cpp compiled but no
+    Makefile, so `make` fails and training exits. Skip the build when helpers_cpp already imports."""
+    if not dataset_helpers_prebuilt():
+        return False
+    import megatron.core.datasets.utils as mcore_dataset_utils
+
+    original = mcore_dataset_utils.compile_helpers
+    if getattr(original, "_kaiyuan_skip", False):
+        return True
+
+    def compile_helpers() -> None:
+        if not dataset_helpers_prebuilt():
+            original()
+
+    compile_helpers._kaiyuan_skip = True  # type: ignore[attr-defined]
+    mcore_dataset_utils.compile_helpers = compile_helpers
+    # initialize.py bound the name at import time.
+    init_mod = sys.modules.get("megatron.bridge.training.initialize")
+    if init_mod is not None:
+        init_mod.compile_helpers = compile_helpers
+    return True
+
+
+# Settings a model needs on Megatron's local (non-TE) layer spec: each of these fusions is
+# implemented with Transformer Engine or Apex kernels, and the default is "on".
+LOCAL_SPEC_SETTINGS: dict[str, Any] = {
+    "transformer_impl": "local",
+    "masked_softmax_fusion": False,
+    "cross_entropy_fusion_impl": "native",
+    "cross_entropy_loss_fusion": False,
+    "apply_rope_fusion": False,
+    "bias_activation_fusion": False,
+    "bias_dropout_fusion": False,
+    "gradient_accumulation_fusion": False,
+}
+
+
+def apply_local_spec_settings(provider: Any) -> Any:
+    """Point a GPTModelProvider at the local spec and turn off the fusions that need TE/Apex."""
+    from megatron.bridge.models.gpt_provider import local_layer_spec
+
+    provider.transformer_layer_spec = local_layer_spec
+    for key, value in LOCAL_SPEC_SETTINGS.items():
+        setattr(provider, key, value)
+    return provider
+
+
+def apply() -> None:
+    """Apply every workaround that this host needs. Call before importing megatron.bridge."""
+    install_lora_placeholder()
+    skip_prebuilt_helpers_build()
+
+
+def import_megatron_bridge() -> types.ModuleType:
+    """Import megatron.bridge with the workarounds in place; the single entry point for it."""
+    apply()
+    import megatron.bridge as bridge
+    import megatron.bridge.training.initialize  # noqa: F401  (so the helpers patch reaches it)
+
+    skip_prebuilt_helpers_build()
+    return bridge

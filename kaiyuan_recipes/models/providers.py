@@ -1,0 +1,66 @@
+"""Megatron-Bridge GPTModelProvider configurations built offline from recipes/<name>/model.yaml.
+
+Unlike upstream's Qwen3 recipes (AutoBridge.from_hf_pretrained), nothing here touches the hub."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kaiyuan_recipes import compat
+from kaiyuan_recipes.recipe_tree import load_model_file
+
+ACTIVATIONS = ("silu", "gelu", "relu")
+LAYER_SPECS = ("auto", "local", "transformer_engine")
+# Stated in model.yaml for validation and HF export; RoPE models have no position table.
+NOT_PROVIDER_FIELDS = ("max_position_embeddings",)
+
+
+def _activation(name: str):
+    import torch.nn.functional as F
+
+    if name not in ACTIVATIONS:
+        raise ValueError(f"model.activation_func: expected one of {ACTIVATIONS}, got {name!r}")
+    return getattr(F, name)
+
+
+def build_provider(shape: dict[str, Any], layer_spec: str = "auto"):
+    """A GPTModelProvider from GPTModelProvider field names; `activation_func` given by name."""
+    compat.import_megatron_bridge()
+    import dataclasses
+
+    from megatron.bridge.models.gpt_provider import GPTModelProvider
+
+    fields = {k: v for k, v in shape.items() if k not in NOT_PROVIDER_FIELDS}
+    if isinstance(fields.get("activation_func"), str):
+        fields["activation_func"] = _activation(fields["activation_func"])
+    known = {f.name for f in dataclasses.fields(GPTModelProvider)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise ValueError(f"model: unknown GPTModelProvider field(s) {unknown}")
+    provider = GPTModelProvider(**fields)
+    return select_layer_spec(provider, layer_spec)
+
+
+def select_layer_spec(provider, layer_spec: str = "auto"):
+    if layer_spec not in LAYER_SPECS:
+        raise ValueError(f"kaiyuan.layer_spec: expected one of {LAYER_SPECS}, got {layer_spec!r}")
+    use_te = layer_spec == "transformer_engine" or (layer_spec == "auto" and compat.transformer_engine_available())
+    if layer_spec == "transformer_engine" and not compat.transformer_engine_available():
+        raise RuntimeError("kaiyuan.layer_spec=transformer_engine, but transformer_engine is not installed")
+    if not use_te:
+        compat.apply_local_spec_settings(provider)
+    return provider
+
+
+def provider_for_recipe(name: str, layer_spec: str = "auto"):
+    return build_provider(load_model_file(name), layer_spec)
+
+
+def gpt_smoke(layer_spec: str = "auto"):
+    """~340M GPT (12 layers, 768 hidden, GQA 8/4, SwiGLU, RoPE, untied embeddings)."""
+    return provider_for_recipe("gpt_smoke", layer_spec)
+
+
+def qwen3_1p7b(layer_spec: str = "auto"):
+    """Qwen3-1.7B shape: 28 layers, 2048 hidden, GQA 16/8, QK-norm, untied; 2.03B parameters."""
+    return provider_for_recipe("qwen3_1p7b", layer_spec)

@@ -1,0 +1,187 @@
+"""Assembles a Megatron-Bridge ConfigContainer from a recipe's three files plus overrides.
+
+One function per concern: sections from YAML, ZeRO stage → DDP settings, run layout, data source.
+Everything a recipe can say is a ConfigContainer field or a `kaiyuan.*` knob — nothing hidden here."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from kaiyuan_recipes import compat
+from kaiyuan_recipes.models.providers import build_provider
+from kaiyuan_recipes.recipe_tree import load_recipe_tree
+from kaiyuan_recipes.training import overrides as ov
+
+# Megatron's NullTokenizer appends EOD after the base vocabulary: with 151,643 base ranks the EOD id
+# is 151,643, the same id <|endoftext|> has in the Qwen2 tokenizer.
+QWEN2_BASE_VOCAB = 151643
+ZERO_STAGES = {
+    0: dict(use_distributed_optimizer=False, data_parallel_sharding_strategy="no_shard"),
+    1: dict(use_distributed_optimizer=True, data_parallel_sharding_strategy="optim"),
+    2: dict(use_distributed_optimizer=True, data_parallel_sharding_strategy="optim_grads"),
+}
+DATA_SOURCES = ("mock", "blend")
+
+
+@dataclass
+class RunSettings:
+    """The `kaiyuan.*` knobs, resolved."""
+
+    recipe: str
+    run_name: str
+    run_dir: Path
+    zero_stage: int
+    layer_spec: str
+    data: str
+    tokenizer: str | None
+    max_positions: int | None = None
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        return self.run_dir / "tb_logs"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.run_dir / "logs"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.run_dir / "run_state"
+
+
+def _section_types() -> dict[str, type]:
+    from megatron.bridge.training.config import (
+        CheckpointConfig,
+        DistributedDataParallelConfig,
+        DistributedInitConfig,
+        GPTDatasetConfig,
+        LoggerConfig,
+        OptimizerConfig,
+        ProfilingConfig,
+        RNGConfig,
+        SchedulerConfig,
+        TokenizerConfig,
+        TrainingConfig,
+        ValidationConfig,
+    )
+
+    return {
+        "train": TrainingConfig,
+        "validation": ValidationConfig,
+        "optimizer": OptimizerConfig,
+        "scheduler": SchedulerConfig,
+        "checkpoint": CheckpointConfig,
+        "logger": LoggerConfig,
+        "rng": RNGConfig,
+        "dataset": GPTDatasetConfig,
+        "ddp": DistributedDataParallelConfig,
+        "tokenizer": TokenizerConfig,
+        "profiling": ProfilingConfig,
+        "dist": DistributedInitConfig,
+    }
+
+
+def _build_section(name: str, cls: type, values: dict[str, Any], recipe: str) -> Any:
+    known = {f.name for f in dataclasses.fields(cls)} | {"seq_length"}
+    for key in values:
+        if key not in known:
+            match = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f"; closest valid field: {name}.{match[0]}" if match else ""
+            raise ov.OverrideError(f"recipe {recipe!r}: unknown field {name}.{key}{hint}")
+    return cls(**values)
+
+
+def resolve_run_settings(recipe: str, knobs: dict[str, Any]) -> RunSettings:
+    stage = knobs.get("zero_stage", 1)
+    if stage not in ZERO_STAGES:
+        raise ValueError(f"kaiyuan.zero_stage: expected 0, 1 or 2, got {stage!r}")
+    if knobs.get("data", "mock") not in DATA_SOURCES:
+        raise ValueError(f"kaiyuan.data: expected one of {DATA_SOURCES}, got {knobs.get('data')!r}")
+    run_name = knobs.get("run_name") or recipe
+    if "/" in run_name or run_name in {".", ".."}:
+        raise ValueError(f"kaiyuan.run_name: {run_name!r} must be a plain directory name")
+    return RunSettings(
+        recipe=recipe,
+        run_name=run_name,
+        run_dir=Path(knobs.get("run_root", "./runs")).expanduser().resolve() / run_name,
+        zero_stage=stage,
+        layer_spec=knobs.get("layer_spec", "auto"),
+        data=knobs.get("data", "mock"),
+        tokenizer=knobs.get("tokenizer"),
+    )
+
+
+def _apply_zero_stage(cfg: Any, stage: int) -> None:
+    for key, value in ZERO_STAGES[stage].items():
+        setattr(cfg.ddp, key, value)
+    cfg.optimizer.use_distributed_optimizer = ZERO_STAGES[stage]["use_distributed_optimizer"]
+
+
+def _apply_run_layout(cfg: Any, run: RunSettings) -> None:
+    cfg.checkpoint.save = str(run.checkpoint_dir)
+    cfg.checkpoint.load = str(run.checkpoint_dir)  # restart = resume, as the original scripts did
+    cfg.logger.tensorboard_dir = str(run.tensorboard_dir)
+
+
+def _tokenizer_config(run: RunSettings) -> Any:
+    from megatron.bridge.training.config import TokenizerConfig
+
+    if run.tokenizer:
+        return TokenizerConfig(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=run.tokenizer)
+    return TokenizerConfig(tokenizer_type="NullTokenizer", vocab_size=QWEN2_BASE_VOCAB)
+
+
+def _apply_data_source(cfg: Any, run: RunSettings) -> None:
+    if run.data == "mock":
+        cfg.dataset.blend = None
+        cfg.dataset.blend_per_split = None
+    elif not (cfg.dataset.blend or cfg.dataset.blend_per_split or cfg.dataset.data_path):
+        raise ValueError("kaiyuan.data=blend needs dataset.blend, dataset.blend_per_split or dataset.data_path")
+
+
+def build_config(recipe: str, overrides: list[str] | None = None) -> tuple[Any, RunSettings]:
+    """The complete ConfigContainer for `recipe`, and the resolved run settings."""
+    compat.import_megatron_bridge()
+    from megatron.bridge.training.config import ConfigContainer, DistributedDataParallelConfig
+
+    overrides = list(overrides or [])
+    knob_overrides = [o for o in overrides if ov.split_key(o)[0].startswith("kaiyuan.")]
+    container_overrides = [o for o in overrides if o not in knob_overrides]
+
+    tree = load_recipe_tree(recipe)
+    ov.apply_to_tree(tree, knob_overrides)
+    data = OmegaConf.to_container(tree, resolve=True)
+    run = resolve_run_settings(recipe, data.pop("kaiyuan", {}))
+
+    model_shape = data.pop("model")
+    mixed_precision = data.pop("mixed_precision", "bf16_mixed")
+    types = _section_types()
+    unknown = sorted(set(data) - set(types))
+    if unknown:
+        raise ov.OverrideError(f"recipe {recipe!r}: unknown section(s) {unknown}; known: {sorted(types)}")
+    sections = {name: _build_section(name, types[name], data.get(name, {}), recipe) for name in types if name in data}
+    sections.setdefault("ddp", DistributedDataParallelConfig())
+    sections.setdefault("tokenizer", _tokenizer_config(run))
+    # The model reads seq_length from the data part: one value, stated once. RoPE models have no
+    # position table, so max_position_embeddings is ours (validation, HF export), not the provider's.
+    model_shape.setdefault("seq_length", sections["dataset"].seq_length)
+    run.max_positions = model_shape.pop("max_position_embeddings", None)
+
+    cfg = ConfigContainer(
+        model=build_provider(model_shape, run.layer_spec), mixed_precision=mixed_precision, **sections
+    )
+    _apply_zero_stage(cfg, run.zero_stage)
+    _apply_run_layout(cfg, run)
+    _apply_data_source(cfg, run)
+    ov.apply_to_container(cfg, container_overrides)
+    return cfg, run

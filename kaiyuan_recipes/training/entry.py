@@ -1,0 +1,35 @@
+"""What each torchrun worker runs: build the recipe's ConfigContainer and call Megatron-Bridge's
+pretrain with its GPT forward step. `python -m kaiyuan_recipes.training.entry RECIPE [overrides]`."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from kaiyuan_recipes import compat
+from kaiyuan_recipes.training.config import RunSettings, build_config
+from kaiyuan_recipes.training.validate import validate
+
+
+def prepare_run_dirs(run: RunSettings) -> None:
+    for path in (run.checkpoint_dir, run.tensorboard_dir, run.log_dir, run.state_dir):
+        path.mkdir(parents=True, exist_ok=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        raise SystemExit("usage: python -m kaiyuan_recipes.training.entry RECIPE [section.field=value ...]")
+    compat.apply()
+    cfg, run = build_config(argv[0], argv[1:])
+    validate(cfg, int(os.environ.get("WORLD_SIZE", "1")), run.max_positions)
+    prepare_run_dirs(run)
+
+    from megatron.bridge.training.gpt_step import forward_step
+    from megatron.bridge.training.pretrain import pretrain
+
+    pretrain(cfg, forward_step)
+
+
+if __name__ == "__main__":
+    main()

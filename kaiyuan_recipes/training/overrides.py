@@ -1,0 +1,95 @@
+"""Hydra-style command-line overrides (`section.field=value`) with errors that name the closest
+valid key. Recipe knobs (`kaiyuan.*`) apply to the recipe tree; everything else is applied to the
+built ConfigContainer by Megatron-Bridge's own override machinery."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Any, Iterable
+
+from omegaconf import DictConfig, OmegaConf
+
+
+class OverrideError(ValueError):
+    pass
+
+
+def split_key(override: str) -> tuple[str, str]:
+    body = override.lstrip("+~")
+    if "=" not in body:
+        raise OverrideError(f"override {override!r}: expected section.field=value")
+    key, value = body.split("=", 1)
+    if not key or key != key.strip():
+        raise OverrideError(f"override {override!r}: empty or padded key")
+    return key, value
+
+
+def _closest(key: str, candidates: Iterable[str]) -> str:
+    match = difflib.get_close_matches(key, list(candidates), n=1, cutoff=0.5)
+    return f"; closest valid key: {match[0]}" if match else ""
+
+
+def dataclass_keys(obj: Any, prefix: str = "", depth: int = 2) -> list[str]:
+    """Dotted keys of a (nested) dataclass instance, for suggestions."""
+    keys = []
+    for f in dataclasses.fields(obj):
+        if f.name.startswith("_"):
+            continue
+        dotted = f"{prefix}{f.name}"
+        keys.append(dotted)
+        value = getattr(obj, f.name, None)
+        if depth > 1 and dataclasses.is_dataclass(value) and not isinstance(value, type):
+            keys.extend(dataclass_keys(value, dotted + ".", depth - 1))
+    return keys
+
+
+def apply_to_tree(tree: DictConfig, overrides: list[str]) -> None:
+    """Apply `kaiyuan.*` overrides to the recipe tree; unknown keys are errors."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    valid = [f"kaiyuan.{k}" for k in tree.get("kaiyuan", {})]
+    for override in overrides:
+        key, _ = split_key(override)
+        if key not in valid:
+            raise OverrideError(f"unknown override key {key!r}{_closest(key, valid)}")
+    OmegaConf.set_struct(tree, True)
+    parsed = OverridesParser.create().parse_overrides(overrides=overrides)
+    ConfigLoaderImpl._apply_overrides_to_config(overrides=parsed, cfg=tree)
+    OmegaConf.set_struct(tree, False)
+
+
+def apply_to_container(cfg: Any, overrides: list[str]) -> None:
+    """Apply overrides to a ConfigContainer through Megatron-Bridge's process_config_with_overrides."""
+    if not overrides:
+        return
+    from megatron.bridge.training.utils.omegaconf_utils import OverridesError, process_config_with_overrides
+
+    valid = dataclass_keys(cfg)
+    for override in overrides:
+        key, _ = split_key(override)
+        section = key.split(".", 1)[0]
+        if key not in valid and not override.startswith("+"):
+            if section not in {k.split(".")[0] for k in valid}:
+                raise OverrideError(f"unknown override section in {key!r}{_closest(key, valid)}")
+            raise OverrideError(f"unknown override key {key!r}{_closest(key, valid)}")
+    before = {key: _get(cfg, key) for key in (split_key(o)[0] for o in overrides)}
+    try:
+        process_config_with_overrides(cfg, cli_overrides=list(overrides))
+    except OverridesError as err:
+        raise OverrideError(str(err)) from err
+    for key, old in before.items():
+        new = _get(cfg, key)
+        if _numeric(old) and not _numeric(new):
+            raise OverrideError(f"override {key}={new!r}: expected a {type(old).__name__}")
+
+
+def _numeric(value: Any) -> bool:
+    return isinstance(value, (int, float))  # bool included
+
+
+def _get(obj: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        obj = getattr(obj, part, None)
+    return obj

@@ -1,0 +1,108 @@
+"""The dry-run summary: what a run will do, resolved from the complete ConfigContainer."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import shlex
+from typing import Any
+
+from kaiyuan_recipes.models.param_count import count_parameters
+from kaiyuan_recipes.training.config import RunSettings
+from kaiyuan_recipes.training.validate import ConfigError
+
+
+def resolve_with_upstream(cfg: Any, world_size: int) -> Any:
+    """Run Megatron-Bridge's own runtime_config_update (mixed precision, DP size, scheduler steps,
+    validation) on a copy, as `pretrain` will at start-up, so a dry run fails where a real run would."""
+    from megatron.bridge.training.config import runtime_config_update
+
+    resolved = copy.deepcopy(cfg)
+    saved = {k: os.environ.get(k) for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    os.environ.update(WORLD_SIZE=str(world_size), RANK="0", LOCAL_RANK="0")
+    try:
+        runtime_config_update(resolved)
+    except (AssertionError, ValueError) as err:
+        raise ConfigError(f"Megatron-Bridge rejected the configuration: {err}") from err
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return resolved
+
+
+def summarize(cfg: Any, run: RunSettings, layout: dict[str, int], launch_argv: list[str]) -> dict[str, Any]:
+    shape = {f.name: getattr(cfg.model, f.name) for f in dataclasses.fields(cfg.model)}
+    params = count_parameters(shape)
+    tokens_per_step = cfg.train.global_batch_size * cfg.dataset.seq_length
+    sched = cfg.scheduler
+    return {
+        "recipe": run.recipe,
+        "run_dir": str(run.run_dir),
+        "model": {
+            "parameters": params.total,
+            "non_embedding_parameters": params.non_embedding,
+            "layers": cfg.model.num_layers,
+            "hidden": cfg.model.hidden_size,
+            "heads/groups": f"{cfg.model.num_attention_heads}/{cfg.model.num_query_groups}",
+            "layer_spec": getattr(cfg.model.transformer_layer_spec, "__name__", str(cfg.model.transformer_layer_spec)),
+            "transformer_impl": cfg.model.transformer_impl,
+        },
+        "batch": {
+            "global_batch_size": cfg.train.global_batch_size,
+            "micro_batch_size": cfg.train.micro_batch_size,
+            "seq_length": cfg.dataset.seq_length,
+            "tokens_per_step": tokens_per_step,
+            "train_iters": cfg.train.train_iters,
+            "total_tokens": tokens_per_step * cfg.train.train_iters,
+        },
+        "parallel": {**layout, "zero_stage": run.zero_stage, "ddp_sharding": cfg.ddp.data_parallel_sharding_strategy},
+        "schedule": {
+            "style": sched.lr_decay_style,
+            "lr": cfg.optimizer.lr,
+            "min_lr": cfg.optimizer.min_lr,
+            "warmup_iters": sched.lr_warmup_iters,
+            "decay_tail_iters": sched.lr_wsd_decay_iters,
+        },
+        "checkpoint": {
+            "dir": cfg.checkpoint.save,
+            "save_interval": cfg.checkpoint.save_interval,
+            "keep_most_recent": cfg.checkpoint.most_recent_k,
+            "format": cfg.checkpoint.ckpt_format,
+            "resume_from": cfg.checkpoint.load,
+            "sigterm_saves": cfg.train.exit_signal_handler,
+        },
+        "evaluation": {
+            "interval": cfg.validation.eval_interval,
+            "iters": cfg.validation.eval_iters,
+            "data": "mock" if run.data == "mock" else "validation split of the blend",
+        },
+        "data": {"source": run.data, "tokenizer": run.tokenizer or f"NullTokenizer({cfg.tokenizer.vocab_size})"},
+        "tensorboard": cfg.logger.tensorboard_dir,
+        "launch_command": shlex.join(launch_argv),
+    }
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"kaiyuan train {summary['recipe']} — dry run", show_header=False)
+    table.add_column("section", style="bold")
+    table.add_column("value")
+    for section, value in summary.items():
+        if isinstance(value, dict):
+            text = "\n".join(f"{k}: {_fmt(v)}" for k, v in value.items())
+        else:
+            text = _fmt(value)
+        table.add_row(section, text)
+    Console(width=140).print(table)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10_000:
+        return f"{value:,}"
+    return str(value)

@@ -1,0 +1,73 @@
+"""Checks that catch an impossible configuration before any GPU work, with messages that say
+which fields disagree and what was expected."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from kaiyuan_recipes.models.param_count import padded_vocab_size
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def tokenizer_vocab_size(cfg: Any) -> int:
+    tok = cfg.tokenizer
+    if tok.tokenizer_type == "NullTokenizer":
+        return int(tok.vocab_size) + 1  # Megatron's NullTokenizer appends EOD
+    path = Path(str(tok.tokenizer_model)) / "tokenizer.json"
+    if not path.is_file():
+        raise ConfigError(f"tokenizer.tokenizer_model: {path} not found (expected a Hugging Face tokenizer directory)")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    ids = list(data["model"]["vocab"].values()) + [t["id"] for t in data.get("added_tokens", [])]
+    return max(ids) + 1
+
+
+def parallel_layout(cfg: Any, world_size: int) -> dict[str, int]:
+    m = cfg.model
+    model_parallel = m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size
+    if world_size % model_parallel:
+        raise ConfigError(
+            f"world size {world_size} is not divisible by TP×PP×CP = {m.tensor_model_parallel_size}×"
+            f"{m.pipeline_model_parallel_size}×{m.context_parallel_size} = {model_parallel}"
+        )
+    dp = world_size // model_parallel
+    per_step = cfg.train.micro_batch_size * dp
+    if cfg.train.global_batch_size % per_step:
+        raise ConfigError(
+            f"train.global_batch_size={cfg.train.global_batch_size} is not divisible by "
+            f"train.micro_batch_size × data-parallel size = {cfg.train.micro_batch_size} × {dp} = {per_step}"
+        )
+    return {
+        "world_size": world_size,
+        "tensor": m.tensor_model_parallel_size,
+        "pipeline": m.pipeline_model_parallel_size,
+        "context": m.context_parallel_size,
+        "data": dp,
+        "grad_accumulation": cfg.train.global_batch_size // per_step,
+    }
+
+
+def validate(cfg: Any, world_size: int, max_positions: int | None) -> dict[str, int]:
+    m, seq = cfg.model, cfg.dataset.seq_length
+    if m.seq_length != seq:
+        raise ConfigError(f"model.seq_length={m.seq_length} differs from dataset.seq_length={seq}; set them equal")
+    if max_positions is not None and seq > max_positions:
+        raise ConfigError(f"dataset.seq_length={seq} is longer than the model's max_position_embeddings={max_positions}")
+    groups = m.num_query_groups or m.num_attention_heads
+    if m.num_attention_heads % groups:
+        raise ConfigError(f"model.num_attention_heads={m.num_attention_heads} is not a multiple of num_query_groups={groups}")
+    if groups % m.tensor_model_parallel_size:
+        raise ConfigError(f"model.num_query_groups={groups} is not divisible by tensor_model_parallel_size={m.tensor_model_parallel_size}")
+    tok_vocab = tokenizer_vocab_size(cfg)
+    if m.vocab_size < tok_vocab:
+        raise ConfigError(f"model.vocab_size={m.vocab_size} is smaller than the tokenizer's vocabulary ({tok_vocab} ids)")
+    padded = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, m.tensor_model_parallel_size)
+    if padded != m.vocab_size and not m.should_pad_vocab:
+        raise ConfigError(
+            f"model.vocab_size={m.vocab_size} is not a multiple of make_vocab_size_divisible_by×TP; use {padded}"
+        )
+    return parallel_layout(cfg, world_size)
