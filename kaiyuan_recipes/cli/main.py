@@ -26,9 +26,12 @@ def quiet_upstream_noise() -> None:
     """Megatron logs optional-import tracebacks at INFO and warns about absent TE/Apex on every
     import; on a host without them that is expected, so keep the console for our output."""
     logging.basicConfig(level=logging.WARNING)
-    for name in ("megatron", "megatron.bridge", "megatron.core"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine|transformer_engine).*")
+    for name in ("megatron", "megatron.bridge", "megatron.core", "torch.utils.cpp_extension"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    # This module resets its own level to INFO at import and prints optional-import tracebacks.
+    logging.getLogger("megatron.bridge.utils.import_utils").disabled = True
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.jit")
 
 
 def main(argv: list[str] | None = None) -> int:

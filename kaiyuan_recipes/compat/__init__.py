@@ -96,17 +96,13 @@ def skip_prebuilt_helpers_build() -> bool:
     return True
 
 
-# Settings a model needs on Megatron's local (non-TE) layer spec: each of these fusions is
-# implemented with Transformer Engine or Apex kernels, and the default is "on".
+# Settings a model needs on Megatron's local (non-TE) layer spec where upstream's default is
+# wrong without Transformer Engine / Apex. (Other fusions — rope, bias-activation, bias-dropout,
+# gradient accumulation — already default to off or switch themselves off when TE is absent.)
 LOCAL_SPEC_SETTINGS: dict[str, Any] = {
     "transformer_impl": "local",
     "masked_softmax_fusion": False,
-    "cross_entropy_fusion_impl": "native",
     "cross_entropy_loss_fusion": False,
-    "apply_rope_fusion": False,
-    "bias_activation_fusion": False,
-    "bias_dropout_fusion": False,
-    "gradient_accumulation_fusion": False,
 }
 
 

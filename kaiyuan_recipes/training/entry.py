@@ -28,7 +28,9 @@ def main(argv: list[str] | None = None) -> None:
     from megatron.bridge.training.gpt_step import forward_step
     from megatron.bridge.training.pretrain import pretrain
 
-    pretrain(cfg, forward_step)
+    from kaiyuan_recipes.training.metrics import RunMetricsCallback
+
+    pretrain(cfg, forward_step, callbacks=[RunMetricsCallback(run.state_dir, cfg.dataset.seq_length)])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,104 @@
+"""Summarise a run's metrics.jsonl (written by RunMetricsCallback) into the results JSON committed
+under benchmarks/results/: steps, throughput, model TFLOP/s, losses, peak memory, resume evidence.
+
+usage: python benchmarks/train_report.py RUN_DIR --name NAME --command CMD --out FILE.json"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import time
+from pathlib import Path
+
+from kaiyuan_recipes.training.metrics import read_metrics
+
+
+def segments(records: list[dict]) -> list[list[dict]]:
+    """Split the record stream at each train_start: one segment per launch of the run."""
+    out: list[list[dict]] = []
+    for rec in records:
+        if rec["event"] == "train_start":
+            out.append([rec])
+        elif out:
+            out[-1].append(rec)
+    return out
+
+
+def report(run_dir: Path, name: str, command: str) -> dict:
+    records = read_metrics(run_dir / "run_state")
+    if not records:
+        raise SystemExit(f"{run_dir}/run_state/metrics.jsonl: no records")
+    segs = segments(records)
+    steps = [r for r in records if r["event"] == "step"]
+    # Steady state: drop each launch's first 3 steps (allocator warm-up, first checkpoint load).
+    steady = [r for seg in segs for r in [x for x in seg if x["event"] == "step"][3:]]
+    launches = []
+    for seg in segs:
+        seg_steps = [r for r in seg if r["event"] == "step"]
+        launches.append(
+            {
+                "started_at_iteration": seg[0]["iteration"],
+                "first_step": seg_steps[0]["iteration"] if seg_steps else None,
+                "last_step": seg_steps[-1]["iteration"] if seg_steps else None,
+                "checkpoints_saved": [r["iteration"] for r in seg if r["event"] == "checkpoint"],
+            }
+        )
+    resumed_correctly = all(
+        later["started_at_iteration"] == (earlier["checkpoints_saved"] or [None])[-1]
+        and later["first_step"] == later["started_at_iteration"] + 1
+        for earlier, later in zip(launches, launches[1:])
+    )
+    return {
+        "name": name,
+        "command": command,
+        "revision": os.environ.get("KAIYUAN_REVISION", "unknown"),
+        "host": {"hostname": socket.gethostname(), "platform": platform.platform(), **_gpu()},
+        "date": time.strftime("%Y-%m-%d"),
+        "steps": len(steps),
+        "final_iteration": steps[-1]["iteration"],
+        "tokens_per_s_per_gpu": statistics.median(r["tokens_per_s_per_gpu"] for r in steady) if steady else None,
+        "model_tflops_per_gpu": statistics.median(r["model_tflops_per_gpu"] for r in steady if r["model_tflops_per_gpu"])
+        if any(r.get("model_tflops_per_gpu") for r in steady)
+        else None,
+        "first_loss": steps[0]["loss"],
+        "last_loss": steps[-1]["loss"],
+        "loss_fell": steps[-1]["loss"] < steps[0]["loss"],
+        "peak_mem_gb": max((r["peak_mem_gb"] or 0) for r in steps),
+        "launches": launches,
+        "resumed_at_right_iteration": resumed_correctly if len(launches) > 1 else None,
+        "loss_curve": [[r["iteration"], r["loss"]] for r in steps],
+        "lr_curve": [[r["iteration"], r["lr"]] for r in steps],
+    }
+
+
+def _gpu() -> dict:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return {"gpu": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count(), "torch": torch.__version__}
+    except ImportError:
+        pass
+    return {"gpu": None}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--command", required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    result = report(args.run_dir, args.name, args.command)
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.replace(args.out)
+    print(json.dumps({k: v for k, v in result.items() if not k.endswith("_curve")}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

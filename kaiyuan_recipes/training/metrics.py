@@ -1,0 +1,98 @@
+"""Per-step training metrics as JSON lines in <run>/run_state/metrics.jsonl — the machine-readable
+record that `kaiyuan status`, benchmarks and plots read (the console log is for people).
+
+A Megatron-Bridge Callback: it only observes; it never changes training."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from kaiyuan_recipes import compat
+
+compat.apply()
+from megatron.bridge.training.callbacks import Callback  # noqa: E402
+
+METRICS_FILE = "metrics.jsonl"
+
+
+class RunMetricsCallback(Callback):
+    def __init__(self, state_dir: Path, seq_length: int):
+        self.path = Path(state_dir) / METRICS_FILE
+        self.seq_length = seq_length
+        self._t0 = 0.0
+        self._flops0 = 0
+
+    def _is_writer(self) -> bool:
+        import torch.distributed as dist
+
+        return not dist.is_initialized() or dist.get_rank() == dist.get_world_size() - 1
+
+    def _write(self, record: dict[str, Any]) -> None:
+        if self._is_writer():
+            with open(self.path, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(record) + "\n")
+
+    def on_train_start(self, context: Any) -> None:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        ts = context.state.train_state
+        self._write({"event": "train_start", "iteration": ts.step, "time": time.time()})
+
+    def on_train_step_start(self, context: Any) -> None:
+        self._t0 = time.perf_counter()
+        self._flops0 = context.state.train_state.floating_point_operations_so_far
+
+    def on_train_step_end(self, context: Any) -> None:
+        import torch
+        import torch.distributed as dist
+
+        elapsed = time.perf_counter() - self._t0
+        ts = context.state.train_state
+        cfg = context.state.cfg
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        loss = None
+        if context.loss_dict:
+            value = context.loss_dict.get("lm loss", next(iter(context.loss_dict.values())))
+            loss = float(value.item() if hasattr(value, "item") else value)
+        tokens = cfg.train.global_batch_size * self.seq_length
+        flops = ts.floating_point_operations_so_far - self._flops0
+        self._write(
+            {
+                "event": "step",
+                "iteration": ts.step,
+                "consumed_samples": ts.consumed_train_samples,
+                "loss": loss,
+                "lr": context.optimizer.param_groups[0]["lr"] if context.optimizer is not None else None,
+                "grad_norm": context.grad_norm,
+                "step_time_s": elapsed,
+                "tokens_per_s_per_gpu": tokens / elapsed / world,
+                "model_tflops_per_gpu": flops / elapsed / world / 1e12 if flops else None,
+                "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
+                "skipped": bool(context.skipped_iter),
+                "time": time.time(),
+            }
+        )
+
+    def on_checkpoint_save(self, context: Any) -> None:
+        self._write({"event": "checkpoint", "iteration": context.state.train_state.step, "time": time.time()})
+
+    def on_train_end(self, context: Any) -> None:
+        self._write({"event": "train_end", "iteration": context.state.train_state.step, "time": time.time()})
+
+
+def read_metrics(state_dir: Path) -> list[dict[str, Any]]:
+    path = Path(state_dir) / METRICS_FILE
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut short by a kill; the rest are intact
+    return records

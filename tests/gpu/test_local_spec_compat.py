@@ -1,0 +1,76 @@
+"""GPU: each local-spec setting in kaiyuan_recipes.compat is needed — reverting it to upstream's
+default makes a forward+backward on CUDA without Transformer Engine fail. When one of these tests
+fails, upstream has fixed that defect: drop the setting from compat.LOCAL_SPEC_SETTINGS.
+Also checks that with all settings applied the same step succeeds (the control)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from kaiyuan_recipes import compat
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run through the device tool)")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def model_parallel():
+    compat.apply()
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("nccl", rank=0, world_size=1)
+    parallel_state.initialize_model_parallel()
+    model_parallel_cuda_manual_seed(1234)
+    yield
+    parallel_state.destroy_model_parallel()
+
+
+def _upstream_defaults() -> dict:
+    from megatron.bridge.models.gpt_provider import GPTModelProvider
+
+    probe = GPTModelProvider(num_layers=2, hidden_size=128, num_attention_heads=4)
+    return {k: getattr(probe, k) for k in compat.LOCAL_SPEC_SETTINGS}
+
+
+def _step(revert: str | None) -> float:
+    from megatron.bridge.models.gpt_provider import GPTModelProvider
+
+    provider = GPTModelProvider(
+        num_layers=2, hidden_size=128, ffn_hidden_size=256, num_attention_heads=4, num_query_groups=2,
+        vocab_size=1024, seq_length=64, normalization="RMSNorm", gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu, add_bias_linear=False, position_embedding_type="rope",
+        share_embeddings_and_output_weights=False, bf16=True, params_dtype=torch.bfloat16,
+    )
+    compat.apply_local_spec_settings(provider)
+    if revert is not None:
+        setattr(provider, revert, _upstream_defaults()[revert])
+    model = provider.provide().cuda()
+    tokens = torch.randint(0, 1024, (2, 64), device="cuda")
+    positions = torch.arange(64, device="cuda").unsqueeze(0).expand(2, -1)
+    mask = torch.tril(torch.ones(64, 64, device="cuda", dtype=torch.bool)).logical_not()[None, None]
+    loss = model(tokens, positions, mask, labels=tokens).float().mean()
+    loss.backward()
+    torch.cuda.synchronize()
+    return float(loss)
+
+
+def test_control_all_settings_applied_trains():
+    assert torch.isfinite(torch.tensor(_step(None)))
+
+
+@pytest.mark.parametrize("setting", sorted(compat.LOCAL_SPEC_SETTINGS))
+def test_upstream_default_still_breaks(setting):
+    default = _upstream_defaults()[setting]
+    if default == compat.LOCAL_SPEC_SETTINGS[setting]:
+        pytest.fail(
+            f"{setting}: upstream's default is already {default!r}; "
+            "pinning it is no longer a workaround — move it out of compat"
+        )
+    with pytest.raises(Exception):
+        _step(setting)

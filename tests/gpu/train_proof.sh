@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# GPU proof for [core], run through the device tool from the repo root:
+#   bash tests/gpu/train_proof.sh smoke|qwen   (wheels from ../shared/gpu-host/fetch-wheels.sh in .whl)
+# Trains with `kaiyuan train`, stops at a checkpoint (train.exit_interval), restarts the same
+# command, and writes benchmarks/results-style JSON plus the logs under $OUT.
+set -euo pipefail
+which=${1:?smoke|qwen}
+out=${OUT:-/tmp/out}; mkdir -p "$out"
+if [ ! -d /tmp/site/megatron ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl .whl/*.tar.gz
+fi
+export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1
+kaiyuan() { python3 -m kaiyuan_recipes.cli.main "$@"; }
+root=/tmp/runs
+case "$which" in
+  smoke)
+    recipe=gpt_smoke
+    args=(kaiyuan.run_root=$root checkpoint.save_interval=100)
+    first=(train.exit_interval=100)
+    second=()
+    ;;
+  qwen)
+    recipe=qwen3_1p7b
+    # 20 steps at a global batch that fits the time box; everything else as the recipe.
+    args=(kaiyuan.run_root=$root train.train_iters=20 train.global_batch_size=8 logger.log_interval=1
+          scheduler.lr_warmup_iters=5 scheduler.lr_wsd_decay_iters=5 checkpoint.save_interval=10)
+    first=(train.exit_interval=10)
+    second=(checkpoint.save_optim=false)   # the disk holds one full 2B checkpoint with optimizer state
+    ;;
+esac
+python3 -c "import torch; print(torch.cuda.get_device_name(0))"
+kaiyuan train "$recipe" "${args[@]}" "${first[@]}" 2>&1 | tee "$out/${recipe}_launch1.log" | grep -E "iteration|saved|error|Error" | tail -40
+kaiyuan train "$recipe" "${args[@]}" "${second[@]}" 2>&1 | tee "$out/${recipe}_launch2.log" | grep -E "iteration|saved|loading|error|Error" | tail -40
+cmd="kaiyuan train $recipe ${args[*]} ${first[*]} ; kaiyuan train $recipe ${args[*]} ${second[*]}"
+python3 benchmarks/train_report.py "$root/$recipe" --name "${recipe}_train" --command "$cmd" \
+  --out "$out/${recipe}_train.json"
+cp "$root/$recipe/run_state/metrics.jsonl" "$out/${recipe}_metrics.jsonl"
+ls -la "$root/$recipe/checkpoints"
