@@ -6,6 +6,7 @@ so the workaround can be deleted. Nothing outside this module patches upstream c
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 import types
@@ -96,6 +97,32 @@ def skip_prebuilt_helpers_build() -> bool:
     return True
 
 
+def init_optimizer_state_before_load() -> bool:
+    """megatron-core 0.19's DistributedOptimizer.state_dict() asserts that the inner optimizer holds
+    exactly one 'step' value when neither Apex nor TE is installed; a fresh torch.optim.AdamW has no
+    state until its first step, so resuming from a checkpoint fails (`assert len(steps) == 1`).
+    Upstream already fills the state with dummy values before loading, but only on the Megatron-FSDP
+    path; do the same for the plain distributed optimizer. The loaded checkpoint then overwrites it."""
+    from megatron.core.optimizer import distrib_optimizer
+
+    if distrib_optimizer.HAVE_APEX_OR_TE:
+        return False
+    cls = distrib_optimizer.DistributedOptimizer
+    original = cls.sharded_state_dict
+    if getattr(original, "_kaiyuan_patched", False):
+        return True
+
+    @functools.wraps(original)
+    def sharded_state_dict(self, model_sharded_state_dict={}, is_loading=False, *args, **kwargs):  # noqa: B006
+        if is_loading and not self.optimizer.state:
+            self._init_optimizer_states_with_dummy_values()
+        return original(self, model_sharded_state_dict, is_loading, *args, **kwargs)
+
+    sharded_state_dict._kaiyuan_patched = True  # type: ignore[attr-defined]
+    cls.sharded_state_dict = sharded_state_dict
+    return True
+
+
 # Settings a model needs on Megatron's local (non-TE) layer spec where upstream's default is
 # wrong without Transformer Engine / Apex. (Other fusions — rope, bias-activation, bias-dropout,
 # gradient accumulation — already default to off or switch themselves off when TE is absent.)
@@ -120,6 +147,7 @@ def apply() -> None:
     """Apply every workaround that this host needs. Call before importing megatron.bridge."""
     install_lora_placeholder()
     skip_prebuilt_helpers_build()
+    init_optimizer_state_before_load()
 
 
 def import_megatron_bridge() -> types.ModuleType:
