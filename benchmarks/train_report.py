@@ -9,12 +9,13 @@ import argparse
 import json
 import os
 import platform
+import re
 import socket
 import statistics
 import time
 from pathlib import Path
 
-from kaiyuan_recipes.training.metrics import read_metrics
+from kaiyuan_recipes.training.metrics_log import read_metrics
 
 
 def segments(records: list[dict]) -> list[list[dict]]:
@@ -28,7 +29,20 @@ def segments(records: list[dict]) -> list[list[dict]]:
     return out
 
 
-def report(run_dir: Path, name: str, command: str) -> dict:
+LOG_TFLOPS = re.compile(r"throughput per GPU \(TFLOP/s/GPU\): ([0-9.]+)")
+
+
+def tflops_from_logs(logs: list[Path]) -> float | None:
+    """Megatron's own per-GPU model TFLOP/s from its iteration lines (first line of each launch
+    dropped: it includes warm-up)."""
+    values = []
+    for log in logs:
+        found = [float(v) for v in LOG_TFLOPS.findall(log.read_text(errors="replace"))]
+        values.extend(found[1:])
+    return statistics.median(values) if values else None
+
+
+def report(run_dir: Path, name: str, command: str, logs: list[Path] = ()) -> dict:
     records = read_metrics(run_dir / "run_state")
     if not records:
         raise SystemExit(f"{run_dir}/run_state/metrics.jsonl: no records")
@@ -63,7 +77,7 @@ def report(run_dir: Path, name: str, command: str) -> dict:
         "tokens_per_s_per_gpu": statistics.median(r["tokens_per_s_per_gpu"] for r in steady) if steady else None,
         "model_tflops_per_gpu": statistics.median(r["model_tflops_per_gpu"] for r in steady if r["model_tflops_per_gpu"])
         if any(r.get("model_tflops_per_gpu") for r in steady)
-        else None,
+        else tflops_from_logs(list(logs)),
         "first_loss": steps[0]["loss"],
         "last_loss": steps[-1]["loss"],
         "loss_fell": steps[-1]["loss"] < steps[0]["loss"],
@@ -92,8 +106,9 @@ def main() -> None:
     parser.add_argument("--name", required=True)
     parser.add_argument("--command", required=True)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--log", type=Path, nargs="*", default=[], help="console logs of the launches")
     args = parser.parse_args()
-    result = report(args.run_dir, args.name, args.command)
+    result = report(args.run_dir, args.name, args.command, args.log)
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=2) + "\n")
     tmp.replace(args.out)

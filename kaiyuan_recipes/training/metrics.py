@@ -15,7 +15,8 @@ from kaiyuan_recipes import compat
 compat.apply()
 from megatron.bridge.training.callbacks import Callback  # noqa: E402
 
-METRICS_FILE = "metrics.jsonl"
+from kaiyuan_recipes.training.metrics_log import METRICS_FILE  # noqa: E402
+
 
 
 class RunMetricsCallback(Callback):
@@ -23,7 +24,7 @@ class RunMetricsCallback(Callback):
         self.path = Path(state_dir) / METRICS_FILE
         self.seq_length = seq_length
         self._t0 = 0.0
-        self._flops0 = 0
+        self._last_end: tuple[float, int] | None = None
 
     def _is_writer(self) -> bool:
         import torch.distributed as dist
@@ -45,13 +46,13 @@ class RunMetricsCallback(Callback):
 
     def on_train_step_start(self, context: Any) -> None:
         self._t0 = time.perf_counter()
-        self._flops0 = context.state.train_state.floating_point_operations_so_far
 
     def on_train_step_end(self, context: Any) -> None:
         import torch
         import torch.distributed as dist
 
-        elapsed = time.perf_counter() - self._t0
+        now = time.perf_counter()
+        elapsed = now - self._t0
         ts = context.state.train_state
         cfg = context.state.cfg
         world = dist.get_world_size() if dist.is_initialized() else 1
@@ -60,18 +61,25 @@ class RunMetricsCallback(Callback):
             value = context.loss_dict.get("lm loss", next(iter(context.loss_dict.values())))
             loss = float(value.item() if hasattr(value, "item") else value)
         tokens = cfg.train.global_batch_size * self.seq_length
-        flops = ts.floating_point_operations_so_far - self._flops0
+        # Megatron adds a step's FLOPs to the running total after this hook, so measure model
+        # TFLOP/s between consecutive step ends (one step's FLOPs over one step's wall time).
+        tflops = None
+        if self._last_end is not None and ts.floating_point_operations_so_far > self._last_end[1]:
+            tflops = (ts.floating_point_operations_so_far - self._last_end[1]) / (now - self._last_end[0]) / world / 1e12
+        self._last_end = (now, ts.floating_point_operations_so_far)
         self._write(
             {
                 "event": "step",
-                "iteration": ts.step,
+                # train_state.step is incremented after this hook: +1 gives the iteration number
+                # that Megatron's log and the checkpoint names use.
+                "iteration": ts.step + 1,
                 "consumed_samples": ts.consumed_train_samples,
                 "loss": loss,
                 "lr": context.optimizer.param_groups[0]["lr"] if context.optimizer is not None else None,
                 "grad_norm": context.grad_norm,
                 "step_time_s": elapsed,
                 "tokens_per_s_per_gpu": tokens / elapsed / world,
-                "model_tflops_per_gpu": flops / elapsed / world / 1e12 if flops else None,
+                "model_tflops_per_gpu": tflops,
                 "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
                 "skipped": bool(context.skipped_iter),
                 "time": time.time(),
@@ -83,16 +91,3 @@ class RunMetricsCallback(Callback):
 
     def on_train_end(self, context: Any) -> None:
         self._write({"event": "train_end", "iteration": context.state.train_state.step, "time": time.time()})
-
-
-def read_metrics(state_dir: Path) -> list[dict[str, Any]]:
-    path = Path(state_dir) / METRICS_FILE
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut short by a kill; the rest are intact
-    return records

@@ -47,6 +47,9 @@ def _step(revert: str | None) -> float:
         activation_func=torch.nn.functional.silu, add_bias_linear=False, position_embedding_type="rope",
         share_embeddings_and_output_weights=False, bf16=True, params_dtype=torch.bfloat16,
     )
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    provider._pg_collection = ProcessGroupCollection.use_mpu_process_groups()
     compat.apply_local_spec_settings(provider)
     if revert is not None:
         setattr(provider, revert, _upstream_defaults()[revert])

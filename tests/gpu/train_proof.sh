@@ -33,6 +33,6 @@ kaiyuan train "$recipe" "${args[@]}" "${first[@]}" 2>&1 | tee "$out/${recipe}_la
 kaiyuan train "$recipe" "${args[@]}" "${second[@]}" 2>&1 | tee "$out/${recipe}_launch2.log" | grep -E "iteration|saved|loading|error|Error" | tail -40
 cmd="kaiyuan train $recipe ${args[*]} ${first[*]} ; kaiyuan train $recipe ${args[*]} ${second[*]}"
 python3 benchmarks/train_report.py "$root/$recipe" --name "${recipe}_train" --command "$cmd" \
-  --out "$out/${recipe}_train.json"
+  --out "$out/${recipe}_train.json" --log "$out/${recipe}_launch1.log" "$out/${recipe}_launch2.log"
 cp "$root/$recipe/run_state/metrics.jsonl" "$out/${recipe}_metrics.jsonl"
 ls -la "$root/$recipe/checkpoints"
