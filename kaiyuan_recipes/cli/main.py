@@ -35,7 +35,13 @@ def quiet_upstream_noise() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # Overrides may come before or after options (`train gpt_smoke --dry-run a.b=1 c.d=2`).
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if not hasattr(args, "overrides") or any(e.startswith("-") or "=" not in e for e in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = list(args.overrides) + extra
     quiet_upstream_noise()
     try:
         return int(args.func(args) or 0)

@@ -97,6 +97,14 @@ def skip_prebuilt_helpers_build() -> bool:
     return True
 
 
+def ensure_optimizer_state_for_load(dist_optimizer: Any, is_loading: bool) -> bool:
+    """Give the inner optimizer its (dummy) state before a load, with upstream's own initialiser."""
+    if not is_loading or dist_optimizer.optimizer.state:
+        return False
+    dist_optimizer._init_optimizer_states_with_dummy_values()
+    return True
+
+
 def init_optimizer_state_before_load() -> bool:
     """megatron-core 0.19's DistributedOptimizer.state_dict() asserts that the inner optimizer holds
     exactly one 'step' value when neither Apex nor TE is installed; a fresh torch.optim.AdamW has no
@@ -114,8 +122,7 @@ def init_optimizer_state_before_load() -> bool:
 
     @functools.wraps(original)
     def sharded_state_dict(self, model_sharded_state_dict={}, is_loading=False, *args, **kwargs):  # noqa: B006
-        if is_loading and not self.optimizer.state:
-            self._init_optimizer_states_with_dummy_values()
+        ensure_optimizer_state_for_load(self, is_loading)
         return original(self, model_sharded_state_dict, is_loading, *args, **kwargs)
 
     sharded_state_dict._kaiyuan_patched = True  # type: ignore[attr-defined]

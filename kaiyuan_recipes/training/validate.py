@@ -65,9 +65,8 @@ def validate(cfg: Any, world_size: int, max_positions: int | None) -> dict[str, 
     tok_vocab = tokenizer_vocab_size(cfg)
     if m.vocab_size < tok_vocab:
         raise ConfigError(f"model.vocab_size={m.vocab_size} is smaller than the tokenizer's vocabulary ({tok_vocab} ids)")
-    padded = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, m.tensor_model_parallel_size)
-    if padded != m.vocab_size and not m.should_pad_vocab:
-        raise ConfigError(
-            f"model.vocab_size={m.vocab_size} is not a multiple of make_vocab_size_divisible_by×TP; use {padded}"
-        )
+    tp = m.tensor_model_parallel_size
+    if not m.should_pad_vocab and m.vocab_size % tp:
+        padded = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, tp)
+        raise ConfigError(f"model.vocab_size={m.vocab_size} is not divisible by tensor_model_parallel_size={tp}; use {padded}")
     return parallel_layout(cfg, world_size)

@@ -38,7 +38,7 @@ def _upstream_defaults() -> dict:
     return {k: getattr(probe, k) for k in compat.LOCAL_SPEC_SETTINGS}
 
 
-def _step(revert: str | None) -> float:
+def _build(revert: str | None):
     from megatron.bridge.models.gpt_provider import GPTModelProvider
 
     provider = GPTModelProvider(
@@ -53,7 +53,11 @@ def _step(revert: str | None) -> float:
     compat.apply_local_spec_settings(provider)
     if revert is not None:
         setattr(provider, revert, _upstream_defaults()[revert])
-    model = provider.provide().cuda()
+    provider.finalize()
+    return provider.provide().cuda()
+
+
+def _step(model) -> float:
     tokens = torch.randint(0, 1024, (2, 64), device="cuda")
     positions = torch.arange(64, device="cuda").unsqueeze(0).expand(2, -1)
     mask = torch.tril(torch.ones(64, 64, device="cuda", dtype=torch.bool)).logical_not()[None, None]
@@ -64,7 +68,7 @@ def _step(revert: str | None) -> float:
 
 
 def test_control_all_settings_applied_trains():
-    assert torch.isfinite(torch.tensor(_step(None)))
+    assert torch.isfinite(torch.tensor(_step(_build(None))))
 
 
 @pytest.mark.parametrize("setting", sorted(compat.LOCAL_SPEC_SETTINGS))
@@ -75,5 +79,6 @@ def test_upstream_default_still_breaks(setting):
             f"{setting}: upstream's default is already {default!r}; "
             "pinning it is no longer a workaround — move it out of compat"
         )
+    _step(_build(None))  # the harness itself works: a failure below is the reverted setting's
     with pytest.raises(Exception):
-        _step(setting)
+        _step(_build(setting))

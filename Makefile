@@ -1,0 +1,38 @@
+# The two set-up commands of the README:
+#   make run    create .venv (Python 3.12 + the Megatron-Bridge stack) and run the main job
+#   make test   the CPU test suite (CI runs exactly this through .ci/run)
+SHELL := /bin/bash
+VENV ?= .venv
+PY312 ?= $(shell p=$$(pyenv prefix 3.12.1 2>/dev/null) && [ -x "$$p/bin/python" ] && echo $$p/bin/python || command -v python3.12)
+BIN := $(VENV)/bin
+
+.PHONY: env run test clean
+
+env: $(VENV)/.installed
+
+# megatron-bridge's declared dependencies include GPU-only builds (transformer-engine, mamba-ssm)
+# that cannot build on a CPU host, so it is installed with --no-deps after the packages it
+# imports (the `bridge` extra). nvidia-resiliency-ext is left out: it needs glibc >= 2.39.
+$(VENV)/.installed: pyproject.toml
+	@test -n "$(PY312)" || { echo "Python 3.12 not found (pyenv 3.12.1 or python3.12 on PATH)"; exit 1; }
+	$(PY312) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e ".[bridge,run,dev]"
+	$(BIN)/pip install -q --no-deps megatron-bridge==0.6.2
+	touch $@
+
+run: env
+	@if nvidia-smi -L >/dev/null 2>&1; then \
+		$(BIN)/kaiyuan train gpt_smoke; \
+	else \
+		echo "no GPU on this host: resolving the gpt_smoke run without launching it"; \
+		$(BIN)/kaiyuan train gpt_smoke --dry-run; \
+	fi
+
+# pytest exits 5 when it collected no test: that is a failure here, not a pass.
+test: env
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+
+clean:
+	rm -rf $(VENV) runs

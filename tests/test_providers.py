@@ -1,0 +1,100 @@
+"""Build both providers with megatron-core on the CPU and check every tensor against the shape
+the recipe's model.yaml implies, and the totals against the analytic count."""
+
+import dataclasses
+
+import pytest
+
+from kaiyuan_recipes.models import available_models, get_model_provider
+from kaiyuan_recipes.models.param_count import count_parameters, padded_vocab_size
+from kaiyuan_recipes.recipe_tree import load_model_file
+
+
+def expected_shapes(shape: dict) -> dict[str, tuple]:
+    h, ffn, heads = shape["hidden_size"], shape["ffn_hidden_size"], shape["num_attention_heads"]
+    groups, d = shape["num_query_groups"], shape["kv_channels"]
+    vocab = padded_vocab_size(shape["vocab_size"], shape["make_vocab_size_divisible_by"])
+    out = {
+        "embedding.word_embeddings.weight": (vocab, h),
+        "decoder.final_layernorm.weight": (h,),
+        "output_layer.weight": (vocab, h),
+    }
+    for i in range(shape["num_layers"]):
+        p = f"decoder.layers.{i}."
+        out[p + "input_layernorm.weight"] = (h,)
+        out[p + "self_attention.linear_qkv.weight"] = (heads * d + 2 * groups * d, h)
+        out[p + "self_attention.linear_proj.weight"] = (h, heads * d)
+        out[p + "pre_mlp_layernorm.weight"] = (h,)
+        out[p + "mlp.linear_fc1.weight"] = (2 * ffn, h)
+        out[p + "mlp.linear_fc2.weight"] = (h, ffn)
+        if shape["qk_layernorm"]:
+            out[p + "self_attention.q_layernorm.weight"] = (d,)
+            out[p + "self_attention.k_layernorm.weight"] = (d,)
+    return out
+
+
+@pytest.mark.parametrize("name", ["gpt_smoke", "qwen3_1p7b"])
+def test_provider_builds_real_model_with_expected_shapes(name, megatron_cpu):
+    import torch
+
+    provider = get_model_provider(name)()
+    provider.use_cpu_initialization = True
+    provider.perform_initialization = False  # shapes are the point; skip 2B random draws
+    provider.finalize()
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    provider._pg_collection = ProcessGroupCollection.use_mpu_process_groups()  # as provide_distributed_model does
+    model = provider.provide()
+    actual = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    shape = load_model_file(name)
+    assert actual == expected_shapes(shape)
+    count = count_parameters(shape)
+    assert sum(p.numel() for p in model.parameters()) == count.total
+    assert model.share_embeddings_and_output_weights is False
+    assert all(p.device.type == "cpu" for p in model.parameters())
+    del model
+    torch.cuda.empty_cache() if torch.cuda.is_available() else None
+
+
+def test_published_parameter_counts():
+    smoke = count_parameters(load_model_file("gpt_smoke"))
+    qwen = count_parameters(load_model_file("qwen3_1p7b"))
+    assert 330e6 < smoke.total < 350e6
+    assert round(qwen.total / 1e9, 2) == 2.03
+    assert round(qwen.non_embedding / 1e9, 2) == 1.41
+
+
+def test_providers_registered_by_entry_point():
+    assert {"gpt_smoke", "qwen3_1p7b"} <= set(available_models())
+    with pytest.raises(KeyError, match="registered models"):
+        get_model_provider("no_such_model")
+
+
+def test_local_spec_selected_without_transformer_engine():
+    from kaiyuan_recipes import compat
+
+    provider = get_model_provider("gpt_smoke")()
+    if compat.transformer_engine_available():
+        pytest.skip("TE installed: the TE spec is chosen")
+    assert provider.transformer_layer_spec.__name__ == "local_layer_spec"
+    for key, value in compat.LOCAL_SPEC_SETTINGS.items():
+        assert getattr(provider, key) == value
+
+
+def test_qwen3_shape_matches_qwen3_1p7b_hf_config():
+    """The HF Qwen3-1.7B shape (from transformers' own Qwen3Config, no hub) is what we build."""
+    from transformers import Qwen3Config
+
+    shape = load_model_file("qwen3_1p7b")
+    hf = Qwen3Config(
+        vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
+        rope_theta=1000000, tie_word_embeddings=False, max_position_embeddings=40960,
+    )
+    assert (shape["hidden_size"], shape["ffn_hidden_size"], shape["num_layers"]) == (
+        hf.hidden_size, hf.intermediate_size, hf.num_hidden_layers)
+    assert (shape["num_attention_heads"], shape["num_query_groups"], shape["kv_channels"]) == (
+        hf.num_attention_heads, hf.num_key_value_heads, hf.head_dim)
+    assert shape["layernorm_epsilon"] == hf.rms_norm_eps
+    assert shape["share_embeddings_and_output_weights"] == hf.tie_word_embeddings
+    assert shape["vocab_size"] == hf.vocab_size

@@ -1,0 +1,108 @@
+"""Recipes resolve to complete ConfigContainers; overrides and bad input give clear errors."""
+
+import pytest
+
+from kaiyuan_recipes.recipe_tree import UnknownRecipeError, known_recipes, load_recipe_tree
+from kaiyuan_recipes.training.config import build_config
+from kaiyuan_recipes.training.overrides import OverrideError
+from kaiyuan_recipes.training.summary import resolve_with_upstream
+from kaiyuan_recipes.training.validate import ConfigError, validate
+
+
+def test_known_recipes():
+    assert {"gpt_smoke", "qwen3_1p7b"} <= set(known_recipes())
+
+
+def test_unknown_recipe_lists_known_ones():
+    with pytest.raises(UnknownRecipeError, match="known recipes: gpt_smoke, qwen3_1p7b"):
+        load_recipe_tree("qwen3_1p8b")
+
+
+@pytest.mark.parametrize("recipe, world", [("gpt_smoke", 4), ("qwen3_1p7b", 32)])
+def test_recipe_resolves_through_megatron_bridge(recipe, world, tmp_path):
+    cfg, run = build_config(recipe, [f"kaiyuan.run_root={tmp_path}"])
+    resolved = resolve_with_upstream(cfg, world_size=world)
+    assert resolved.data_parallel_size == world
+    assert cfg.scheduler.lr_decay_style == "WSD"
+    assert cfg.checkpoint.most_recent_k == 3
+    assert cfg.train.exit_signal_handler is True
+    assert cfg.logger.log_throughput is True
+    assert cfg.checkpoint.save == str(tmp_path / recipe / "checkpoints") == cfg.checkpoint.load
+    assert cfg.logger.tensorboard_dir == str(tmp_path / recipe / "tb_logs")
+    assert cfg.model.seq_length == cfg.dataset.seq_length == 4096
+    assert cfg.model.share_embeddings_and_output_weights is False
+
+
+def test_shared_defaults_live_in_base_and_recipe_overrides_them():
+    smoke = load_recipe_tree("gpt_smoke")
+    qwen = load_recipe_tree("qwen3_1p7b")
+    assert smoke.optimizer.weight_decay == qwen.optimizer.weight_decay == 0.1  # from _base
+    assert smoke.train.train_iters == 200 and qwen.train.global_batch_size == 512
+
+
+def test_overrides_reach_the_container(tmp_path):
+    cfg, run = build_config(
+        "gpt_smoke",
+        ["train.train_iters=100", "checkpoint.save_interval=50", "model.num_layers=2", f"kaiyuan.run_root={tmp_path}",
+         "kaiyuan.run_name=exp1"],
+    )
+    assert (cfg.train.train_iters, cfg.checkpoint.save_interval, cfg.model.num_layers) == (100, 50, 2)
+    assert run.run_dir == tmp_path / "exp1"
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.train_iter=5", "unknown override key 'train.train_iter'; closest valid key: train.train_iters"),
+        ("kaiyuan.zero_stag=1", "closest valid key: kaiyuan.zero_stage"),
+        ("modle.num_layers=2", "closest valid key: model.num_layers"),
+        ("model.num_layers=abc", "expected a int"),
+        ("train.train_iters", "expected section.field=value"),
+    ],
+)
+def test_bad_override_names_the_key(override, message):
+    with pytest.raises(OverrideError, match=message.replace("(", r"\(")):
+        build_config("gpt_smoke", [override])
+
+
+@pytest.mark.parametrize("stage, shard, distopt", [(0, "no_shard", False), (1, "optim", True), (2, "optim_grads", True)])
+def test_zero_stages(stage, shard, distopt):
+    cfg, run = build_config("gpt_smoke", [f"kaiyuan.zero_stage={stage}"])
+    assert cfg.ddp.data_parallel_sharding_strategy == shard
+    assert cfg.ddp.use_distributed_optimizer is distopt is cfg.optimizer.use_distributed_optimizer
+
+
+def test_invalid_zero_stage():
+    with pytest.raises(ValueError, match="kaiyuan.zero_stage: expected 0, 1 or 2, got 3"):
+        build_config("gpt_smoke", ["kaiyuan.zero_stage=3"])
+
+
+def test_global_batch_not_divisible():
+    cfg, run = build_config("gpt_smoke", ["train.global_batch_size=10", "train.micro_batch_size=4"])
+    with pytest.raises(ConfigError, match=r"global_batch_size=10 is not divisible by .* = 4 × 1 = 4"):
+        validate(cfg, 1, run.max_positions)
+    cfg, run = build_config("gpt_smoke", ["train.global_batch_size=16", "train.micro_batch_size=4"])
+    with pytest.raises(ConfigError, match=r"4 × 8 = 32"):
+        validate(cfg, 8, run.max_positions)
+    assert validate(cfg, 4, run.max_positions)["grad_accumulation"] == 1
+
+
+def test_seq_longer_than_max_positions():
+    cfg, run = build_config("gpt_smoke", ["dataset.seq_length=8192", "model.seq_length=8192"])
+    with pytest.raises(ConfigError, match="seq_length=8192 is longer than the model's max_position_embeddings=4096"):
+        validate(cfg, 1, run.max_positions)
+    cfg, run = build_config("gpt_smoke", ["dataset.seq_length=2048"])
+    with pytest.raises(ConfigError, match="model.seq_length=4096 differs from dataset.seq_length=2048"):
+        validate(cfg, 1, run.max_positions)
+
+
+def test_vocab_smaller_than_tokenizer():
+    cfg, run = build_config("gpt_smoke", ["model.vocab_size=151552"])
+    with pytest.raises(ConfigError, match="vocab_size=151552 is smaller than the tokenizer's vocabulary"):
+        validate(cfg, 1, run.max_positions)
+
+
+def test_world_not_divisible_by_model_parallel():
+    cfg, run = build_config("gpt_smoke", ["model.tensor_model_parallel_size=2"])
+    with pytest.raises(ConfigError, match="world size 3 is not divisible by TP×PP×CP"):
+        validate(cfg, 3, run.max_positions)
