@@ -1,10 +1,13 @@
 import os
+import tempfile
 
 import pytest
 
 # Offline by construction: nothing in the CPU suite may reach a hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# The bundled tokenizer and the tokenized sample corpus go to a cache made for this test session.
+os.environ.setdefault("KAIYUAN_CACHE", tempfile.mkdtemp(prefix="kaiyuan-test-cache-"))
 
 
 @pytest.fixture(scope="session")

@@ -8,9 +8,9 @@ import sys
 import warnings
 
 from kaiyuan_recipes import __version__
-from kaiyuan_recipes.cli import models, train
+from kaiyuan_recipes.cli import data, models, train
 
-SUBCOMMANDS = (train, models)
+SUBCOMMANDS = (train, models, data)
 
 
 def build_parser() -> argparse.ArgumentParser:

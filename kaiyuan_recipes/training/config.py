@@ -26,7 +26,7 @@ ZERO_STAGES = {
     1: dict(use_distributed_optimizer=True, data_parallel_sharding_strategy="optim"),
     2: dict(use_distributed_optimizer=True, data_parallel_sharding_strategy="optim_grads"),
 }
-DATA_SOURCES = ("mock", "blend")
+DATA_SOURCES = ("sample", "mock", "blend")
 
 
 @dataclass
@@ -105,7 +105,7 @@ def resolve_run_settings(recipe: str, knobs: dict[str, Any]) -> RunSettings:
     stage = knobs.get("zero_stage", 1)
     if stage not in ZERO_STAGES:
         raise ValueError(f"kaiyuan.zero_stage: expected 0, 1 or 2, got {stage!r}")
-    if knobs.get("data", "mock") not in DATA_SOURCES:
+    if knobs.get("data", "sample") not in DATA_SOURCES:
         raise ValueError(f"kaiyuan.data: expected one of {DATA_SOURCES}, got {knobs.get('data')!r}")
     run_name = knobs.get("run_name") or recipe
     if "/" in run_name or run_name in {".", ".."}:
@@ -116,7 +116,7 @@ def resolve_run_settings(recipe: str, knobs: dict[str, Any]) -> RunSettings:
         run_dir=Path(knobs.get("run_root", "./runs")).expanduser().resolve() / run_name,
         zero_stage=stage,
         layer_spec=knobs.get("layer_spec", "auto"),
-        data=knobs.get("data", "mock"),
+        data=knobs.get("data", "sample"),
         tokenizer=knobs.get("tokenizer"),
     )
 
@@ -142,7 +142,17 @@ def _tokenizer_config(run: RunSettings) -> Any:
 
 
 def _apply_data_source(cfg: Any, run: RunSettings) -> None:
-    if run.data == "mock":
+    if run.data == "sample":
+        from megatron.bridge.training.config import TokenizerConfig
+
+        from kaiyuan_recipes.data.sample_corpus import prepare_sample_corpus
+        from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
+
+        tokenizer_dir = str(run.tokenizer or default_tokenizer_dir())
+        cfg.tokenizer = TokenizerConfig(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=tokenizer_dir)
+        cfg.dataset.blend = (prepare_sample_corpus(tokenizer_dir), None)
+        cfg.dataset.blend_per_split = None
+    elif run.data == "mock":
         cfg.dataset.blend = None
         cfg.dataset.blend_per_split = None
     elif not (cfg.dataset.blend or cfg.dataset.blend_per_split or cfg.dataset.data_path):

@@ -78,9 +78,13 @@ def summarize(cfg: Any, run: RunSettings, layout: dict[str, int], launch_argv: l
         "evaluation": {
             "interval": cfg.validation.eval_interval,
             "iters": cfg.validation.eval_iters,
-            "data": "mock" if run.data == "mock" else "validation split of the blend",
+            "data": "mock" if run.data == "mock" else f"validation split ({cfg.dataset.split}) of the blend",
         },
-        "data": {"source": run.data, "tokenizer": run.tokenizer or f"NullTokenizer({cfg.tokenizer.vocab_size})"},
+        "data": {
+            "source": run.data,
+            "tokenizer": cfg.tokenizer.tokenizer_model or f"NullTokenizer({cfg.tokenizer.vocab_size})",
+            "prefixes": list(cfg.dataset.blend[0]) if cfg.dataset.blend else None,
+        },
         "tensorboard": cfg.logger.tensorboard_dir,
         "launch_command": shlex.join(launch_argv),
     }

@@ -1,0 +1,100 @@
+"""`kaiyuan data …` and `kaiyuan tokenizer …`: parse and dispatch to kaiyuan_recipes.data."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(sub: Any) -> None:
+    tok = sub.add_parser("tokenizer", help="the Kaiyuan tokenizer")
+    tsub = tok.add_subparsers(dest="tokenizer_cmd", required=True)
+    m = tsub.add_parser("materialize", help="write the Qwen2 BPE tokenizer files (offline)")
+    m.add_argument("dir", type=Path)
+    m.set_defaults(func=materialize)
+    c = tsub.add_parser("check", help="check a tokenizer directory (and its tokenizer.json sha256)")
+    c.add_argument("dir", type=Path)
+    c.add_argument("--sha256")
+    c.set_defaults(func=check)
+
+    data = sub.add_parser("data", help="data pipeline: inspect, convert")
+    dsub = data.add_subparsers(dest="data_cmd", required=True)
+    i = dsub.add_parser("inspect", help="schema, rows, text statistics, a sample row")
+    i.add_argument("paths", nargs="+", type=Path)
+    i.add_argument("--text-key", default="text")
+    i.add_argument("--full", action="store_true", help="read every row for the text statistics")
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(func=inspect)
+    cv = dsub.add_parser("convert", help="parquet -> Megatron .bin/.idx")
+    cv.add_argument("--input-dir", type=Path, required=True)
+    cv.add_argument("--output-dir", type=Path, required=True)
+    cv.add_argument("--tokenizer", type=Path, help="tokenizer directory (default: the bundled Qwen2 BPE)")
+    cv.add_argument("--tokenizer-sha256")
+    cv.add_argument("--text-key", default="text")
+    cv.add_argument("--output-prefix", required=True)
+    cv.add_argument("--num-shards", type=int, default=0, help="files converted at once (0: sized to the cores)")
+    cv.add_argument("--workers-per-shard", type=int, default=0, help="tokenizer threads per file (0: sized to the cores)")
+    cv.add_argument("--batch-size", type=int, default=1000)
+    cv.add_argument("--on-bad-row", choices=("error", "skip"), default="error")
+    cv.set_defaults(func=convert)
+
+
+def materialize(args: Any) -> int:
+    from kaiyuan_recipes.data.tokenizer import materialize_qwen2_tokenizer, sha256_of
+
+    out = materialize_qwen2_tokenizer(args.dir)
+    print(f"{out}: tokenizer.json sha256 {sha256_of(out / 'tokenizer.json')}")
+    return 0
+
+
+def check(args: Any) -> int:
+    from kaiyuan_recipes.data.tokenizer import check_tokenizer_dir, sha256_of
+
+    path = check_tokenizer_dir(args.dir, args.sha256)
+    print(f"{path}: ok (tokenizer.json sha256 {sha256_of(path / 'tokenizer.json')})")
+    return 0
+
+
+def inspect(args: Any) -> int:
+    from kaiyuan_recipes.data.inspect_parquet import inspect_parquet
+
+    reports = [inspect_parquet(p, args.text_key, args.full) for p in args.paths]
+    if args.json:
+        print(json.dumps(reports, indent=2, ensure_ascii=False, default=str))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    for r in reports:
+        table = Table(title=r["path"], show_header=False)
+        for key in ("bytes", "rows", "row_groups", "schema", "nulls_from_metadata", "has_rank_column", "text_stats", "sample_row", "error"):
+            if key in r:
+                table.add_row(key, json.dumps(r[key], ensure_ascii=False, default=str, indent=1) if isinstance(r[key], dict) else str(r[key]))
+        console.print(table)
+    return 1 if any("error" in r for r in reports) else 0
+
+
+def convert(args: Any) -> int:
+    from kaiyuan_recipes.data.convert import ConvertOptions, convert_directory
+    from kaiyuan_recipes.data.tokenizer import check_tokenizer_dir, default_tokenizer_dir
+
+    tokenizer = check_tokenizer_dir(args.tokenizer, args.tokenizer_sha256) if args.tokenizer else default_tokenizer_dir()
+    result = convert_directory(
+        ConvertOptions(
+            input_dir=args.input_dir, output_dir=args.output_dir, tokenizer_dir=tokenizer, output_prefix=args.output_prefix,
+            text_key=args.text_key, num_shards=args.num_shards, workers_per_shard=args.workers_per_shard,
+            batch_size=args.batch_size, on_bad_row=args.on_bad_row,
+        )
+    )
+    shards = result["shards"]
+    docs = sum(s["documents"] for s in shards.values())
+    tokens = sum(s["tokens"] for s in shards.values())
+    skipped = sum(s["skipped_rows"] for s in shards.values())
+    print(f"{len(shards)} shards ({result['converted']} converted, {result['up_to_date']} up to date): "
+          f"{docs:,} documents, {tokens:,} tokens -> {args.output_dir}")
+    if skipped:
+        print(f"skipped {skipped:,} bad rows (--on-bad-row skip); first: "
+              + "; ".join(e for s in shards.values() for e in s["skipped_examples"][:2]))
+    return 0

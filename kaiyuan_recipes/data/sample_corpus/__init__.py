@@ -1,0 +1,48 @@
+"""The bundled sample corpus: public-domain English (The Jargon File 4.4.7) and classical Chinese
+poems (Tang 300, Song 100) as parquet — the default data of `kaiyuan train` and of the tests.
+Tokenized on first use into the cache by the converter (see rebuild.py for provenance)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir, tokenizer_fingerprint
+
+CORPUS_DIR = Path(__file__).resolve().parent
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("KAIYUAN_CACHE", Path.home() / ".cache" / "kaiyuan_recipes"))
+
+
+@contextmanager
+def cache_lock(name: str):
+    """One process prepares a cache entry; concurrent ranks wait, then find it ready."""
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{name}.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def prepare_sample_corpus(tokenizer_dir: Path | None = None) -> list[str]:
+    """Convert the bundled parquet files with `tokenizer_dir` (default: the bundled tokenizer) and
+    return the indexed-dataset prefixes."""
+    from kaiyuan_recipes.data.convert import ConvertOptions, convert_directory
+
+    with cache_lock("tokenizer"):
+        tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir else default_tokenizer_dir()
+    out = cache_root() / "sample_corpus" / tokenizer_fingerprint(tokenizer_dir)[:16]
+    with cache_lock("sample_corpus"):
+        manifest = convert_directory(
+            ConvertOptions(input_dir=CORPUS_DIR, output_dir=out, tokenizer_dir=tokenizer_dir, output_prefix="sample",
+                           num_shards=2, workers_per_shard=1),
+            show_progress=False,
+        )
+    return [str(out / name) for name in sorted(manifest["shards"])]

