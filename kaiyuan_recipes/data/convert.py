@@ -221,10 +221,19 @@ def is_up_to_date(entry: dict[str, Any] | None, src: Path, prefix: Path, tokeniz
     )
 
 
-def _init_worker(threads: int) -> None:
+_PROGRESS = None
+
+
+def _init_worker(threads: int, progress: Any) -> None:
     # The Rust tokenizer's thread pool reads this once, at first use in the process.
+    global _PROGRESS
     os.environ["RAYON_NUM_THREADS"] = str(threads)
     os.environ["TOKENIZERS_PARALLELISM"] = "true"
+    _PROGRESS = progress
+
+
+def _convert_in_worker(path: str, prefix: str, opts_dict: dict[str, Any]) -> dict[str, Any]:
+    return convert_parquet_shard(path, prefix, opts_dict, _PROGRESS)
 
 
 def convert_directory(opts: ConvertOptions, show_progress: bool = True) -> dict[str, Any]:
@@ -261,8 +270,12 @@ def convert_directory(opts: ConvertOptions, show_progress: bool = True) -> dict[
             total_rows += pq.ParquetFile(src).metadata.num_rows
         except Exception:  # reported properly by the worker, with the file name
             pass
-    ctx = get_context("spawn")
-    progress_queue = ctx.Manager().Queue()
+    # fork: workers inherit the heavy imports (torch, megatron-core) instead of repeating them. Safe
+    # here because this process has not started a tokenizer thread pool or CUDA.
+    import megatron.core.datasets.indexed_dataset  # noqa: F401
+
+    ctx = get_context("fork")
+    progress_queue = ctx.Queue()
     opts_dict = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()}
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -270,15 +283,15 @@ def convert_directory(opts: ConvertOptions, show_progress: bool = True) -> dict[
                    TimeRemainingColumn(), disable=not show_progress)
     started = time.perf_counter()
     failures: list[str] = []
-    with bar, ProcessPoolExecutor(max_workers=shards, mp_context=ctx, initializer=_init_worker, initargs=(workers,)) as pool:
+    with bar, ProcessPoolExecutor(max_workers=shards, mp_context=ctx, initializer=_init_worker,
+                                  initargs=(workers, progress_queue)) as pool:
         task = bar.add_task("rows", total=total_rows)
-        futures = {pool.submit(convert_parquet_shard, str(src), str(prefix), opts_dict, progress_queue): prefix
-                   for src, prefix in todo}
+        futures = {pool.submit(_convert_in_worker, str(src), str(prefix), opts_dict): prefix for src, prefix in todo}
         pending = set(futures)
         while pending:
             done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
             while not progress_queue.empty():
-                bar.advance(task, progress_queue.get())
+                bar.advance(task, progress_queue.get_nowait())
             for fut in done:
                 prefix = futures[fut]
                 try:

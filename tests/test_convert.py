@@ -1,0 +1,152 @@
+"""parquet -> Megatron indexed dataset, on real parquet files, read back with megatron-core's reader."""
+
+import json
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from kaiyuan_recipes.data.convert import MANIFEST, BadInputError, ConvertOptions, convert_directory
+from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
+
+EOD = 151643
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir():
+    return default_tokenizer_dir()
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer(tokenizer_dir):
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+
+
+def write_parquet(path, texts, **extra):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"text": texts, **extra}), path, row_group_size=7)
+    return path
+
+
+def options(tmp_path, tokenizer_dir, **kw):
+    base = dict(input_dir=tmp_path / "in", output_dir=tmp_path / "out", tokenizer_dir=tokenizer_dir,
+                output_prefix="phase1", batch_size=5, num_shards=2, workers_per_shard=1)
+    return ConvertOptions(**(base | kw))
+
+
+def read_back(prefix):
+    from kaiyuan_recipes import compat
+
+    compat.apply()
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    return IndexedDataset(str(prefix))
+
+
+def test_convert_writes_megatron_readable_shards(tmp_path, tokenizer_dir, hf_tokenizer):
+    texts_a = [f"document {i}: the quick brown fox 狐狸 {i * 7}" for i in range(23)]
+    texts_b = ["第二个文件。", "second file, second row", "x" * 5000]
+    write_parquet(tmp_path / "in" / "a.parquet", texts_a, rank=list(range(23)))
+    write_parquet(tmp_path / "in" / "sub" / "b.parquet", texts_b)
+    result = convert_directory(options(tmp_path, tokenizer_dir), show_progress=False)
+    assert result["converted"] == 2
+    out = tmp_path / "out"
+    names = sorted(p.name for p in out.iterdir())
+    assert names == [MANIFEST, "phase1_part-00000_text_document.bin", "phase1_part-00000_text_document.idx",
+                     "phase1_part-00001_text_document.bin", "phase1_part-00001_text_document.idx"]
+    for prefix, texts in (("phase1_part-00000_text_document", texts_a), ("phase1_part-00001_text_document", texts_b)):
+        ds = read_back(out / prefix)
+        assert len(ds) == len(texts)
+        for i, text in enumerate(texts):
+            expected = hf_tokenizer.encode(text, add_special_tokens=False).ids + [EOD]
+            assert ds[i].tolist() == expected
+        assert ds[0].dtype == np.int32
+    manifest = json.loads((out / MANIFEST).read_text())
+    shard = manifest["shards"]["phase1_part-00000_text_document"]
+    assert shard["documents"] == 23 and shard["tokens"] == int(read_back(out / "phase1_part-00000_text_document").sequence_lengths.sum())
+    assert shard["input_size"] == (tmp_path / "in" / "a.parquet").stat().st_size
+    assert len(manifest["tokenizer_sha256"]) == 64
+
+
+def test_rerun_skips_finished_and_redoes_stale(tmp_path, tokenizer_dir):
+    write_parquet(tmp_path / "in" / "a.parquet", ["one", "two"])
+    write_parquet(tmp_path / "in" / "b.parquet", ["three"])
+    convert_directory(options(tmp_path, tokenizer_dir), show_progress=False)
+    again = convert_directory(options(tmp_path, tokenizer_dir), show_progress=False)
+    assert (again["converted"], again["up_to_date"]) == (0, 2)
+    write_parquet(tmp_path / "in" / "b.parquet", ["three", "four"])  # input changed: stale
+    os.utime(tmp_path / "in" / "b.parquet", ns=(1, 1))
+    third = convert_directory(options(tmp_path, tokenizer_dir), show_progress=False)
+    assert (third["converted"], third["up_to_date"]) == (1, 1)
+    assert len(read_back(tmp_path / "out" / "phase1_part-00001_text_document")) == 2
+
+
+@pytest.mark.parametrize(
+    "table, message",
+    [
+        (pa.table({"content": ["a"]}), "no column 'text' (columns: content)"),
+        (pa.table({"text": ["ok", None, "ok"]}), "row 1: 'text' is null"),
+        (pa.table({"text": ["ok", "", "ok"]}), "row 1: 'text' is empty"),
+        (pa.table({"text": pa.array([b"ok", b"\xff\xfe bad"], pa.binary())}), "row 1: 'text' is not valid UTF-8"),
+        (pa.table({"text": pa.array([], pa.string())}), "the file has no rows"),
+        (pa.table({"text": [1, 2]}), "column 'text' has type int64; expected string"),
+    ],
+)
+def test_bad_input_names_file_and_row_and_leaves_nothing(tmp_path, tokenizer_dir, table, message):
+    (tmp_path / "in").mkdir()
+    pq.write_table(table, tmp_path / "in" / "bad.parquet")
+    with pytest.raises(BadInputError, match=message.replace("(", r"\(").replace(")", r"\)")) as err:
+        convert_directory(options(tmp_path, tokenizer_dir), show_progress=False)
+    assert "bad.parquet" in str(err.value)
+    leftovers = [p.name for p in (tmp_path / "out").iterdir() if p.suffix in (".bin", ".idx")]
+    assert leftovers == []
+
+
+def test_truncated_parquet(tmp_path, tokenizer_dir):
+    path = write_parquet(tmp_path / "in" / "a.parquet", [f"row {i} " * 50 for i in range(100)])
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(BadInputError, match="a.parquet: not a readable parquet file"):
+        convert_directory(options(tmp_path, tokenizer_dir), show_progress=False)
+    assert not list((tmp_path / "out").glob("*.bin"))
+
+
+def test_skip_policy_counts_and_reports(tmp_path, tokenizer_dir):
+    write_parquet(tmp_path / "in" / "a.parquet", ["good one", None, "", "good two"])
+    result = convert_directory(options(tmp_path, tokenizer_dir, on_bad_row="skip"), show_progress=False)
+    shard = result["shards"]["phase1_part-00000_text_document"]
+    assert shard["skipped_rows"] == 2 and shard["documents"] == 2
+    assert "row 1: 'text' is null" in shard["skipped_examples"][0]
+    assert len(read_back(tmp_path / "out" / "phase1_part-00000_text_document")) == 2
+
+
+def test_one_bad_file_keeps_the_good_ones(tmp_path, tokenizer_dir):
+    write_parquet(tmp_path / "in" / "a.parquet", ["fine"])
+    write_parquet(tmp_path / "in" / "b.parquet", ["fine", None])
+    with pytest.raises(BadInputError, match=r"b.parquet: row 1.*\(1 of 2 files failed"):
+        convert_directory(options(tmp_path, tokenizer_dir), show_progress=False)
+    manifest = json.loads((tmp_path / "out" / MANIFEST).read_text())
+    assert list(manifest["shards"]) == ["phase1_part-00000_text_document"]
+
+
+def test_cli_convert_and_inspect(tmp_path, tokenizer_dir):
+    import subprocess
+    import sys
+
+    write_parquet(tmp_path / "in" / "a.parquet", ["hello world", "你好"], rank=[1, 2])
+    cmd = [sys.executable, "-m", "kaiyuan_recipes.cli.main"]
+    out = subprocess.run(cmd + ["data", "convert", "--input-dir", str(tmp_path / "in"), "--output-dir", str(tmp_path / "out"),
+                                "--tokenizer", str(tokenizer_dir), "--output-prefix", "phase3", "--num-shards", "1",
+                                "--workers-per-shard", "2"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "2 documents" in out.stdout and (tmp_path / "out" / "phase3_part-00000_text_document.idx").is_file()
+    out = subprocess.run(cmd + ["data", "inspect", "--json", str(tmp_path / "in" / "a.parquet")], capture_output=True, text=True)
+    report = json.loads(out.stdout)[0]
+    assert report["rows"] == 2 and report["has_rank_column"] and report["schema"]["rank"] == "int64"
+    assert report["text_stats"]["chars_max"] == 11 and report["sample_row"]["text"] == "hello world"
+    out = subprocess.run(cmd + ["data", "inspect", str(tmp_path / "missing.parquet")], capture_output=True, text=True)
+    assert out.returncode == 2 and "missing.parquet" in out.stderr
