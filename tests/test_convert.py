@@ -150,3 +150,25 @@ def test_cli_convert_and_inspect(tmp_path, tokenizer_dir):
     assert report["text_stats"]["chars_max"] == 11 and report["sample_row"]["text"] == "hello world"
     out = subprocess.run(cmd + ["data", "inspect", str(tmp_path / "missing.parquet")], capture_output=True, text=True)
     assert out.returncode == 2 and "missing.parquet" in out.stderr
+
+
+def test_tiktoken_and_tokenizers_paths_give_identical_shards(tmp_path, tokenizer_dir):
+    """The bundled tokenizer is encoded with tiktoken; any other directory with `tokenizers`.
+    A copy whose tokenizer.json differs only by one extra special token takes the second path."""
+    from kaiyuan_recipes.data.encoders import is_bundled_qwen2_bpe
+
+    other = tmp_path / "other_tok"
+    other.mkdir()
+    spec = json.loads((tokenizer_dir / "tokenizer.json").read_text())
+    spec["added_tokens"].append({**spec["added_tokens"][-1], "id": 151646, "content": "<|extra_special|>"})
+    (other / "tokenizer.json").write_text(json.dumps(spec))
+    assert is_bundled_qwen2_bpe(str(tokenizer_dir)) and not is_bundled_qwen2_bpe(str(other))
+    texts = ["Ca\u0301fe\u0301 naïve 1234 🎉", "<|im_start|>user 你好<|im_end|>", "  spaces   and\ttabs\n\n", "混合 text"]
+    write_parquet(tmp_path / "in" / "a.parquet", texts)
+    fast = convert_directory(options(tmp_path, tokenizer_dir, output_dir=tmp_path / "fast"), show_progress=False)
+    slow = convert_directory(options(tmp_path, other, output_dir=tmp_path / "slow"), show_progress=False)
+    assert fast["shards"]["phase1_part-00000_text_document"]["encoder"] == "tiktoken"
+    assert slow["shards"]["phase1_part-00000_text_document"]["encoder"] == "tokenizers"
+    a = read_back(tmp_path / "fast" / "phase1_part-00000_text_document")
+    b = read_back(tmp_path / "slow" / "phase1_part-00000_text_document")
+    assert [a[i].tolist() for i in range(len(a))] == [b[i].tolist() for i in range(len(b))]

@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import os
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+from kaiyuan_recipes.data.encoders import make_batch_encoder
 from kaiyuan_recipes.data.tokenizer import tokenizer_fingerprint
 
 MANIFEST = "manifest.json"
@@ -58,6 +59,7 @@ class ShardResult:
     skipped_rows: int = 0
     skipped_examples: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    encoder: str = ""
 
 
 def output_prefix_for(opts: ConvertOptions, index: int) -> Path:
@@ -76,6 +78,12 @@ def list_parquet_files(input_dir: Path) -> list[Path]:
 
 
 # ---- worker side ---------------------------------------------------------------------------------
+
+
+def _vocab_size(tokenizer_dir: Path) -> int:
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")).get_vocab_size()
 
 
 def _bad(result: ShardResult, path: Path, row: int, why: str, policy: str) -> None:
@@ -130,18 +138,17 @@ def convert_parquet_shard(path: str, prefix: str, opts_dict: dict[str, Any], pro
     import pyarrow.parquet as pq
     import torch
     from megatron.core.datasets.indexed_dataset import DType, IndexedDataset, IndexedDatasetBuilder
-    from tokenizers import Tokenizer
 
     opts = ConvertOptions(**opts_dict)
     src, prefix_path = Path(path), Path(prefix)
     stat = src.stat()
     result = ShardResult(str(src), stat.st_size, stat.st_mtime_ns, str(prefix_path))
     start = time.perf_counter()
-    tokenizer = Tokenizer.from_file(str(Path(opts.tokenizer_dir) / "tokenizer.json"))
-    eod = tokenizer.token_to_id("<|endoftext|>")
+    threads = int(os.environ.get("RAYON_NUM_THREADS", "1"))
+    encode, eod, result.encoder = make_batch_encoder(Path(opts.tokenizer_dir), threads)
     if opts.append_eod and eod is None:
         raise BadInputError(f"{opts.tokenizer_dir}: tokenizer has no <|endoftext|> token for EOD")
-    dtype = DType.optimal_dtype(tokenizer.get_vocab_size())
+    dtype = DType.optimal_dtype(_vocab_size(Path(opts.tokenizer_dir)))
 
     try:
         parquet = pq.ParquetFile(src)
@@ -156,22 +163,31 @@ def convert_parquet_shard(path: str, prefix: str, opts_dict: dict[str, Any], pro
     tmp_prefix = prefix_path.with_name(f".{prefix_path.name}.tmp")
     tmp_bin, tmp_idx = Path(f"{tmp_prefix}.bin"), Path(f"{tmp_prefix}.idx")
     builder = IndexedDatasetBuilder(str(tmp_bin), dtype=dtype)
+    tail = [eod] if opts.append_eod else []
+
+    def write(encoded: list[list[int]]) -> None:
+        for ids in encoded:
+            doc = np.array(ids + tail, dtype=dtype)
+            builder.add_document(torch.from_numpy(doc), [doc.size])
+            result.tokens += doc.size
+        result.documents += len(encoded)
+
     row = 0
     try:
-        for batch in parquet.iter_batches(batch_size=opts.batch_size, columns=[opts.text_key]):
-            texts = _texts_of(batch, opts.text_key, src, row, result, opts.on_bad_row)
-            row += batch.num_rows
-            if texts:
-                encodings = tokenizer.encode_batch_fast(texts, add_special_tokens=False)
-                for enc in encodings:
-                    ids = np.asarray(enc.ids, dtype=dtype)
-                    if opts.append_eod:
-                        ids = np.append(ids, np.asarray([eod], dtype=dtype))
-                    builder.add_document(torch.from_numpy(ids), [ids.size])
-                    result.tokens += ids.size
-                result.documents += len(encodings)
-            if progress is not None:
-                progress.put(batch.num_rows)
+        # One batch is encoded (GIL released) while the previous one is written.
+        with ThreadPoolExecutor(max_workers=1) as encoder_thread:
+            pending = None
+            for batch in parquet.iter_batches(batch_size=opts.batch_size, columns=[opts.text_key]):
+                texts = _texts_of(batch, opts.text_key, src, row, result, opts.on_bad_row)
+                row += batch.num_rows
+                submitted = encoder_thread.submit(encode, texts)
+                if pending is not None:
+                    write(pending.result())
+                pending = submitted
+                if progress is not None:
+                    progress.put(batch.num_rows)
+            if pending is not None:
+                write(pending.result())
     except (pa.ArrowInvalid, OSError) as err:
         builder.data_file.close()
         tmp_bin.unlink(missing_ok=True)

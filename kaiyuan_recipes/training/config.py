@@ -150,7 +150,7 @@ def _apply_data_source(cfg: Any, run: RunSettings) -> None:
 
         tokenizer_dir = str(run.tokenizer or default_tokenizer_dir())
         cfg.tokenizer = TokenizerConfig(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=tokenizer_dir)
-        cfg.dataset.blend = (prepare_sample_corpus(tokenizer_dir), None)
+        cfg.dataset.blend = prepare_sample_corpus(tokenizer_dir)
         cfg.dataset.blend_per_split = None
     elif run.data == "mock":
         cfg.dataset.blend = None

@@ -31,9 +31,12 @@ def cache_lock(name: str):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def prepare_sample_corpus(tokenizer_dir: Path | None = None) -> list[str]:
+def prepare_sample_corpus(tokenizer_dir: Path | None = None) -> tuple[list[str], list[float]]:
     """Convert the bundled parquet files with `tokenizer_dir` (default: the bundled tokenizer) and
-    return the indexed-dataset prefixes."""
+    return the indexed-dataset prefixes with their token counts as blend weights.
+
+    Explicit weights matter: with weights None Megatron weights each split by its sample count, and
+    the 1% validation split of a small source can hold no full sequence (weight 0, rejected)."""
     from kaiyuan_recipes.data.convert import ConvertOptions, convert_directory
 
     with cache_lock("tokenizer"):
@@ -45,4 +48,5 @@ def prepare_sample_corpus(tokenizer_dir: Path | None = None) -> list[str]:
                            num_shards=2, workers_per_shard=1),
             show_progress=False,
         )
-    return [str(out / name) for name in sorted(manifest["shards"])]
+    names = sorted(manifest["shards"])
+    return [str(out / n) for n in names], [float(manifest["shards"][n]["tokens"]) for n in names]
