@@ -38,6 +38,13 @@ def add_parser(sub: Any) -> None:
     cv.add_argument("--batch-size", type=int, default=1000)
     cv.add_argument("--on-bad-row", choices=("error", "skip"), default="error")
     cv.set_defaults(func=convert)
+    dl = dsub.add_parser("download", help="download Kaiyuan-2B phases from the hub (HF_ENDPOINT mirrors, HF_TOKEN)")
+    dl.add_argument("--phases", default="1-5", help="e.g. 1-5 or 1,3")
+    dl.add_argument("--dest", type=Path, required=True)
+    dl.add_argument("--repo-id", default=None)
+    dl.add_argument("--revision", default=None)
+    dl.add_argument("--pattern", default=None, help="files of phase {n}, fnmatch (default: *phase{n}/*)")
+    dl.set_defaults(func=download)
 
 
 def materialize(args: Any) -> int:
@@ -97,4 +104,16 @@ def convert(args: Any) -> int:
     if skipped:
         print(f"skipped {skipped:,} bad rows (--on-bad-row skip); first: "
               + "; ".join(e for s in shards.values() for e in s["skipped_examples"][:2]))
+    return 0
+
+
+def download(args: Any) -> int:
+    from kaiyuan_recipes.data.download import DEFAULT_PHASE_PATTERN, DEFAULT_REPO_ID, download_phases, parse_phases
+
+    report = download_phases(
+        args.dest, parse_phases(args.phases), repo_id=args.repo_id or DEFAULT_REPO_ID, revision=args.revision,
+        pattern=args.pattern or DEFAULT_PHASE_PATTERN,
+    )
+    print(f"{len(report['files'])} files, {report['bytes']:,} bytes verified in {args.dest}"
+          + (f"; repaired {len(report['repaired'])}" if report["repaired"] else ""))
     return 0
