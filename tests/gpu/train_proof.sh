@@ -22,7 +22,7 @@ case "$which" in
   smoke-sample)
     # The default data: the bundled sample corpus with the bundled tokenizer, one uninterrupted run.
     recipe=gpt_smoke
-    args=(kaiyuan.run_root=$root)
+    args=(kaiyuan.run_root=$root train.train_iters=100)
     ;;
   qwen)
     recipe=qwen3_1p7b
