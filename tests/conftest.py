@@ -10,9 +10,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("KAIYUAN_CACHE", tempfile.mkdtemp(prefix="kaiyuan-test-cache-"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def megatron_cpu():
-    """megatron-core's parallel state on one CPU process (gloo), for real model construction."""
+    """megatron-core's parallel state on one CPU process (gloo), for real model construction.
+    Torn down after the module: an initialised process group changes what world size upstream sees."""
     from kaiyuan_recipes import compat
 
     compat.apply()
@@ -26,3 +27,4 @@ def megatron_cpu():
     parallel_state.initialize_model_parallel()
     yield parallel_state
     parallel_state.destroy_model_parallel()
+    torch.distributed.destroy_process_group()

@@ -20,6 +20,15 @@ def parquet_bytes(n: int, seed: int) -> bytes:
     return buf.getvalue()
 
 
+@pytest.fixture(autouse=True)
+def online_to_loopback_only(monkeypatch):
+    """The suite runs with HF_HUB_OFFLINE=1; these tests talk to the fake hub on 127.0.0.1 only."""
+    import huggingface_hub.constants as hf_constants
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+
+
 @pytest.fixture
 def hub():
     files = {
@@ -60,7 +69,11 @@ def test_hf_endpoint_and_token_from_environment(hub, tmp_path, monkeypatch):
     assert all(r["auth"] == "Bearer hf_secret_for_test" for r in hub.requests)
 
 
-def test_interrupted_download_resumes(hub, tmp_path):
+def test_interrupted_download_resumes(hub, tmp_path, monkeypatch):
+    import huggingface_hub.constants as hf_constants
+
+    # The client writes in DOWNLOAD_CHUNK_SIZE pieces (10 MB); our test files are ~130 kB.
+    monkeypatch.setattr(hf_constants, "DOWNLOAD_CHUNK_SIZE", 8192)
     hub.interrupt_once.add("phase1/part-000.parquet")
     try:
         download_phases(tmp_path, [1], repo_id=REPO, endpoint=hub.url, show_progress=False)
