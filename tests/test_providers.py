@@ -34,7 +34,7 @@ def expected_shapes(shape: dict) -> dict[str, tuple]:
 
 
 @pytest.mark.parametrize("name", ["gpt_smoke", "qwen3_1p7b"])
-def test_provider_builds_real_model_with_expected_shapes(name, megatron_cpu):
+def test_provider_builds_real_model_with_expected_shapes(name, megatron_parallel):
     import torch
 
     provider = get_model_provider(name)()

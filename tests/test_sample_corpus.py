@@ -21,7 +21,7 @@ def test_prepare_is_cached_and_weighted_by_tokens():
     assert len(prefixes) == 2 and all(w > 30_000 for w in weights)
 
 
-def test_default_recipe_data_builds_train_valid_test(megatron_cpu):
+def test_default_recipe_data_builds_train_valid_test(megatron_parallel):
     from megatron.bridge.data.utils import pretrain_train_valid_test_datasets_provider
     from megatron.bridge.training.tokenizers.tokenizer import build_tokenizer
 

@@ -5,8 +5,6 @@ Also checks that with all settings applied the same step succeeds (the control).
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -16,19 +14,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 
 @pytest.fixture(scope="module", autouse=True)
-def model_parallel():
-    compat.apply()
-    from megatron.core import parallel_state
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29533")
-    if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("nccl", rank=0, world_size=1)
-    parallel_state.initialize_model_parallel()
-    model_parallel_cuda_manual_seed(1234)
+def _parallel(megatron_parallel):  # tests/conftest.py: NCCL process group + CUDA RNG tracker
     yield
-    parallel_state.destroy_model_parallel()
 
 
 def _upstream_defaults() -> dict:
