@@ -45,6 +45,16 @@ def add_parser(sub: Any) -> None:
     dl.add_argument("--revision", default=None)
     dl.add_argument("--pattern", default=None, help="files of phase {n}, fnmatch (default: *phase{n}/*)")
     dl.set_defaults(func=download)
+    pl = dsub.add_parser("plan", help="resolve a category blend plan into per-source tokens, epochs and weights")
+    pl.add_argument("plan", type=Path)
+    pl.add_argument("--out", type=Path, help="write the manifest JSON here")
+    pl.set_defaults(func=plan)
+    ho = dsub.add_parser("heldout", help="held-out set -> validation prefix + prompt/completion jsonl")
+    ho.add_argument("jsonl", type=Path)
+    ho.add_argument("--output-dir", type=Path, required=True)
+    ho.add_argument("--tokenizer", type=Path)
+    ho.add_argument("--per-dimension", type=int, default=400)
+    ho.set_defaults(func=heldout)
 
 
 def materialize(args: Any) -> int:
@@ -116,4 +126,32 @@ def download(args: Any) -> int:
     )
     print(f"{len(report['files'])} files, {report['bytes']:,} bytes verified in {args.dest}"
           + (f"; repaired {len(report['repaired'])}" if report["repaired"] else ""))
+    return 0
+
+
+def plan(args: Any) -> int:
+    from kaiyuan_recipes.data.blend import load_plan, plan_categories
+
+    spec, sources = load_plan(args.plan)
+    manifest = plan_categories(spec, sources)
+    text = json.dumps(manifest, indent=2)
+    if args.out:
+        tmp = args.out.with_name(f".{args.out.name}.tmp")
+        tmp.write_text(text + "\n")
+        tmp.replace(args.out)
+    for cat in manifest["categories"]:
+        extra = f" (+{', '.join(f'{k}: {v:.3g}' for k, v in cat['topped_up_from'].items())})" if cat["topped_up_from"] else ""
+        print(f"{cat['name']:<16} share {cat['share']:.2f}  planned {cat['planned_tokens']:.4g} tokens  "
+              f"available {cat['available_tokens']:.4g}  epochs {cat['epochs']:.2f}{extra}")
+    if not args.out:
+        print(text)
+    return 0
+
+
+def heldout(args: Any) -> int:
+    from kaiyuan_recipes.data.heldout import write_heldout
+    from kaiyuan_recipes.data.tokenizer import check_tokenizer_dir, default_tokenizer_dir
+
+    tokenizer = check_tokenizer_dir(args.tokenizer) if args.tokenizer else default_tokenizer_dir()
+    print(json.dumps(write_heldout(args.jsonl, args.output_dir, tokenizer, args.per_dimension), indent=2))
     return 0

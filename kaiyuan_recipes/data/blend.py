@@ -1,0 +1,184 @@
+"""Blends for Megatron: a training phase (sources with weights, a token budget) or a category plan
+(target shares over categories of sources, a total budget, top-up rules) resolved against the
+converter's manifests into per-source tokens, epochs and final weights, then into
+GPTDatasetConfig.blend / blend_per_split with the held-out set as the validation split."""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from kaiyuan_recipes.data.convert import MANIFEST
+
+
+class BlendError(ValueError):
+    pass
+
+
+@dataclass
+class Source:
+    """Indexed-dataset prefixes from one converter output directory (a glob over prefixes)."""
+
+    name: str
+    prefixes: list[str]
+    tokens: list[int]
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.tokens)
+
+
+def load_source(name: str, output_dir: str, pattern: str = "*") -> Source:
+    """All shards in a converter output directory whose prefix matches `pattern`, with token counts
+    from its manifest.json."""
+    manifest_path = Path(output_dir).expanduser() / MANIFEST
+    if not manifest_path.is_file():
+        raise BlendError(f"source {name!r}: {manifest_path} not found (run `kaiyuan data convert` first)")
+    shards = json.loads(manifest_path.read_text(encoding="utf-8"))["shards"]
+    names = sorted(n for n in shards if fnmatch.fnmatch(n, pattern))
+    if not names:
+        raise BlendError(f"source {name!r}: no shards matching {pattern!r} in {manifest_path}")
+    return Source(name, [str(manifest_path.parent / n) for n in names], [int(shards[n]["tokens"]) for n in names])
+
+
+@dataclass
+class CategoryResult:
+    name: str
+    share: float
+    available_tokens: int
+    planned_tokens: float
+    epochs: float
+    topped_up_from: dict[str, float] = field(default_factory=dict)
+
+
+def plan_categories(plan: dict[str, Any], sources: dict[str, list[Source]]) -> dict[str, Any]:
+    """Resolve a category plan: each category gets share × total tokens, drawn from its sources in
+    proportion to their sizes; a short category with `top_up_from` moves its shortfall to that
+    category; repetition (epochs) above `max_epochs` is an impossible budget."""
+    total = float(plan["total_tokens"])
+    max_epochs = float(plan.get("max_epochs", 4.0))
+    cats = plan["categories"]
+    shares = {name: float(c["share"]) for name, c in cats.items()}
+    if abs(sum(shares.values()) - 1.0) > 1e-6:
+        raise BlendError(f"plan: category shares sum to {sum(shares.values()):.4f}, expected 1.0")
+    available = {name: sum(s.total_tokens for s in sources[name]) for name in cats}
+    for name, tokens in available.items():
+        if tokens == 0:
+            raise BlendError(f"category {name!r}: no tokens in its sources {[s.name for s in sources[name]]}")
+    need = {name: shares[name] * total for name in cats}
+    topped: dict[str, dict[str, float]] = {name: {} for name in cats}
+    for name, c in cats.items():
+        donor = c.get("top_up_from")
+        cap = available[name] * max_epochs
+        if donor and need[name] > available[name]:
+            # Take this category once through; the rest comes from the donor.
+            shortfall = need[name] - available[name]
+            if donor not in cats:
+                raise BlendError(f"category {name!r}: top_up_from {donor!r} is not a category of the plan")
+            need[name] -= shortfall
+            need[donor] += shortfall
+            topped[donor][name] = shortfall
+        elif need[name] > cap:
+            raise BlendError(
+                f"category {name!r}: needs {need[name]:.3g} tokens but has {available[name]:.3g} "
+                f"(> max_epochs={max_epochs:g} repetitions); lower its share or the total, or add data"
+            )
+    results, weights, prefixes, per_source = [], [], [], []
+    for name in cats:
+        if need[name] > available[name] * max_epochs:
+            raise BlendError(f"category {name!r}: after top-ups needs {need[name]:.3g} tokens, has {available[name]:.3g}")
+        epochs = need[name] / available[name]
+        results.append(CategoryResult(name, shares[name], available[name], need[name], epochs, topped[name]))
+        for src in sources[name]:
+            for prefix, tokens in zip(src.prefixes, src.tokens):
+                share_of_cat = tokens / available[name]
+                prefixes.append(prefix)
+                weights.append(need[name] * share_of_cat / total)
+            per_source.append({"category": name, "source": src.name, "tokens": src.total_tokens,
+                               "planned_tokens": need[name] * src.total_tokens / available[name], "epochs": epochs})
+    return {
+        "total_tokens": total,
+        "seed": int(plan.get("seed", 42)),
+        "categories": [r.__dict__ for r in results],
+        "sources": per_source,
+        "blend": {"prefixes": prefixes, "weights": weights},
+    }
+
+
+def load_plan(path: Path) -> tuple[dict[str, Any], dict[str, list[Source]]]:
+    path = Path(path)
+    try:
+        plan = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    except Exception as err:
+        raise BlendError(f"{path}: not a readable plan ({err})") from err
+    for key in ("total_tokens", "categories"):
+        if key not in plan:
+            raise BlendError(f"{path}: missing {key!r}")
+    sources = {}
+    for name, cat in plan["categories"].items():
+        if "share" not in cat or not cat.get("sources"):
+            raise BlendError(f"{path}: category {name!r} needs 'share' and 'sources'")
+        sources[name] = [load_source(s["name"], s["dir"], s.get("pattern", "*")) for s in cat["sources"]]
+    return plan, sources
+
+
+def to_megatron_blend(blend: dict[str, Any], heldout_prefix: str | None = None) -> dict[str, Any]:
+    """GPTDatasetConfig fields: `blend` when validation is split from the data, else
+    `blend_per_split` with the held-out prefix as the validation split (and no test split)."""
+    train = (list(blend["prefixes"]), [float(w) for w in blend["weights"]])
+    if heldout_prefix is None:
+        return {"blend": train, "blend_per_split": None}
+    return {"blend": None, "blend_per_split": [train, ([heldout_prefix], None), None], "split": None}
+
+
+def load_curriculum(path: Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        cur = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    except Exception as err:
+        raise BlendError(f"{path}: not a readable curriculum ({err})") from err
+    if not cur.get("phases"):
+        raise BlendError(f"{path}: no 'phases'")
+    return cur
+
+
+def phase_iterations(cur: dict[str, Any]) -> dict[int, tuple[int, int]]:
+    """Phase number → (first iteration, last iteration), from each phase's token budget at the
+    curriculum's global batch and sequence length. Iterations count on across phases: phase k
+    resumes phase k-1's checkpoint, so the LR schedule and consumed samples stay continuous."""
+    tokens_per_step = int(cur["global_batch_size"]) * int(cur["seq_length"])
+    bounds, start = {}, 0
+    for number in sorted(int(k) for k in cur["phases"]):
+        steps = round(float(cur["phases"][number]["tokens"]) / tokens_per_step)
+        if steps < 1:
+            raise BlendError(f"phase {number}: token budget below one step ({tokens_per_step} tokens)")
+        bounds[number] = (start + 1, start + steps)
+        start += steps
+    return bounds
+
+
+def phase_blend(cur: dict[str, Any], number: int) -> dict[str, Any]:
+    """Prefixes and weights of one phase. A source's `weight` is a ratio, or `tokens` to weight it by
+    its converted size (from the converter's manifest); inside a source, shards weigh by tokens."""
+    phases = {int(k): v for k, v in cur["phases"].items()}
+    if number not in phases:
+        raise BlendError(f"phase {number}: not in the curriculum (phases {sorted(phases)})")
+    specs = phases[number].get("sources") or []
+    if not specs:
+        raise BlendError(f"phase {number}: no sources")
+    sources = [load_source(s["name"], s["dir"], s.get("pattern", "*")) for s in specs]
+    raw = [float(src.total_tokens) if spec.get("weight", "tokens") == "tokens" else float(spec["weight"])
+           for spec, src in zip(specs, sources)]
+    if any(w <= 0 for w in raw):
+        raise BlendError(f"phase {number}: source weights must be positive, got {raw}")
+    prefixes, weights = [], []
+    for w, src in zip(raw, sources):
+        for prefix, tokens in zip(src.prefixes, src.tokens):
+            prefixes.append(prefix)
+            weights.append(w / sum(raw) * tokens / src.total_tokens)
+    return {"prefixes": prefixes, "weights": weights, "tokens": float(phases[number]["tokens"])}

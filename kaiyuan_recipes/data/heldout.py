@@ -1,0 +1,88 @@
+"""The held-out validation set: 7 capability dimensions × 400 samples from a jsonl of
+{"dimension", "prompt", "completion", optional "choices" and "answer"}. Produces (a) a packed-text
+Megatron prefix for in-training validation loss and (b) a prompt/completion jsonl for the evaluator."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+DIMENSIONS = ("science_reasoning", "logic", "code", "chinese_exam", "math", "chinese_dialogue", "english_dialogue")
+PER_DIMENSION = 400
+
+
+class HeldoutError(ValueError):
+    pass
+
+
+def read_heldout(path: Path, per_dimension: int = PER_DIMENSION) -> list[dict[str, Any]]:
+    """Every line checked; all problems reported together with their line numbers."""
+    path = Path(path)
+    rows, problems = [], []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                problems.append(f"line {lineno}: not JSON ({err.msg})")
+                continue
+            if not isinstance(row, dict):
+                problems.append(f"line {lineno}: expected an object")
+                continue
+            if row.get("dimension") not in DIMENSIONS:
+                problems.append(f"line {lineno}: dimension {row.get('dimension')!r} not one of {', '.join(DIMENSIONS)}")
+            for key in ("prompt", "completion"):
+                if not isinstance(row.get(key), str) or not row[key]:
+                    problems.append(f"line {lineno}: '{key}' missing or empty")
+            if "choices" in row and not (isinstance(row["choices"], list) and all(isinstance(c, str) for c in row["choices"])):
+                problems.append(f"line {lineno}: 'choices' must be a list of strings")
+            rows.append(row)
+    if not rows and not problems:
+        problems.append("the file holds no samples")
+    counts = Counter(r.get("dimension") for r in rows)
+    for dim in DIMENSIONS:
+        if counts.get(dim, 0) != per_dimension:
+            problems.append(f"dimension {dim!r}: {counts.get(dim, 0)} samples, expected {per_dimension}")
+    if problems:
+        shown = "; ".join(problems[:10]) + (f"; … {len(problems) - 10} more" if len(problems) > 10 else "")
+        raise HeldoutError(f"{path}: {len(problems)} problem(s): {shown}")
+    return rows
+
+
+def write_heldout(path: Path, output_dir: Path, tokenizer_dir: Path, per_dimension: int = PER_DIMENSION) -> dict[str, Any]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from kaiyuan_recipes.data.convert import ConvertOptions, convert_directory
+
+    rows = read_heldout(path, per_dimension)
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    # (b) prompt/completion, for `kaiyuan eval heldout`
+    pc_path = output_dir / "heldout_prompt_completion.jsonl"
+    fd, tmp = tempfile.mkstemp(dir=output_dir, prefix=".heldout.")
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        for r in rows:
+            fh.write(json.dumps({k: r[k] for k in ("dimension", "prompt", "completion", "choices", "answer") if k in r},
+                                ensure_ascii=False) + "\n")
+    os.replace(tmp, pc_path)
+    # (a) packed text: prompt and completion as one document, converted to a Megatron prefix
+    packed_dir = output_dir / "packed_parquet"
+    packed_dir.mkdir(exist_ok=True)
+    pq.write_table(pa.table({"text": [r["prompt"] + r["completion"] for r in rows],
+                             "dimension": [r["dimension"] for r in rows]}), packed_dir / "heldout.parquet")
+    manifest = convert_directory(
+        ConvertOptions(input_dir=packed_dir, output_dir=output_dir / "megatron", tokenizer_dir=tokenizer_dir,
+                       output_prefix="heldout", num_shards=1),
+        show_progress=False,
+    )
+    (prefix_name,) = manifest["shards"]
+    return {"samples": len(rows), "prompt_completion": str(pc_path),
+            "validation_prefix": str(output_dir / "megatron" / prefix_name),
+            "tokens": manifest["shards"][prefix_name]["tokens"]}
