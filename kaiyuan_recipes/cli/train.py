@@ -22,10 +22,15 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--nproc-per-node", type=int, default=1)
     p.add_argument("--dry-run", action="store_true", help="resolve and print the plan; launch nothing")
     p.add_argument("--json", action="store_true", help="with --dry-run: print the plan as JSON")
+    p.add_argument("--phase", type=int, help="train phase N of kaiyuan.curriculum (default kaiyuan_2b), resuming phase N-1")
     p.set_defaults(func=run)
 
 
 def run(args: Any) -> int:
+    if args.phase is not None:
+        args.overrides = ["kaiyuan.data=curriculum", f"kaiyuan.phase={args.phase}"] + list(args.overrides)
+        if not any(o.startswith("kaiyuan.curriculum=") for o in args.overrides):
+            args.overrides.append("kaiyuan.curriculum=kaiyuan_2b")
     spec = TorchrunSpec(nproc_per_node=args.nproc_per_node)
     cfg, settings = build_config(args.recipe, args.overrides)
     layout = validate(cfg, spec.world_size, settings.max_positions)

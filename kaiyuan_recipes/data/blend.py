@@ -147,11 +147,12 @@ def load_curriculum(path: Path) -> dict[str, Any]:
     return cur
 
 
-def phase_iterations(cur: dict[str, Any]) -> dict[int, tuple[int, int]]:
+def phase_iterations(cur: dict[str, Any], tokens_per_step: int | None = None) -> dict[int, tuple[int, int]]:
     """Phase number → (first iteration, last iteration), from each phase's token budget at the
-    curriculum's global batch and sequence length. Iterations count on across phases: phase k
-    resumes phase k-1's checkpoint, so the LR schedule and consumed samples stay continuous."""
-    tokens_per_step = int(cur["global_batch_size"]) * int(cur["seq_length"])
+    training run's tokens per step (default: the curriculum's global batch × sequence length).
+    Iterations count on across phases: phase k resumes phase k-1's checkpoint, so the LR schedule
+    and consumed samples stay continuous."""
+    tokens_per_step = tokens_per_step or int(cur["global_batch_size"]) * int(cur["seq_length"])
     bounds, start = {}, 0
     for number in sorted(int(k) for k in cur["phases"]):
         steps = round(float(cur["phases"][number]["tokens"]) / tokens_per_step)

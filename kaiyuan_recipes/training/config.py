@@ -26,7 +26,7 @@ ZERO_STAGES = {
     1: dict(use_distributed_optimizer=True, data_parallel_sharding_strategy="optim"),
     2: dict(use_distributed_optimizer=True, data_parallel_sharding_strategy="optim_grads"),
 }
-DATA_SOURCES = ("sample", "mock", "blend")
+DATA_SOURCES = ("sample", "mock", "blend", "curriculum")
 
 
 @dataclass
@@ -41,6 +41,9 @@ class RunSettings:
     data: str
     tokenizer: str | None
     max_positions: int | None = None
+    curriculum: str | None = None
+    phase: int | None = None
+    heldout: str | None = None
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -118,6 +121,9 @@ def resolve_run_settings(recipe: str, knobs: dict[str, Any]) -> RunSettings:
         layer_spec=knobs.get("layer_spec", "auto"),
         data=knobs.get("data", "sample"),
         tokenizer=knobs.get("tokenizer"),
+        curriculum=knobs.get("curriculum"),
+        phase=knobs.get("phase"),
+        heldout=knobs.get("heldout"),
     )
 
 
@@ -152,6 +158,15 @@ def _apply_data_source(cfg: Any, run: RunSettings) -> None:
         cfg.tokenizer = TokenizerConfig(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=tokenizer_dir)
         cfg.dataset.blend = prepare_sample_corpus(tokenizer_dir)
         cfg.dataset.blend_per_split = None
+    elif run.data == "curriculum":
+        from kaiyuan_recipes.data.phase_module import PhaseBlendDataModule
+
+        if not run.curriculum or not run.phase:
+            raise ValueError("kaiyuan.data=curriculum needs kaiyuan.curriculum (a name or YAML) and kaiyuan.phase")
+        PhaseBlendDataModule(
+            curriculum=run.curriculum, phase=int(run.phase), seq_length=cfg.dataset.seq_length,
+            global_batch_size=cfg.train.global_batch_size, heldout_prefix=run.heldout, seed=cfg.dataset.random_seed,
+        ).apply(cfg)
     elif run.data == "mock":
         cfg.dataset.blend = None
         cfg.dataset.blend_per_split = None

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# GPU proof for [blend] §5, through the device tool from the repo root (wheels in .whl):
+#   bash tests/gpu/phase_transition.sh
+# The sample corpus split into two phases (English, then Chinese); gpt_smoke trains phase 1, then
+# `--phase 2` resumes it with the new blend. The report shows the resume iteration, the blend switch
+# and the LR on both sides of the boundary. DRY_RUN=1 resolves both launches without training (CPU).
+set -euo pipefail
+out=${OUT:-/tmp/out}; mkdir -p "$out"
+if [ "${DRY_RUN:-0}" != 1 ] && [ -d .whl ] && [ ! -d /tmp/site/megatron ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl .whl/*.tar.gz
+fi
+export PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+py=${PYTHON:-python3}
+kaiyuan() { "$py" -m kaiyuan_recipes.cli.main "$@"; }
+work=${WORK:-/tmp/phase_proof}; rm -rf "$work"; mkdir -p "$work/in1" "$work/in2"
+corpus=kaiyuan_recipes/data/sample_corpus
+cp "$corpus/en_jargon.parquet" "$work/in1/"; cp "$corpus/zh_poems.parquet" "$work/in2/"
+for n in 1 2; do
+  kaiyuan data convert --input-dir "$work/in$n" --output-dir "$work/phase$n" --output-prefix "phase$n" --num-shards 1
+done
+# 60 + 40 steps of 16 x 4096 tokens: warmup in phase 1, decay over phase 2.
+cat > "$work/two_phases.yaml" <<YAML
+seq_length: 4096
+global_batch_size: 16
+phases:
+  1: {tokens: 3932160, sources: [{name: phase1, dir: $work/phase1, weight: tokens}]}
+  2: {tokens: 2621440, sources: [{name: phase2, dir: $work/phase2, weight: tokens}]}
+YAML
+args=(kaiyuan.run_root="$work/runs" kaiyuan.run_name=two_phase kaiyuan.curriculum="$work/two_phases.yaml"
+      scheduler.lr_warmup_iters=10 logger.log_interval=1 checkpoint.save_interval=1000)
+dry=(); [ "${DRY_RUN:-0}" = 1 ] && dry=(--dry-run --json)
+kaiyuan train gpt_smoke --phase 1 "${args[@]}" "${dry[@]}" 2>&1 | tee "$out/phase1.log" | grep -E "iteration +[0-9]+/|train_iters|error|Error" | tail -8
+kaiyuan train gpt_smoke --phase 2 "${args[@]}" "${dry[@]}" 2>&1 | tee "$out/phase2.log" | grep -E "iteration +[0-9]+/|train_iters|error|Error" | tail -8
+[ "${DRY_RUN:-0}" = 1 ] && exit 0
+"$py" benchmarks/train_report.py "$work/runs/two_phase" --name gpt_smoke_phase_transition \
+  --command "bash tests/gpu/phase_transition.sh" --out "$out/phase_transition.json" --log "$out/phase1.log" "$out/phase2.log"

@@ -1,0 +1,59 @@
+"""Phase-to-phase training config: phase N resumes phase N-1's run directory with phase N's blend,
+iterations count on, and the WSD schedule is identical in every phase (so the LR is continuous)."""
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from kaiyuan_recipes.data.blend import BlendError
+from kaiyuan_recipes.data.convert import ConvertOptions, convert_directory
+from kaiyuan_recipes.data.phase_module import PhaseBlendDataModule
+from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
+from kaiyuan_recipes.training.config import build_config
+from kaiyuan_recipes.training.summary import resolve_with_upstream
+
+
+@pytest.fixture(scope="module")
+def curriculum(tmp_path_factory):
+    """The sample corpus split into two 'phases': English, then Chinese."""
+    from kaiyuan_recipes.data.sample_corpus import CORPUS_DIR
+
+    root = tmp_path_factory.mktemp("cur")
+    phases = {}
+    for number, name in ((1, "en_jargon"), (2, "zh_poems")):
+        src = root / f"in{number}"
+        src.mkdir()
+        pq.write_table(pq.read_table(CORPUS_DIR / f"{name}.parquet"), src / f"{name}.parquet")
+        convert_directory(ConvertOptions(input_dir=src, output_dir=root / f"phase{number}", tokenizer_dir=default_tokenizer_dir(),
+                                         output_prefix=f"phase{number}", num_shards=1), show_progress=False)
+        phases[number] = {"tokens": 16 * 4096 * (60 if number == 1 else 40),
+                          "sources": [{"name": f"phase{number}", "dir": str(root / f"phase{number}"), "weight": "tokens"}]}
+    path = root / "two_phases.yaml"
+    path.write_text(yaml.safe_dump({"seq_length": 4096, "global_batch_size": 16, "phases": phases}))
+    return path
+
+
+def test_phase_configs_continue_one_run(curriculum, tmp_path):
+    common = [f"kaiyuan.run_root={tmp_path}", "kaiyuan.run_name=curr", "kaiyuan.data=curriculum",
+              f"kaiyuan.curriculum={curriculum}", f"kaiyuan.tokenizer={default_tokenizer_dir()}"]
+    cfg1, run1 = build_config("gpt_smoke", common + ["kaiyuan.phase=1"])
+    cfg2, run2 = build_config("gpt_smoke", common + ["kaiyuan.phase=2"])
+    assert (cfg1.train.train_iters, cfg2.train.train_iters) == (60, 100)
+    assert cfg1.checkpoint.load == cfg2.checkpoint.load == cfg1.checkpoint.save  # phase 2 resumes phase 1
+    for key in ("lr_decay_style", "lr_decay_iters", "lr_wsd_decay_iters", "lr_warmup_iters"):
+        assert getattr(cfg1.scheduler, key) == getattr(cfg2.scheduler, key), key
+    assert (cfg1.scheduler.lr_decay_iters, cfg1.scheduler.lr_wsd_decay_iters) == (100, 40)
+    assert "phase1" in cfg1.dataset.blend[0][0] and "phase2" in cfg2.dataset.blend[0][0]
+    resolved = resolve_with_upstream(cfg2, world_size=1)
+    assert resolved.scheduler.lr_decay_steps == 100 * 16
+
+
+def test_phase_flag_and_errors(curriculum):
+    with pytest.raises(ValueError, match="needs kaiyuan.curriculum"):
+        build_config("gpt_smoke", ["kaiyuan.data=curriculum"])
+    with pytest.raises(BlendError, match="unknown curriculum 'nope'; known: kaiyuan_2b"):
+        PhaseBlendDataModule(curriculum="nope", phase=1).spec()
+    module = PhaseBlendDataModule(curriculum=str(curriculum), phase=3, global_batch_size=16)
+    with pytest.raises(BlendError, match="phase 3: not in the curriculum"):
+        module.blend_fields()
