@@ -72,6 +72,16 @@ def test_zero_stages(stage, shard, distopt):
     assert cfg.ddp.use_distributed_optimizer is distopt is cfg.optimizer.use_distributed_optimizer
 
 
+def test_overlap_and_recompute_knobs(tmp_path):
+    cfg, _ = build_config("qwen3_1p7b", ["kaiyuan.zero_stage=0"])
+    assert cfg.ddp.overlap_grad_reduce and not cfg.ddp.overlap_param_gather
+    resolve_with_upstream(cfg, world_size=8)
+    cfg, _ = build_config("qwen3_1p7b", ["model.recompute_granularity=full", "model.recompute_method=uniform",
+                                         "model.recompute_num_layers=1"])
+    assert cfg.ddp.overlap_param_gather and cfg.model.recompute_granularity == "full"
+    assert resolve_with_upstream(cfg, world_size=8).model.recompute_num_layers == 1
+
+
 def test_invalid_zero_stage():
     with pytest.raises(ValueError, match="kaiyuan.zero_stage: expected 0, 1 or 2, got 3"):
         build_config("gpt_smoke", ["kaiyuan.zero_stage=3"])

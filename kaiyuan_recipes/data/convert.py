@@ -286,11 +286,11 @@ def convert_directory(opts: ConvertOptions, show_progress: bool = True) -> dict[
             total_rows += pq.ParquetFile(src).metadata.num_rows
         except Exception:  # reported properly by the worker, with the file name
             pass
-    # fork: workers inherit the heavy imports (torch, megatron-core) instead of repeating them. Safe
-    # here because this process has not started a tokenizer thread pool or CUDA.
-    import megatron.core.datasets.indexed_dataset  # noqa: F401
-
-    ctx = get_context("fork")
+    # forkserver: workers fork from a clean single-threaded server that has imported the heavy
+    # modules (torch, megatron-core) once. Plain fork is unsafe from a process that already runs
+    # threads (a training process, a test runner); spawn would repeat the imports in every worker.
+    ctx = get_context("forkserver")
+    ctx.set_forkserver_preload(["megatron.core.datasets.indexed_dataset", "pyarrow.parquet", "kaiyuan_recipes.data.encoders"])
     progress_queue = ctx.Queue()
     opts_dict = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()}
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn

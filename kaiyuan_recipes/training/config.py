@@ -131,6 +131,8 @@ def _apply_zero_stage(cfg: Any, stage: int) -> None:
     for key, value in ZERO_STAGES[stage].items():
         setattr(cfg.ddp, key, value)
     cfg.optimizer.use_distributed_optimizer = ZERO_STAGES[stage]["use_distributed_optimizer"]
+    if stage == 0:
+        cfg.ddp.overlap_param_gather = False  # only exists with the distributed optimizer
 
 
 def _apply_run_layout(cfg: Any, run: RunSettings) -> None:
