@@ -1,7 +1,7 @@
 """parquet → Megatron indexed dataset (.bin/.idx), one output prefix per input file.
 
 Each input file is converted by one process that streams record batches (memory stays flat),
-tokenizes them with the Rust `tokenizers` batch encoder on M threads, appends EOD, and writes through
+tokenizes them on M threads (kaiyuan_recipes.data.encoders), appends EOD, and writes through
 megatron-core's IndexedDatasetBuilder under a temporary name that is renamed when complete.
 N files run at once. A manifest per output directory records what each output was made from, so
 finished shards are skipped on a re-run and stale ones (input or tokenizer changed) are redone."""
