@@ -8,9 +8,9 @@ import sys
 import warnings
 
 from kaiyuan_recipes import __version__
-from kaiyuan_recipes.cli import data, models, train
+from kaiyuan_recipes.cli import data, lifecycle, models, train
 
-SUBCOMMANDS = (train, models, data)
+SUBCOMMANDS = (train, lifecycle, models, data)
 
 
 def build_parser() -> argparse.ArgumentParser:

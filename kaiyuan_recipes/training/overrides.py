@@ -55,8 +55,11 @@ def apply_to_tree(tree: DictConfig, overrides: list[str]) -> None:
         if key not in valid:
             raise OverrideError(f"unknown override key {key!r}{_closest(key, valid)}")
     OmegaConf.set_struct(tree, True)
-    parsed = OverridesParser.create().parse_overrides(overrides=overrides)
-    ConfigLoaderImpl._apply_overrides_to_config(overrides=parsed, cfg=tree)
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides=overrides)
+        ConfigLoaderImpl._apply_overrides_to_config(overrides=parsed, cfg=tree)
+    except Exception as err:  # hydra's parser and OmegaConf's validation errors
+        raise OverrideError(f"cannot apply {overrides}: {str(err).splitlines()[0]}") from err
     OmegaConf.set_struct(tree, False)
 
 

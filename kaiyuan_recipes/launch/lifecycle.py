@@ -1,0 +1,159 @@
+"""Detached runs on this node: start / stop / status / logs, with state under
+<run_root>/<run_name>/run_state/ (pid, the exact command, exit.json) — what start_training.sh and
+stop_training.sh did, as one module. Stop sends SIGTERM to the run's process group (Megatron's
+exit-signal handler saves a checkpoint), waits up to the grace period, and only then SIGKILLs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kaiyuan_recipes.training.metrics_log import read_metrics
+
+# Environment variables recorded with a run (never tokens or keys).
+RECORDED_ENV = ("CUDA_VISIBLE_DEVICES", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_DEBUG", "HF_ENDPOINT",
+                "KAIYUAN_CACHE", "PYTHONPATH")
+
+
+class RunStateError(RuntimeError):
+    pass
+
+
+@dataclass
+class RunPaths:
+    run_dir: Path
+
+    @property
+    def state(self) -> Path:
+        return self.run_dir / "run_state"
+
+    @property
+    def log(self) -> Path:
+        return self.run_dir / "logs" / "console.log"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.state / "supervisor.pid"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is not running
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split()[2] != "Z"
+    except OSError:
+        return True
+
+
+def running_pid(paths: RunPaths) -> int | None:
+    if not paths.pid_file.is_file():
+        return None
+    pid = int(paths.pid_file.read_text().strip() or 0)
+    return pid if pid and _alive(pid) and not (paths.state / "exit.json").is_file() else None
+
+
+def start(run_dir: Path, argv: list[str], extra: dict[str, Any] | None = None) -> int:
+    """Start `argv` detached, supervised, in its own process group. Refuses a run already running."""
+    paths = RunPaths(Path(run_dir))
+    if (pid := running_pid(paths)) is not None:
+        raise RunStateError(f"run {paths.run_dir.name!r} is already running (pid {pid}); stop it first")
+    paths.state.mkdir(parents=True, exist_ok=True)
+    paths.log.parent.mkdir(parents=True, exist_ok=True)
+    for stale in ("exit.json", "stop.json", "child.pid"):
+        (paths.state / stale).unlink(missing_ok=True)
+    (paths.state / "command.json").write_text(json.dumps(
+        {"argv": argv, "started_at": time.time(), "env": {k: os.environ[k] for k in RECORDED_ENV if k in os.environ},
+         **(extra or {})}, indent=2))
+    with open(paths.log, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kaiyuan_recipes.launch.supervise", str(paths.state), "--", *argv],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+    paths.pid_file.write_text(str(proc.pid))
+    return proc.pid
+
+
+def stop(run_dir: Path, grace: float = 300.0, poll: float = 0.5) -> dict[str, Any]:
+    paths = RunPaths(Path(run_dir))
+    pid = running_pid(paths)
+    if pid is None:
+        raise RunStateError(f"run {paths.run_dir.name!r} is not running")
+    last_ckpt = _last_checkpoint(paths)
+    os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and not (paths.state / "exit.json").is_file():
+        time.sleep(poll)
+    killed = False
+    if not (paths.state / "exit.json").is_file():
+        killed = True
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    new_ckpt = _last_checkpoint(paths)
+    result = {"run": paths.run_dir.name, "sigkill_after_grace": killed, "grace_s": grace,
+              "checkpoint_saved": new_ckpt is not None and new_ckpt != last_ckpt, "last_checkpoint": new_ckpt}
+    (paths.state / "stop.json").write_text(json.dumps(result))
+    return result
+
+
+def _last_checkpoint(paths: RunPaths) -> int | None:
+    events = [r["iteration"] for r in read_metrics(paths.state) if r.get("event") == "checkpoint"]
+    return events[-1] if events else None
+
+
+def status(run_dir: Path) -> dict[str, Any]:
+    paths = RunPaths(Path(run_dir))
+    if not paths.state.is_dir():
+        raise RunStateError(f"{paths.run_dir}: no run state (was it started with `kaiyuan start`?)")
+    command = json.loads((paths.state / "command.json").read_text()) if (paths.state / "command.json").is_file() else {}
+    exit_info = json.loads((paths.state / "exit.json").read_text()) if (paths.state / "exit.json").is_file() else None
+    if running_pid(paths) is not None:
+        state = "running"
+    elif exit_info is None:
+        state = "unknown (no exit record; supervisor killed?)"
+    elif (paths.state / "stop.json").is_file():
+        state = "stopped"
+    else:
+        state = "finished" if exit_info["exit_code"] == 0 else "failed"
+    steps = [r for r in read_metrics(paths.state) if r.get("event") == "step"]
+    out: dict[str, Any] = {"run": paths.run_dir.name, "state": state, "exit": exit_info}
+    if steps:
+        last = steps[-1]
+        recent = steps[-10:]
+        step_time = sum(r["step_time_s"] for r in recent) / len(recent)
+        total = command.get("train_iters")
+        out.update(iteration=last["iteration"], loss=last["loss"], lr=last["lr"],
+                   tokens_per_s_per_gpu=sum(r["tokens_per_s_per_gpu"] for r in recent) / len(recent),
+                   train_iters=total,
+                   eta_s=(total - last["iteration"]) * step_time if total and state == "running" else None)
+    return out
+
+
+def follow_log(run_dir: Path, follow: bool, out=sys.stdout, poll: float = 0.5, stop_when_done: bool = True) -> None:
+    paths = RunPaths(Path(run_dir))
+    if not paths.log.is_file():
+        raise RunStateError(f"{paths.log}: no log yet")
+    with open(paths.log, encoding="utf-8", errors="replace") as fh:
+        while True:
+            chunk = fh.read()
+            if chunk:
+                out.write(chunk)
+                out.flush()
+            if not follow or (stop_when_done and running_pid(paths) is None):
+                if follow:
+                    out.write(fh.read())
+                return
+            time.sleep(poll)

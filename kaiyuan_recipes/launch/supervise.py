@@ -1,0 +1,34 @@
+"""The detached supervisor of a run: `python -m kaiyuan_recipes.launch.supervise STATE_DIR -- ARGV…`.
+It leads the run's process group, runs ARGV, and records the exit code (and signal) in
+STATE_DIR/exit.json when it ends, so `kaiyuan status` can tell finished from failed from stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def main(argv: list[str]) -> int:
+    if "--" not in argv or argv.index("--") != 1:
+        raise SystemExit("usage: python -m kaiyuan_recipes.launch.supervise STATE_DIR -- ARGV...")
+    state_dir, command = Path(argv[0]), argv[2:]
+    # SIGTERM to the group must reach the training processes and leave us alive to record the end.
+    # A Python handler (not SIG_IGN) is reset to the default in the child at exec.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    child = subprocess.Popen(command)
+    (state_dir / "child.pid").write_text(str(child.pid))
+    code = child.wait()
+    record = {"exit_code": code, "signal": -code if code < 0 else None, "ended_at": time.time()}
+    tmp = state_dir / ".exit.json.tmp"
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, state_dir / "exit.json")
+    return 0 if code == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

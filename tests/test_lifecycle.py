@@ -1,0 +1,129 @@
+"""start / stop / status / logs with real processes: a 2-process torchrun (gloo) job that
+all-reduces every step, writes metrics.jsonl like the training callback, and on SIGTERM records a
+checkpoint and exits — the contract Megatron's exit-signal handler keeps."""
+
+import json
+import sys
+import textwrap
+import time
+
+import pytest
+
+from kaiyuan_recipes.launch.lifecycle import RunStateError, follow_log, running_pid, RunPaths, start, status, stop
+
+PROGRAM = textwrap.dedent('''
+    import json, os, signal, sys, time
+    import torch, torch.distributed as dist
+    state, steps, ignore_term = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+    stop = []
+    signal.signal(signal.SIGTERM, (lambda *_: None) if ignore_term else (lambda *_: stop.append(1)))
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    def write(rec):
+        if rank == world - 1:
+            with open(os.path.join(state, "metrics.jsonl"), "a") as fh:
+                fh.write(json.dumps(rec) + "\\n")
+    write({"event": "train_start", "iteration": 0})
+    for it in range(1, steps + 1):
+        t = torch.tensor([float(rank + 1)])
+        dist.all_reduce(t)
+        assert t.item() == world * (world + 1) / 2
+        time.sleep(0.05)
+        write({"event": "step", "iteration": it, "loss": 10.0 / it, "lr": 1e-3, "step_time_s": 0.05,
+               "tokens_per_s_per_gpu": 1000.0})
+        flag = torch.tensor([float(bool(stop))])
+        dist.all_reduce(flag)  # every rank agrees to stop at the same step, as Megatron's handler does
+        if flag.item() > 0:
+            write({"event": "checkpoint", "iteration": it})
+            print(f"saved checkpoint at {it}; exiting", flush=True)
+            sys.exit(0)
+    print("done", flush=True)
+''')
+
+
+@pytest.fixture
+def job(tmp_path):
+    prog = tmp_path / "job.py"
+    prog.write_text(PROGRAM)
+
+    def argv(state_dir, steps, ignore_term=False):
+        return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone",
+                str(prog), str(state_dir), str(steps), "1" if ignore_term else "0"]
+
+    return argv
+
+
+def wait_for(predicate, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_start_status_stop_with_checkpoint(tmp_path, job):
+    run = tmp_path / "runs" / "exp1"
+    start(run, job(run / "run_state", 100000), {"train_iters": 100000})
+    assert wait_for(lambda: status(run).get("iteration", 0) >= 5)
+    s = status(run)
+    assert s["state"] == "running" and s["loss"] < 10 and s["eta_s"] > 0
+    with pytest.raises(RunStateError, match="already running"):
+        start(run, job(run / "run_state", 10))
+    result = stop(run, grace=60)
+    assert result["checkpoint_saved"] and not result["sigkill_after_grace"]
+    after = status(run)
+    assert after["state"] == "stopped" and after["iteration"] == result["last_checkpoint"]
+    lines = []
+
+    class Out:
+        write = lines.append
+
+        def flush(self):
+            pass
+
+    follow_log(run, follow=False, out=Out())
+    assert "saved checkpoint at" in "".join(lines)
+
+
+def test_finished_and_failed(tmp_path, job):
+    ok = tmp_path / "runs" / "ok"
+    start(ok, job(ok / "run_state", 5), {"train_iters": 5})
+    assert wait_for(lambda: running_pid(RunPaths(ok)) is None)
+    assert status(ok)["state"] == "finished" and status(ok)["iteration"] == 5
+    bad = tmp_path / "runs" / "bad"
+    start(bad, [sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"])
+    assert wait_for(lambda: (bad / "run_state" / "exit.json").is_file())
+    s = status(bad)
+    assert s["state"] == "failed" and s["exit"]["exit_code"] == 3
+
+
+def test_sigkill_only_after_grace(tmp_path, job):
+    run = tmp_path / "runs" / "stubborn"
+    start(run, job(run / "run_state", 100000, ignore_term=True))
+    assert wait_for(lambda: status(run).get("iteration", 0) >= 2)
+    t0 = time.monotonic()
+    result = stop(run, grace=2)
+    assert result["sigkill_after_grace"] and time.monotonic() - t0 >= 2
+    assert wait_for(lambda: running_pid(RunPaths(run)) is None, timeout=10)
+
+
+def test_stop_and_status_of_unknown_runs(tmp_path):
+    with pytest.raises(RunStateError, match="is not running"):
+        stop(tmp_path / "nope")
+    with pytest.raises(RunStateError, match="no run state"):
+        status(tmp_path / "nope")
+
+
+def test_cli_start_refuses_bad_config_before_launch(tmp_path):
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-m", "kaiyuan_recipes.cli.main", "start", "gpt_smoke", "r1",
+                          f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=mock", "--nproc-per-node", "3"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and "global_batch_size=16 is not divisible" in out.stderr
+    assert not (tmp_path / "r1" / "run_state").exists()
+    out = subprocess.run([sys.executable, "-m", "kaiyuan_recipes.cli.main", "start", "gpt_smoke", "r1;rm -rf x",
+                          f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=mock"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and "use letters, digits" in out.stderr and "Traceback" not in out.stderr
+    assert not list(tmp_path.iterdir())
