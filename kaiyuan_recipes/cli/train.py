@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from kaiyuan_recipes.launch.torchrun import TorchrunSpec
@@ -24,6 +25,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="with --dry-run: print the plan as JSON")
     p.add_argument("--phase", type=int, help="train phase N of kaiyuan.curriculum (default kaiyuan_2b), resuming phase N-1")
     p.set_defaults(func=run)
+    pl = sub.add_parser("plot", help="PNGs of loss, LR, throughput and grad norm from runs' TensorBoard logs")
+    pl.add_argument("run_dirs", nargs="+", type=Path)
+    pl.add_argument("--out", type=Path, default=Path("plots"))
+    pl.set_defaults(func=plot)
 
 
 def run(args: Any) -> int:
@@ -53,3 +58,11 @@ def run(args: Any) -> int:
             sys.stdout.write(line)
             log.write(line)
         return proc.wait()
+
+
+def plot(args: Any) -> int:
+    from kaiyuan_recipes.training.plots import plot_runs
+
+    for path in plot_runs(args.run_dirs, args.out):
+        print(path)
+    return 0
