@@ -8,9 +8,9 @@ import sys
 import warnings
 
 from kaiyuan_recipes import __version__
-from kaiyuan_recipes.cli import data, lifecycle, models, train
+from kaiyuan_recipes.cli import data, export, lifecycle, models, train
 
-SUBCOMMANDS = (train, lifecycle, models, data)
+SUBCOMMANDS = (train, lifecycle, models, data, export)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,40 @@
+"""The Hugging Face config with the same math as a recipe's model.yaml: Qwen3 (QK-norm) →
+Qwen3ForCausalLM; the GPT shape without QK-norm (RoPE, RMSNorm, SwiGLU, GQA, no bias) → LlamaForCausalLM.
+The padded vocabulary is kept (as Qwen's own checkpoints do) and the tokenizer's size recorded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def hf_config_for(shape: dict[str, Any], tokenizer_vocab: int | None = None, dtype: str = "bfloat16"):
+    from transformers import LlamaConfig, Qwen3Config
+
+    if shape.get("add_bias_linear") or not shape.get("gated_linear_unit") or shape.get("normalization") != "RMSNorm":
+        raise ValueError("model.yaml: only bias-free SwiGLU + RMSNorm models have a standard HF class here")
+    common = dict(
+        vocab_size=shape["vocab_size"],
+        hidden_size=shape["hidden_size"],
+        intermediate_size=shape["ffn_hidden_size"],
+        num_hidden_layers=shape["num_layers"],
+        num_attention_heads=shape["num_attention_heads"],
+        num_key_value_heads=shape.get("num_query_groups") or shape["num_attention_heads"],
+        head_dim=shape.get("kv_channels") or shape["hidden_size"] // shape["num_attention_heads"],
+        max_position_embeddings=shape.get("max_position_embeddings", shape.get("seq_length", 4096)),
+        rms_norm_eps=shape.get("layernorm_epsilon", 1e-6),
+        rope_theta=float(shape.get("rotary_base", 10000)),
+        tie_word_embeddings=bool(shape.get("share_embeddings_and_output_weights", False)),
+        hidden_act="silu",
+        bos_token_id=None,
+        eos_token_id=151643,
+        dtype=dtype,
+    )
+    if shape.get("qk_layernorm"):
+        config = Qwen3Config(**common, attention_bias=False)
+        config.architectures = ["Qwen3ForCausalLM"]
+    else:
+        config = LlamaConfig(**common, attention_bias=False, mlp_bias=False)
+        config.architectures = ["LlamaForCausalLM"]
+    if tokenizer_vocab is not None:
+        config.kaiyuan_tokenizer_vocab_size = tokenizer_vocab  # ids >= this are padding rows
+    return config
