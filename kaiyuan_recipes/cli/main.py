@@ -8,9 +8,9 @@ import sys
 import warnings
 
 from kaiyuan_recipes import __version__
-from kaiyuan_recipes.cli import data, export, lifecycle, models, train
+from kaiyuan_recipes.cli import data, evaluate, export, lifecycle, models, train
 
-SUBCOMMANDS = (train, lifecycle, models, data, export)
+SUBCOMMANDS = (train, lifecycle, models, data, export, evaluate)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,212 @@
+"""Held-out evaluation of a Hugging Face causal LM: per sample, the prompt-conditioned completion NLL
+(nats, summed over completion tokens), NLL/token, perplexity and bits per UTF-8 byte; for samples with
+choices, each candidate scored by its log-probability given the prompt — accuracy by mean token
+log-probability (`mcq_acc_avg_norm`, the main one) and by sum (`mcq_acc_sum`, biased to short options).
+Aggregated per capability dimension and overall."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Sample:
+    line: int
+    dimension: str
+    prompt: str
+    completion: str
+    choices: list[str] | None = None
+    answer: int | None = None
+
+
+@dataclass
+class LoadReport:
+    samples: list[Sample] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def load_samples(path: Path) -> LoadReport:
+    """Every line is checked; bad ones are reported with their line number and skipped."""
+    report = LoadReport()
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                report.problems.append(f"line {lineno}: not JSON ({err.msg})")
+                continue
+            if not isinstance(row.get("completion"), str) or not row["completion"]:
+                report.problems.append(f"line {lineno}: no completion")
+                continue
+            choices, answer = row.get("choices"), row.get("answer")
+            if choices is not None:
+                if not (isinstance(choices, list) and len(choices) >= 2 and all(isinstance(c, str) and c for c in choices)):
+                    report.problems.append(f"line {lineno}: choices must be a list of 2+ non-empty strings")
+                    continue
+                if not (isinstance(answer, int) and 0 <= answer < len(choices)):
+                    report.problems.append(f"line {lineno}: answer must index the choices (0..{len(choices) - 1})")
+                    continue
+            report.samples.append(Sample(lineno, str(row.get("dimension", "unknown")), str(row.get("prompt", "")),
+                                         row["completion"], choices, answer))
+    if not report.samples and not report.problems:
+        report.problems.append("the file holds no samples")
+    return report
+
+
+def continuation_logprobs(model: Any, tokenizer: Any, pairs: list[tuple[str, str]], max_length: int,
+                          batch_size: int, device: str) -> list[list[float]]:
+    """Log-probability of every continuation token given its context, batched (right padding)."""
+    import torch
+
+    encoded = []
+    for context, continuation in pairs:
+        ctx = tokenizer(context, add_special_tokens=False)["input_ids"]
+        cont = tokenizer(continuation, add_special_tokens=False)["input_ids"]
+        ids = (ctx + cont)[-max_length:]  # keep the continuation; trim the context from the left
+        encoded.append((ids, min(len(cont), len(ids) - 1)))
+    results: list[list[float]] = [[] for _ in pairs]
+    order = sorted(range(len(pairs)), key=lambda i: -len(encoded[i][0]))  # similar lengths share a batch
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    for start in range(0, len(order), batch_size):
+        idx = order[start:start + batch_size]
+        width = max(len(encoded[i][0]) for i in idx)
+        input_ids = torch.full((len(idx), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(idx), width), dtype=torch.long)
+        for row, i in enumerate(idx):
+            ids = encoded[i][0]
+            input_ids[row, : len(ids)] = torch.tensor(ids)
+            mask[row, : len(ids)] = 1
+        with torch.no_grad():
+            logits = model(input_ids=input_ids.to(device), attention_mask=mask.to(device)).logits.float()
+        logp = torch.log_softmax(logits, dim=-1)
+        for row, i in enumerate(idx):
+            ids, n_cont = encoded[i]
+            positions = torch.arange(len(ids) - n_cont, len(ids), device=logp.device)
+            targets = torch.tensor(ids[len(ids) - n_cont:], device=logp.device)
+            results[i] = logp[row, positions - 1, targets].tolist()
+    return results
+
+
+def score(model: Any, tokenizer: Any, samples: list[Sample], max_length: int = 2048, batch_size: int = 8,
+          device: str = "cpu", progress: bool = True) -> list[dict[str, Any]]:
+    pairs: list[tuple[str, str]] = []
+    owners: list[tuple[int, int | None]] = []  # (sample index, choice index or None)
+    for s_idx, s in enumerate(samples):
+        pairs.append((s.prompt, s.completion))
+        owners.append((s_idx, None))
+        for c_idx, choice in enumerate(s.choices or []):
+            pairs.append((s.prompt, choice))  # candidates of one prompt are scored in the same pass
+            owners.append((s_idx, c_idx))
+    from rich.progress import track
+
+    chunks = [list(range(i, min(i + 256, len(pairs)))) for i in range(0, len(pairs), 256)]
+    logprobs: list[list[float]] = []
+    for chunk in track(chunks, description="scoring", disable=not progress):
+        logprobs += continuation_logprobs(model, tokenizer, [pairs[i] for i in chunk], max_length, batch_size, device)
+    rows = [{"line": s.line, "dimension": s.dimension} for s in samples]
+    choice_scores: dict[int, list[tuple[float, float]]] = {}
+    for (s_idx, c_idx), lp in zip(owners, logprobs):
+        if c_idx is None:
+            nll = -sum(lp)
+            n_bytes = len(samples[s_idx].completion.encode("utf-8"))
+            rows[s_idx].update(nll=nll, tokens=len(lp), nll_per_token=nll / len(lp), ppl=math.exp(nll / len(lp)),
+                               bytes=n_bytes, bits_per_byte=nll / math.log(2) / n_bytes)
+        else:
+            choice_scores.setdefault(s_idx, []).append((sum(lp), sum(lp) / len(lp)))
+    for s_idx, scores in choice_scores.items():
+        pred_sum = max(range(len(scores)), key=lambda k: scores[k][0])
+        pred_avg = max(range(len(scores)), key=lambda k: scores[k][1])
+        rows[s_idx].update(choice_logprob_sum=[a for a, _ in scores], choice_logprob_avg=[b for _, b in scores],
+                           pred_sum=pred_sum, pred_avg_norm=pred_avg, answer=samples[s_idx].answer)
+    return rows
+
+
+def aggregate(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(r["dimension"], []).append(r)
+    groups["overall"] = rows
+    out = {}
+    for name, rs in groups.items():
+        nll, tokens, n_bytes = sum(r["nll"] for r in rs), sum(r["tokens"] for r in rs), sum(r["bytes"] for r in rs)
+        mcq = [r for r in rs if "pred_sum" in r]
+        out[name] = {
+            "samples": len(rs), "nll_per_token": nll / tokens, "ppl": math.exp(nll / tokens),
+            "bits_per_byte": nll / math.log(2) / n_bytes, "mcq_samples": len(mcq),
+            "mcq_acc_avg_norm": sum(r["pred_avg_norm"] == r["answer"] for r in mcq) / len(mcq) if mcq else None,
+            "mcq_acc_sum": sum(r["pred_sum"] == r["answer"] for r in mcq) / len(mcq) if mcq else None,
+        }
+    return out
+
+
+def markdown_table(results: dict[str, dict[str, dict[str, Any]]]) -> str:
+    """Rows: dimension × model; several models side by side."""
+    lines = ["| dimension | model | samples | NLL/token | PPL | bits/byte | MCQ acc (avg-norm) | MCQ acc (sum) |",
+             "|---|---|---|---|---|---|---|---|"]
+    dims = sorted({d for per_model in results.values() for d in per_model if d != "overall"}) + ["overall"]
+    for dim in dims:
+        for model, per_dim in results.items():
+            m = per_dim.get(dim)
+            if m is None:
+                continue
+            acc = lambda v: "—" if v is None else f"{v:.3f}"  # noqa: E731
+            lines.append(f"| {dim} | {model} | {m['samples']} | {m['nll_per_token']:.4f} | {m['ppl']:.2f} | "
+                         f"{m['bits_per_byte']:.4f} | {acc(m['mcq_acc_avg_norm'])} | {acc(m['mcq_acc_sum'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def bar_chart(results: dict[str, dict[str, dict[str, Any]]], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    dims = sorted({d for per_model in results.values() for d in per_model if d != "overall"}) + ["overall"]
+    fig, ax = plt.subplots(figsize=(max(8, 1.3 * len(dims)), 4.5))
+    width = 0.8 / max(1, len(results))
+    for k, (model, per_dim) in enumerate(results.items()):
+        values = [per_dim[d]["bits_per_byte"] if d in per_dim else 0 for d in dims]
+        ax.bar([i + k * width for i in range(len(dims))], values, width, label=model)
+    ax.set_xticks([i + width * (len(results) - 1) / 2 for i in range(len(dims))], dims, rotation=20)
+    ax.set(ylabel="bits per byte (lower is better)", title="held-out evaluation")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def evaluate_models(models: list[Path], data: Path, out: Path, max_length: int = 2048, device: str = "cpu",
+                    batch_size: int = 8, progress: bool = True) -> dict[str, Any]:
+    """Score each HF model directory on `data`; write results.json, results.md and bits_per_byte.png."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    loaded = load_samples(data)
+    if not loaded.samples:
+        raise ValueError(f"{data}: nothing to score ({'; '.join(loaded.problems[:5])})")
+    results, per_sample = {}, {}
+    for k, model_dir in enumerate(models):
+        name = Path(model_dir).name
+        if name in results:  # two checkpoints with the same directory name
+            name = f"{name}#{k + 1}"
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(device).eval()
+        rows = score(model, tokenizer, loaded.samples, max_length, batch_size, device, progress)
+        results[name], per_sample[name] = aggregate(rows), rows
+        del model
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"data": str(data), "skipped": len(loaded.problems), "problems": loaded.problems, "results": results,
+              "samples": per_sample}
+    (out / "results.json").write_text(json.dumps(report, indent=1))
+    (out / "results.md").write_text(markdown_table(results))
+    bar_chart(results, out / "bits_per_byte.png")
+    return report

@@ -1,0 +1,30 @@
+"""`kaiyuan eval heldout`: score HF models on the held-out set (kaiyuan_exporters.heldout_eval)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("eval", help="evaluation")
+    esub = p.add_subparsers(dest="eval_cmd", required=True)
+    h = esub.add_parser("heldout", help="NLL / PPL / bits-per-byte and MCQ accuracy per capability dimension")
+    h.add_argument("--model", type=Path, action="append", required=True, help="HF model directory (repeat to compare)")
+    h.add_argument("--data", type=Path, required=True, help="prompt/completion jsonl (`kaiyuan data heldout`)")
+    h.add_argument("--out", type=Path, required=True)
+    h.add_argument("--max-length", type=int, default=2048)
+    h.add_argument("--batch-size", type=int, default=8)
+    h.add_argument("--device", default="cpu")
+    h.set_defaults(func=heldout)
+
+
+def heldout(args: Any) -> int:
+    from kaiyuan_exporters.heldout_eval import evaluate_models, markdown_table
+
+    report = evaluate_models(args.model, args.data, args.out, args.max_length, args.device, args.batch_size)
+    print(markdown_table(report["results"]))
+    if report["skipped"]:
+        print(f"skipped {report['skipped']} line(s): " + "; ".join(report["problems"][:10]), file=sys.stderr)
+    return 0
