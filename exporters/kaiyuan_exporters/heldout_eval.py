@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kaiyuan_recipes.data.jsonl import read_jsonl_objects
+
 
 @dataclass
 class Sample:
@@ -32,28 +34,23 @@ class LoadReport:
 def load_samples(path: Path) -> LoadReport:
     """Every line is checked; bad ones are reported with their line number and skipped."""
     report = LoadReport()
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
+    for lineno, row, problem in read_jsonl_objects(path):
+        if row is None:
+            report.problems.append(problem)
+            continue
+        if not isinstance(row.get("completion"), str) or not row["completion"]:
+            report.problems.append(f"line {lineno}: no completion")
+            continue
+        choices, answer = row.get("choices"), row.get("answer")
+        if choices is not None:
+            if not (isinstance(choices, list) and len(choices) >= 2 and all(isinstance(c, str) and c for c in choices)):
+                report.problems.append(f"line {lineno}: choices must be a list of 2+ non-empty strings")
                 continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                report.problems.append(f"line {lineno}: not JSON ({err.msg})")
+            if not (isinstance(answer, int) and 0 <= answer < len(choices)):
+                report.problems.append(f"line {lineno}: answer must index the choices (0..{len(choices) - 1})")
                 continue
-            if not isinstance(row.get("completion"), str) or not row["completion"]:
-                report.problems.append(f"line {lineno}: no completion")
-                continue
-            choices, answer = row.get("choices"), row.get("answer")
-            if choices is not None:
-                if not (isinstance(choices, list) and len(choices) >= 2 and all(isinstance(c, str) and c for c in choices)):
-                    report.problems.append(f"line {lineno}: choices must be a list of 2+ non-empty strings")
-                    continue
-                if not (isinstance(answer, int) and 0 <= answer < len(choices)):
-                    report.problems.append(f"line {lineno}: answer must index the choices (0..{len(choices) - 1})")
-                    continue
-            report.samples.append(Sample(lineno, str(row.get("dimension", "unknown")), str(row.get("prompt", "")),
-                                         row["completion"], choices, answer))
+        report.samples.append(Sample(lineno, str(row.get("dimension", "unknown")), str(row.get("prompt", "")),
+                                     row["completion"], choices, answer))
     if not report.samples and not report.problems:
         report.problems.append("the file holds no samples")
     return report

@@ -11,6 +11,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from kaiyuan_recipes.data.jsonl import read_jsonl_objects
+
 DIMENSIONS = ("science_reasoning", "logic", "code", "chinese_exam", "math", "chinese_dialogue", "english_dialogue")
 PER_DIMENSION = 400
 
@@ -23,26 +25,18 @@ def read_heldout(path: Path, per_dimension: int = PER_DIMENSION) -> list[dict[st
     """Every line checked; all problems reported together with their line numbers."""
     path = Path(path)
     rows, problems = [], []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                problems.append(f"line {lineno}: not JSON ({err.msg})")
-                continue
-            if not isinstance(row, dict):
-                problems.append(f"line {lineno}: expected an object")
-                continue
-            if row.get("dimension") not in DIMENSIONS:
-                problems.append(f"line {lineno}: dimension {row.get('dimension')!r} not one of {', '.join(DIMENSIONS)}")
-            for key in ("prompt", "completion"):
-                if not isinstance(row.get(key), str) or not row[key]:
-                    problems.append(f"line {lineno}: '{key}' missing or empty")
-            if "choices" in row and not (isinstance(row["choices"], list) and all(isinstance(c, str) for c in row["choices"])):
-                problems.append(f"line {lineno}: 'choices' must be a list of strings")
-            rows.append(row)
+    for lineno, row, problem in read_jsonl_objects(path):
+        if row is None:
+            problems.append(problem)
+            continue
+        if row.get("dimension") not in DIMENSIONS:
+            problems.append(f"line {lineno}: dimension {row.get('dimension')!r} not one of {', '.join(DIMENSIONS)}")
+        for key in ("prompt", "completion"):
+            if not isinstance(row.get(key), str) or not row[key]:
+                problems.append(f"line {lineno}: '{key}' missing or empty")
+        if "choices" in row and not (isinstance(row["choices"], list) and all(isinstance(c, str) for c in row["choices"])):
+            problems.append(f"line {lineno}: 'choices' must be a list of strings")
+        rows.append(row)
     if not rows and not problems:
         problems.append("the file holds no samples")
     counts = Counter(r.get("dimension") for r in rows)
