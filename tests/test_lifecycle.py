@@ -36,8 +36,12 @@ PROGRAM = textwrap.dedent('''
         if flag.item() > 0:
             write({"event": "checkpoint", "iteration": it})
             print(f"saved checkpoint at {it}; exiting", flush=True)
-            sys.exit(0)
-    print("done", flush=True)
+            break
+    else:
+        print("done", flush=True)
+    # gloo aborts at interpreter exit if its process group is left open ("terminate called ...")
+    dist.barrier()
+    dist.destroy_process_group()
 ''')
 
 
