@@ -13,6 +13,7 @@ from typing import Any
 
 from kaiyuan_exporters.hf_config import hf_config_for
 from kaiyuan_recipes import compat
+from kaiyuan_recipes.data.tokenizer import tokenizer_vocab_size
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json")
 
@@ -59,17 +60,9 @@ def export_hf(checkpoint: Path, out: Path, shape: dict[str, Any], tokenizer_dir:
     if out.exists():
         raise FileExistsError(f"{out}: exists; choose a new output directory")
     ensure_single_process_group()
-    bridge = bridge_for(shape, _tokenizer_vocab(tokenizer_dir))
+    bridge = bridge_for(shape, tokenizer_vocab_size(tokenizer_dir) if tokenizer_dir else None)
     model = bridge.load_megatron_model(str(checkpoint_root(checkpoint)), wrap_with_ddp=False)
     return write_hf_dir(bridge, model, out, tokenizer_dir, show_progress)
-
-
-def _tokenizer_vocab(tokenizer_dir: Path | None) -> int | None:
-    if tokenizer_dir is None:
-        return None
-    from tokenizers import Tokenizer
-
-    return Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json")).get_vocab_size()
 
 
 def write_hf_dir(bridge: Any, model: Any, out: Path, tokenizer_dir: Path | None = None, show_progress: bool = True) -> Path:

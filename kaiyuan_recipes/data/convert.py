@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kaiyuan_recipes.data.encoders import make_batch_encoder
-from kaiyuan_recipes.data.tokenizer import tokenizer_fingerprint
+from kaiyuan_recipes.data.tokenizer import tokenizer_fingerprint, tokenizer_vocab_size
 
 MANIFEST = "manifest.json"
 BAD_ROW_POLICIES = ("error", "skip")
@@ -78,12 +78,6 @@ def list_parquet_files(input_dir: Path) -> list[Path]:
 
 
 # ---- worker side ---------------------------------------------------------------------------------
-
-
-def _vocab_size(tokenizer_dir: Path) -> int:
-    from tokenizers import Tokenizer
-
-    return Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")).get_vocab_size()
 
 
 def _bad(result: ShardResult, path: Path, row: int, why: str, policy: str) -> None:
@@ -148,7 +142,7 @@ def convert_parquet_shard(path: str, prefix: str, opts_dict: dict[str, Any], pro
     encode, eod, result.encoder = make_batch_encoder(Path(opts.tokenizer_dir), threads)
     if opts.append_eod and eod is None:
         raise BadInputError(f"{opts.tokenizer_dir}: tokenizer has no <|endoftext|> token for EOD")
-    dtype = DType.optimal_dtype(_vocab_size(Path(opts.tokenizer_dir)))
+    dtype = DType.optimal_dtype(tokenizer_vocab_size(Path(opts.tokenizer_dir)))
 
     try:
         parquet = pq.ParquetFile(src)
@@ -225,8 +219,10 @@ def _write_manifest(output_dir: Path, manifest: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def is_up_to_date(entry: dict[str, Any] | None, src: Path, prefix: Path, tokenizer_sha: str, manifest: dict) -> bool:
-    if not entry or manifest.get("tokenizer_sha256") != tokenizer_sha:
+def is_up_to_date(entry: dict[str, Any] | None, src: Path, prefix: Path) -> bool:
+    """Same input file (size, mtime) and both outputs present. A tokenizer change has already
+    emptied the manifest's shards (convert_directory)."""
+    if not entry:
         return False
     stat = src.stat()
     return (
@@ -272,7 +268,7 @@ def convert_directory(opts: ConvertOptions, show_progress: bool = True) -> dict[
     todo = []
     for index, src in enumerate(files):
         prefix = output_prefix_for(opts, index)
-        if not is_up_to_date(manifest["shards"].get(prefix.name), src, prefix, tokenizer_sha, manifest):
+        if not is_up_to_date(manifest["shards"].get(prefix.name), src, prefix):
             todo.append((src, prefix))
     shards, workers = opts.resolved_parallelism(len(todo) or 1)
     skipped_up_to_date = len(files) - len(todo)

@@ -108,6 +108,13 @@ def check_tokenizer_dir(path: Path, sha256: str | None = None) -> Path:
     return path
 
 
+def tokenizer_vocab_size(path: Path) -> int:
+    """Ids the tokenizer can produce (base vocabulary + added tokens)."""
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(Path(path) / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
+
+
 def tokenizer_fingerprint(path: Path) -> str:
     """sha256 of tokenizer.json: recorded in converter manifests to detect stale outputs."""
     return sha256_of(Path(path) / "tokenizer.json")

@@ -3,10 +3,10 @@ which fields disagree and what was expected."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from kaiyuan_recipes.data.tokenizer import tokenizer_vocab_size as vocab_size_of_dir
 from kaiyuan_recipes.models.param_count import padded_vocab_size
 
 
@@ -18,12 +18,10 @@ def tokenizer_vocab_size(cfg: Any) -> int:
     tok = cfg.tokenizer
     if tok.tokenizer_type == "NullTokenizer":
         return int(tok.vocab_size) + 1  # Megatron's NullTokenizer appends EOD
-    path = Path(str(tok.tokenizer_model)) / "tokenizer.json"
-    if not path.is_file():
-        raise ConfigError(f"tokenizer.tokenizer_model: {path} not found (expected a Hugging Face tokenizer directory)")
-    data = json.loads(path.read_text(encoding="utf-8"))
-    ids = list(data["model"]["vocab"].values()) + [t["id"] for t in data.get("added_tokens", [])]
-    return max(ids) + 1
+    path = Path(str(tok.tokenizer_model))
+    if not (path / "tokenizer.json").is_file():
+        raise ConfigError(f"tokenizer.tokenizer_model: {path}/tokenizer.json not found (expected a Hugging Face tokenizer directory)")
+    return vocab_size_of_dir(path)
 
 
 def parallel_layout(cfg: Any, world_size: int) -> dict[str, int]:
