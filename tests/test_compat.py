@@ -115,3 +115,56 @@ def test_upstream_defaults_still_enable_te_only_fusions():
     assert differing == set(compat.LOCAL_SPEC_SETTINGS), (
         f"upstream defaults now match ours for {set(compat.LOCAL_SPEC_SETTINGS) - differing}: drop them from compat"
     )
+
+
+needs_no_cuda = pytest.mark.skipif(
+    subprocess.run([sys.executable, "-c", "import torch,sys; sys.exit(torch.cuda.is_available())"]).returncode != 0,
+    reason="defect only shows on a host without CUDA")
+
+_SAVE_ON_CPU = """
+    import os, socket, sys, torch, torch.distributed as dist
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{{port}}", rank=0, world_size=1)
+    {patch}
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing import ShardedTensor
+    t = torch.arange(6, dtype=torch.float32)
+    dist_checkpointing.save({{"w": ShardedTensor.from_rank_offsets("w", t)}}, sys.argv[1])
+    back = dist_checkpointing.load({{"w": ShardedTensor.from_rank_offsets("w", torch.empty(6))}}, sys.argv[1])
+    print("roundtrip", torch.equal(back["w"], t))
+"""
+
+
+def run_save_on_cpu(tmp_path, patch: str) -> subprocess.CompletedProcess:
+    code = "if __name__ == '__main__':\n" + textwrap.indent(textwrap.dedent(_SAVE_ON_CPU.format(patch=patch)), "    ")
+    script = tmp_path / "save_on_cpu.py"  # a file: the checkpoint writer spawns helper processes
+    script.write_text(code)
+    (tmp_path / "ckpt").mkdir()
+    return subprocess.run([sys.executable, str(script), str(tmp_path / "ckpt")], capture_output=True, text=True,
+                          timeout=300)
+
+
+@needs_no_cuda
+def test_upstream_torch_dist_save_still_needs_cuda(tmp_path):
+    probe = run_save_on_cpu(tmp_path, "pass")
+    assert probe.returncode != 0 and "NVIDIA driver" in probe.stderr, (
+        "megatron-core saves torch_dist on a CPU host now: delete compat.cpu_checkpoint_save"
+    )
+
+
+@needs_no_cuda
+def test_torch_dist_save_and_load_on_cpu_with_compat(tmp_path):
+    probe = run_save_on_cpu(tmp_path, "from kaiyuan_recipes import compat; compat.cpu_checkpoint_save()")
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    assert "roundtrip True" in probe.stdout
+    assert (tmp_path / "ckpt" / ".metadata").is_file()
+
+
+@needs_no_cuda
+def test_upstream_bridge_rng_state_still_reads_cuda():
+    compat.import_megatron_bridge()
+    from megatron.bridge.training import checkpointing
+
+    assert "torch.cuda.get_rng_state()" in inspect.getsource(checkpointing.get_rng_state), (
+        "get_rng_state no longer reads the CUDA generator unconditionally: drop it from compat._CHECKPOINT_SAVE_MODULES"
+    )

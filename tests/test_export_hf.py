@@ -1,15 +1,16 @@
-"""Megatron → HF → Megatron on the CPU for both model families: a random-weight Megatron model is
-written as a HF directory (`write_hf_dir`, the last step of `export_hf`), loaded by transformers with no
-remote code, imported back through AutoBridge, and every tensor compared bit for bit.
-(Reading a torch_dist checkpoint needs CUDA in megatron-core 0.19's writer/reader: that part of
-`export_hf` is proven on the GPU host.)"""
+"""Megatron → HF → Megatron on the CPU for both model families, through real torch_dist files: a
+random-weight model is written with Megatron-Bridge's checkpoint writer (gloo), exported by the CLI's
+code path, loaded by transformers with no remote code, imported back to a torch_dist checkpoint and
+read again; every tensor is compared bit for bit."""
 
 import json
 
 import pytest
 import torch
 
-from kaiyuan_exporters.megatron_to_hf import bridge_for, ensure_single_process_group, write_hf_dir
+from kaiyuan_exporters.hf_to_megatron import build_cpu_model, import_hf
+from kaiyuan_exporters.megatron_to_hf import (bridge_for, checkpoint_shape, ensure_single_process_group, export_hf,
+                                              newest_iteration_dir)
 from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
 
 SMALL = dict(num_layers=2, hidden_size=128, ffn_hidden_size=256, num_attention_heads=4, num_query_groups=2,
@@ -29,50 +30,53 @@ def process_group():
     torch.distributed.destroy_process_group()
 
 
-def build(shape):
-    """The model as training builds it: our provider (kaiyuan_recipes.models.providers)."""
-    from megatron.core.process_groups_config import ProcessGroupCollection
+def read_checkpoint(path):
+    """The weights of a torch_dist checkpoint, read by Megatron-Bridge's loader into our model."""
+    from megatron.bridge.training.model_load_save import load_megatron_model
 
-    from kaiyuan_recipes.models.providers import build_provider
-
-    provider = build_provider(shape | {"activation_func": "silu"})
-    provider.use_cpu_initialization = True
-    provider.params_dtype = torch.float32
-    provider.bf16 = False
-    provider.finalize()
-    provider._pg_collection = ProcessGroupCollection.use_mpu_process_groups()
-    return provider.provide()
+    model = load_megatron_model(str(newest_iteration_dir(path)), use_cpu_init=True)
+    model = model[0] if isinstance(model, list) else model
+    return {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
 
 
 @pytest.mark.parametrize("qk_norm, hf_class", [(True, "Qwen3ForCausalLM"), (False, "LlamaForCausalLM")])
-def test_roundtrip_bit_exact(tmp_path, process_group, qk_norm, hf_class):
+def test_roundtrip_through_torch_dist_bit_exact(tmp_path, process_group, qk_norm, hf_class):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     shape = SMALL | {"qk_layernorm": qk_norm, "rotary_base": 1000000 if qk_norm else 10000}
-    tok_dir = default_tokenizer_dir()
-    bridge = bridge_for(shape, tokenizer_vocab=151646)
-    original = build(shape)
+    original = build_cpu_model(shape, torch.bfloat16)  # as training holds the model weights
     with torch.no_grad():
         for p in original.parameters():
             p.normal_(0, 0.02)
-    out = write_hf_dir(bridge, original, tmp_path / "hf", tok_dir, show_progress=False)
+    bridge_for(shape, tokenizer_vocab=151646).save_megatron_model([original], tmp_path / "megatron")
+    assert list((tmp_path / "megatron").glob("iter_*/*.distcp")), "not a torch_dist checkpoint"
+    assert checkpoint_shape(tmp_path / "megatron")["qk_layernorm"] is qk_norm
+
+    out = export_hf(tmp_path / "megatron", tmp_path / "hf", None, default_tokenizer_dir(), show_progress=False)
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == [hf_class] and config["tie_word_embeddings"] is False
     assert config["vocab_size"] == 151936 and config["kaiyuan_tokenizer_vocab_size"] == 151646
     assert (out / "generation_config.json").is_file() and not list(tmp_path.glob(".hf.*"))
-    hf = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
-    assert type(hf).__name__ == hf_class
+    hf = AutoModelForCausalLM.from_pretrained(str(out), dtype="auto")
+    assert type(hf).__name__ == hf_class and hf.dtype == torch.bfloat16
     assert torch.equal(hf.lm_head.weight, original.output_layer.weight)
     assert torch.equal(hf.model.embed_tokens.weight, original.embedding.word_embeddings.weight)
+    assert torch.equal(hf.model.layers[1].mlp.down_proj.weight, original.decoder.layers[1].mlp.linear_fc2.weight)
     assert AutoTokenizer.from_pretrained(str(out)).eos_token_id == 151643
 
-    back = build(shape)
-    with torch.no_grad():
-        for p in back.parameters():
-            p.zero_()
-    bridge.load_hf_weights([back], str(out))
-    theirs = dict(back.named_parameters())
-    for name, tensor in original.named_parameters():
+    back = import_hf(out, tmp_path / "megatron_back", shape)
+    assert not list(tmp_path.glob(".megatron_back.*"))
+    theirs = read_checkpoint(back)
+    ours = {k: v for k, v in original.state_dict().items() if not k.endswith("_extra_state")}
+    assert set(ours) == set(theirs)
+    for name, tensor in ours.items():
         assert torch.equal(tensor, theirs[name]), name
     with pytest.raises(FileExistsError):
-        write_hf_dir(bridge, original, out)
+        export_hf(tmp_path / "megatron", out, shape)
+
+
+def test_export_refuses_a_directory_without_checkpoints(tmp_path, process_group):
+    (tmp_path / "run").mkdir()
+    with pytest.raises(FileNotFoundError, match="no iter_"):
+        export_hf(tmp_path / "run", tmp_path / "hf", SMALL)
+    assert not (tmp_path / "hf").exists()

@@ -46,6 +46,39 @@ def checkpoint_root(path: Path) -> Path:
     return path
 
 
+def newest_iteration_dir(root: Path) -> Path:
+    root = checkpoint_root(root)
+    if root.name.startswith("iter_"):
+        return root
+    tracker = root / "latest_checkpointed_iteration.txt"
+    if tracker.is_file() and tracker.read_text().strip().isdigit():
+        newest = root / f"iter_{int(tracker.read_text().strip()):07d}"
+        if newest.is_dir():
+            return newest
+    return max((p for p in root.iterdir() if p.name.startswith("iter_") and p.is_dir()), key=lambda p: p.name)
+
+
+# The model.yaml fields that decide the HF config, read back from a checkpoint's run_config.yaml.
+SHAPE_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+                "kv_channels", "seq_length", "max_position_embeddings", "normalization", "layernorm_epsilon",
+                "gated_linear_unit", "add_bias_linear", "qk_layernorm", "rotary_base",
+                "share_embeddings_and_output_weights", "vocab_size", "make_vocab_size_divisible_by")
+
+
+def checkpoint_shape(checkpoint: Path) -> dict[str, Any]:
+    """The model shape a Megatron-Bridge checkpoint was trained with (its run_config.yaml)."""
+    import yaml
+
+    config_file = newest_iteration_dir(checkpoint) / "run_config.yaml"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{config_file}: missing; pass --recipe to say which model.yaml the checkpoint has")
+    model = (yaml.safe_load(config_file.read_text()) or {}).get("model") or {}
+    missing = [k for k in ("num_layers", "hidden_size", "vocab_size") if model.get(k) is None]
+    if missing:
+        raise ValueError(f"{config_file}: model section lacks {missing}")
+    return {k: model[k] for k in SHAPE_FIELDS if model.get(k) is not None}
+
+
 def bridge_for(shape: dict[str, Any], tokenizer_vocab: int | None = None):
     compat.import_megatron_bridge()
     from megatron.bridge import AutoBridge
@@ -53,15 +86,17 @@ def bridge_for(shape: dict[str, Any], tokenizer_vocab: int | None = None):
     return AutoBridge.from_hf_config(hf_config_for(shape, tokenizer_vocab))
 
 
-def export_hf(checkpoint: Path, out: Path, shape: dict[str, Any], tokenizer_dir: Path | None = None,
+def export_hf(checkpoint: Path, out: Path, shape: dict[str, Any] | None = None, tokenizer_dir: Path | None = None,
               show_progress: bool = True) -> Path:
-    """Load the newest torch_dist checkpoint under `checkpoint` and write it as a HF directory."""
+    """Load the newest torch_dist checkpoint under `checkpoint` and write it as a HF directory.
+    `shape` (a model.yaml) defaults to the one recorded in the checkpoint."""
     out = Path(out)
     if out.exists():
         raise FileExistsError(f"{out}: exists; choose a new output directory")
     ensure_single_process_group()
+    shape = shape or checkpoint_shape(checkpoint)
     bridge = bridge_for(shape, tokenizer_vocab_size(tokenizer_dir) if tokenizer_dir else None)
-    model = bridge.load_megatron_model(str(checkpoint_root(checkpoint)), wrap_with_ddp=False)
+    model = bridge.load_megatron_model(str(newest_iteration_dir(checkpoint)), wrap_with_ddp=False)
     return write_hf_dir(bridge, model, out, tokenizer_dir, show_progress)
 
 

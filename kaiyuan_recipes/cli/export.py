@@ -1,4 +1,5 @@
-"""`kaiyuan export hf`: a run's Megatron checkpoint → a Hugging Face directory (kaiyuan_exporters)."""
+"""`kaiyuan export hf|megatron`: Megatron torch_dist checkpoints ↔ Hugging Face directories
+(kaiyuan_exporters)."""
 
 from __future__ import annotations
 
@@ -7,21 +8,39 @@ from typing import Any
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("export", help="export checkpoints")
+    p = sub.add_parser("export", help="convert checkpoints between Megatron and Hugging Face")
     esub = p.add_subparsers(dest="export_cmd", required=True)
     hf = esub.add_parser("hf", help="Megatron torch_dist checkpoint -> Hugging Face directory")
     hf.add_argument("checkpoint", type=Path, help="a run directory, its checkpoints/ or an iter_* directory")
     hf.add_argument("out", type=Path)
-    hf.add_argument("--recipe", required=True, help="the recipe the checkpoint was trained with (its model.yaml)")
+    hf.add_argument("--recipe", help="the recipe whose model.yaml to use (default: the shape recorded in the checkpoint)")
     hf.add_argument("--tokenizer", type=Path, help="tokenizer directory to ship (default: the bundled one)")
     hf.set_defaults(func=export_hf)
+    mg = esub.add_parser("megatron", help="Hugging Face directory -> Megatron torch_dist checkpoint "
+                                          "(continue training with checkpoint.pretrained_checkpoint=OUT)")
+    mg.add_argument("hf_dir", type=Path)
+    mg.add_argument("out", type=Path)
+    mg.add_argument("--recipe", required=True, help="the recipe whose model.yaml the weights fit")
+    mg.set_defaults(func=export_megatron)
 
 
 def export_hf(args: Any) -> int:
+    import time
+
     from kaiyuan_exporters.megatron_to_hf import export_hf as run_export
     from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
     from kaiyuan_recipes.recipe_tree import load_model_file
 
-    out = run_export(args.checkpoint, args.out, load_model_file(args.recipe), args.tokenizer or default_tokenizer_dir())
-    print(out)
+    start = time.perf_counter()
+    shape = load_model_file(args.recipe) if args.recipe else None
+    out = run_export(args.checkpoint, args.out, shape, args.tokenizer or default_tokenizer_dir())
+    print(f"{out}  ({time.perf_counter() - start:.1f} s)")
+    return 0
+
+
+def export_megatron(args: Any) -> int:
+    from kaiyuan_exporters.hf_to_megatron import import_hf
+    from kaiyuan_recipes.recipe_tree import load_model_file
+
+    print(import_hf(args.hf_dir, args.out, load_model_file(args.recipe)))
     return 0

@@ -151,11 +151,72 @@ def apply_local_spec_settings(provider: Any) -> Any:
     return provider
 
 
+class _CpuOnlyCuda:
+    """torch.cuda as seen by code that only needs a device for small flag tensors and a sync point."""
+
+    def __getattr__(self, name: str) -> Any:
+        import torch
+
+        return getattr(torch.cuda, name)
+
+    @staticmethod
+    def current_device() -> str:
+        return "cpu"
+
+    @staticmethod
+    def synchronize(*_args: Any, **_kwargs: Any) -> None:
+        return None
+
+    @staticmethod
+    def get_rng_state(*_args: Any, **_kwargs: Any) -> Any:
+        import torch
+
+        return torch.empty(0, dtype=torch.uint8)  # no CUDA generator exists on this host
+
+
+class _CpuOnlyTorch(types.ModuleType):
+    def __init__(self) -> None:
+        super().__init__("torch")
+        self.cuda = _CpuOnlyCuda()
+
+    def __getattr__(self, name: str) -> Any:
+        import torch
+
+        return getattr(torch, name)
+
+
+# The megatron-core modules on the torch_dist save path that call torch.cuda unconditionally.
+_CHECKPOINT_SAVE_MODULES = (
+    "megatron.core.dist_checkpointing.strategies.filesystem_async",  # preload_tensors: cuda.synchronize()
+    "megatron.core.dist_checkpointing.strategies.state_dict_saver",  # finalize: flag on cuda.current_device()
+    "megatron.bridge.training.checkpointing",  # get_rng_state: cuda.get_rng_state()
+)
+
+
+def cpu_checkpoint_save() -> bool:
+    """megatron-core 0.19 writes a torch_dist checkpoint with two unconditional CUDA calls (a
+    torch.cuda.synchronize() after the device-to-host copies, and the write-failure flag tensor
+    on torch.cuda.current_device()), so saving on a host without CUDA fails ("Found no NVIDIA
+    driver"). On such a host, give those two modules a view of torch whose cuda.synchronize is a
+    no-op and whose current device is the CPU (the flag is broadcast over gloo)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return False
+    install_lora_placeholder()  # the bridge module below imports megatron.bridge
+    for name in _CHECKPOINT_SAVE_MODULES:
+        module = importlib.import_module(name)
+        if not isinstance(module.torch, _CpuOnlyTorch):
+            module.torch = _CpuOnlyTorch()
+    return True
+
+
 def apply() -> None:
     """Apply every workaround that this host needs. Call before importing megatron.bridge."""
     install_lora_placeholder()
     skip_prebuilt_helpers_build()
     init_optimizer_state_before_load()
+    cpu_checkpoint_save()
 
 
 def import_megatron_bridge() -> types.ModuleType:

@@ -1,0 +1,64 @@
+"""Hugging Face directory → Megatron torch_dist checkpoint, for continuing training from HF weights
+(`checkpoint.pretrained_checkpoint=<out>`). The model is our provider built from the recipe's
+model.yaml (the same module tree training builds, local spec), filled through AutoBridge's weight
+mappings and saved with Megatron-Bridge's own checkpoint writer, to a temporary directory that is
+renamed when complete."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kaiyuan_exporters.megatron_to_hf import bridge_for, ensure_single_process_group
+from kaiyuan_recipes.data.tokenizer import tokenizer_vocab_size
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def build_cpu_model(shape: dict[str, Any], dtype: torch.dtype = torch.float32) -> Any:
+    """Our provider's GPTModel on the CPU (one process group of one rank must exist)."""
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    from kaiyuan_recipes.models.providers import build_provider
+
+    provider = build_provider(shape | {"activation_func": shape.get("activation_func", "silu")})
+    provider.use_cpu_initialization = True
+    provider.params_dtype = dtype
+    provider.bf16 = dtype == torch.bfloat16
+    provider.fp16 = dtype == torch.float16
+    provider.finalize()
+    provider._pg_collection = ProcessGroupCollection.use_mpu_process_groups()
+    return provider.provide().to(dtype)  # norms too, as Float16Module holds them in training
+
+
+def hf_dtype(hf_dir: Path) -> torch.dtype:
+    config = json.loads((Path(hf_dir) / "config.json").read_text())
+    return DTYPES.get(str(config.get("dtype") or config.get("torch_dtype") or "float32"), torch.float32)
+
+
+def import_hf(hf_dir: Path, out: Path, shape: dict[str, Any]) -> Path:
+    """Write the HF weights in `hf_dir` as a Megatron checkpoint (iteration 0, no optimizer) at `out`."""
+    hf_dir, out = Path(hf_dir), Path(out)
+    if not (hf_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{hf_dir}: no config.json (expected a Hugging Face model directory)")
+    if out.exists():
+        raise FileExistsError(f"{out}: exists; choose a new output directory")
+    ensure_single_process_group()
+    tokenizer_vocab = tokenizer_vocab_size(hf_dir) if (hf_dir / "tokenizer.json").is_file() else None
+    bridge = bridge_for(shape, tokenizer_vocab)
+    model = build_cpu_model(shape, hf_dtype(hf_dir))
+    bridge.load_hf_weights([model], str(hf_dir))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        bridge.save_megatron_model([model], tmp)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
