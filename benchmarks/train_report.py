@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import re
-import socket
 import statistics
-import time
+import sys
 from pathlib import Path
 
 from kaiyuan_recipes.training.metrics_log import read_metrics
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import provenance, write_json  # noqa: E402
 
 
 def segments(records: list[dict]) -> list[list[dict]]:
@@ -68,10 +68,7 @@ def report(run_dir: Path, name: str, command: str, logs: list[Path] = ()) -> dic
     )
     return {
         "name": name,
-        "command": command,
-        "revision": os.environ.get("KAIYUAN_REVISION", "unknown"),
-        "host": {"hostname": socket.gethostname(), "platform": platform.platform(), **_gpu()},
-        "date": time.strftime("%Y-%m-%d"),
+        **provenance(command),
         "steps": len(steps),
         "final_iteration": steps[-1]["iteration"],
         "tokens_per_s_per_gpu": statistics.median(r["tokens_per_s_per_gpu"] for r in steady) if steady else None,
@@ -89,17 +86,6 @@ def report(run_dir: Path, name: str, command: str, logs: list[Path] = ()) -> dic
     }
 
 
-def _gpu() -> dict:
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return {"gpu": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count(), "torch": torch.__version__}
-    except ImportError:
-        pass
-    return {"gpu": None}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("run_dir", type=Path)
@@ -109,9 +95,7 @@ def main() -> None:
     parser.add_argument("--log", type=Path, nargs="*", default=[], help="console logs of the launches")
     args = parser.parse_args()
     result = report(args.run_dir, args.name, args.command, args.log)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    tmp.replace(args.out)
+    write_json(args.out, result)
     print(json.dumps({k: v for k, v in result.items() if not k.endswith("_curve")}, indent=2))
 
 

@@ -1,0 +1,52 @@
+"""Provenance for every committed result: the command, the git revision, the host, the date; and an
+atomic JSON writer (temp name, then rename)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+
+def revision() -> str:
+    if os.environ.get("KAIYUAN_REVISION"):
+        return os.environ["KAIYUAN_REVISION"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def host() -> dict[str, Any]:
+    info: dict[str, Any] = {"hostname": socket.gethostname(), "platform": platform.platform(),
+                            "cpus": os.cpu_count()}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            info |= {"gpu": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count()}
+        else:
+            info["gpu"] = None
+    except ImportError:
+        info["gpu"] = None
+    return info
+
+
+def provenance(command: str) -> dict[str, Any]:
+    return {"command": command, "revision": revision(), "host": host(), "date": time.strftime("%Y-%m-%d")}
+
+
+def write_json(path: Path, data: Any) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
+    return path

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# GPU proof for [launch] §4, through the device tool from the repo root (wheels in .whl):
+#   bash tests/gpu/stop_resume.sh
+# gpt_smoke three ways, same seed and data: two uninterrupted runs (the second is the control: it says
+# how deterministic training is on this GPU at all), and one started with `kaiyuan start`, stopped with
+# `kaiyuan stop` at a random step (SIGTERM -> checkpoint), restarted with the same command. The report
+# compares the 20 losses after the stop with the uninterrupted run.
+set -euo pipefail
+out=${OUT:-/tmp/out}; mkdir -p "$out"
+if [ -d .whl ] && [ ! -d /tmp/site/megatron ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl .whl/*.tar.gz
+fi
+export PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+kaiyuan() { python3 -m kaiyuan_recipes.cli.main "$@"; }
+root=/tmp/stop_resume; rm -rf "$root"
+common=(kaiyuan.run_root=$root train.train_iters=${ITERS:-45} train.global_batch_size=8 logger.log_interval=1
+        scheduler.lr_warmup_iters=5 checkpoint.save_interval=1000)
+stop_at=$(python3 -c "import random; print(random.randint(8, 20))")
+for ref in reference control; do
+  kaiyuan train gpt_smoke kaiyuan.run_name=$ref "${common[@]}" > "$out/stop_resume_$ref.log" 2>&1
+done
+kaiyuan start gpt_smoke interrupted "${common[@]}"
+until python3 - "$root/interrupted/run_state/metrics.jsonl" "$stop_at" <<'PY'
+import json, sys
+try:
+    steps = [json.loads(l) for l in open(sys.argv[1]) if '"step"' in l]
+except FileNotFoundError:
+    steps = []
+sys.exit(0 if steps and steps[-1]["iteration"] >= int(sys.argv[2]) else 1)
+PY
+do sleep 0.2; done
+kaiyuan stop interrupted --run-root "$root" --grace 240 | tee "$out/stop.json"
+kaiyuan start gpt_smoke interrupted "${common[@]}"
+while kaiyuan status interrupted --run-root "$root" | grep -q '"state": "running"'; do sleep 2; done
+kaiyuan status interrupted --run-root "$root"
+cp "$root/interrupted/logs/"* "$out/" 2>/dev/null || true
+python3 tests/gpu/stop_resume_report.py "$root" --stop-requested-at "$stop_at" --out "$out/stop_resume.json" \
+  --command "bash tests/gpu/stop_resume.sh"
