@@ -45,8 +45,12 @@ def test_phase_configs_continue_one_run(curriculum, tmp_path):
         assert getattr(cfg1.scheduler, key) == getattr(cfg2.scheduler, key), key
     assert (cfg1.scheduler.lr_decay_iters, cfg1.scheduler.lr_wsd_decay_iters) == (100, 40)
     assert "phase1" in cfg1.dataset.blend[0][0] and "phase2" in cfg2.dataset.blend[0][0]
-    resolved = resolve_with_upstream(cfg2, world_size=1)
-    assert resolved.scheduler.lr_decay_steps == 100 * 16
+    # What Megatron checks when phase 2 loads phase 1's scheduler state: every total must match.
+    resolved = [resolve_with_upstream(cfg, world_size=1).scheduler for cfg in (cfg1, cfg2)]
+    for key in ("lr_decay_steps", "wd_incr_steps", "wsd_decay_steps", "lr_warmup_steps", "lr_decay_style",
+                "start_weight_decay", "end_weight_decay", "weight_decay_incr_style"):
+        assert getattr(resolved[0], key) == getattr(resolved[1], key), key
+    assert resolved[1].lr_decay_steps == resolved[1].wd_incr_steps == 100 * 16
 
 
 def test_phase_flag_and_errors(curriculum):

@@ -45,8 +45,11 @@ class PhaseBlendDataModule:
     def schedule(self) -> dict[str, int]:
         bounds = self.iterations()
         last = max(bounds)
+        # max_steps, not train_iters, sizes the whole schedule (decay and weight-decay steps): a phase
+        # stops at its own last iteration, and Megatron refuses to resume a scheduler whose totals changed.
         return {
             "lr_decay_style": "WSD",
+            "max_steps": bounds[last][1],
             "lr_decay_iters": bounds[last][1],
             "lr_wsd_decay_iters": bounds[last][1] - bounds[last][0] + 1,
         }

@@ -9,7 +9,7 @@ out=${OUT:-/tmp/out}; mkdir -p "$out"
 if [ "${DRY_RUN:-0}" != 1 ] && [ -d .whl ] && [ ! -d /tmp/site/megatron ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl .whl/*.tar.gz
 fi
-export PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD:$PWD/exporters:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 kaiyuan() { "$py" -m kaiyuan_recipes.cli.main "$@"; }
 work=${WORK:-/tmp/phase_proof}; rm -rf "$work"; mkdir -p "$work/in1" "$work/in2"

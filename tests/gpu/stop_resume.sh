@@ -10,7 +10,7 @@ out=${OUT:-/tmp/out}; mkdir -p "$out"
 if [ -d .whl ] && [ ! -d /tmp/site/megatron ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl .whl/*.tar.gz
 fi
-export PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD:$PWD/exporters:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 kaiyuan() { python3 -m kaiyuan_recipes.cli.main "$@"; }
 root=/tmp/stop_resume; rm -rf "$root"
 common=(kaiyuan.run_root=$root train.train_iters=${ITERS:-45} train.global_batch_size=8 logger.log_interval=1

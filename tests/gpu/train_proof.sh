@@ -9,7 +9,7 @@ out=${OUT:-/tmp/out}; mkdir -p "$out"
 if [ ! -d /tmp/site/megatron ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl .whl/*.tar.gz
 fi
-export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD:$PWD/exporters:/tmp/site" PYTHONUNBUFFERED=1
 kaiyuan() { python3 -m kaiyuan_recipes.cli.main "$@"; }
 root=/tmp/runs
 case "$which" in
