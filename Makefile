@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml
 	@test -n "$(PY312)" || { echo "Python 3.12 not found (pyenv 3.12.1 or python3.12 on PATH)"; exit 1; }
 	$(PY312) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[bridge,run,dev]"
+	$(BIN)/pip install -q -e ".[bridge,run,serve,dev]"
 	$(BIN)/pip install -q --no-deps megatron-bridge==0.6.2
 	touch $@
 

@@ -1,0 +1,1 @@
+"""`kaiyuan serve`: a batching generation engine and its HTTP API."""

@@ -1,0 +1,188 @@
+"""The generation engine behind `kaiyuan serve`: a HF causal LM with a KV cache, concurrent requests
+batched together. A worker thread drains the request queue, groups requests that share sampling settings,
+and runs each group as one left-padded batch through `model.generate` (on CUDA with a static KV cache,
+which transformers compiles with CUDA graphs). New tokens reach streaming callers as they are produced."""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """temperature 0 means greedy; top_k 0 and top_p 1 mean no filtering."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+@dataclass
+class Request:
+    prompt_ids: list[int]
+    max_new_tokens: int
+    sampling: Sampling = Sampling()
+    logprobs: bool = False
+    on_token: Callable[[int], None] | None = None  # streaming: called from the worker thread
+    future: Future = field(default_factory=Future)
+
+
+@dataclass
+class Completion:
+    prompt_ids: list[int]
+    token_ids: list[int]
+    finish_reason: str  # "stop" (end of text) or "length"
+    logprobs: list[float] | None = None  # prompt (first token has none) + generated, natural log
+
+
+class _RowStreamer:
+    """transformers' streamer protocol (put/end) for a batch: routes each row's new token to its request."""
+
+    def __init__(self, requests: list[Request], eos: set[int]):
+        self.requests, self.eos = requests, eos
+        self.first = True
+        self.done = [False] * len(requests)
+        self.counts = [0] * len(requests)
+
+    def put(self, value: torch.Tensor) -> None:
+        if self.first:  # generate() first hands over the prompt
+            self.first = False
+            return
+        for row, token in enumerate(value.reshape(-1).tolist()):
+            req = self.requests[row]
+            if self.done[row]:
+                continue
+            if token in self.eos or self.counts[row] >= req.max_new_tokens:
+                self.done[row] = True
+                continue
+            self.counts[row] += 1
+            if req.on_token is not None:
+                req.on_token(token)
+
+    def end(self) -> None:
+        pass
+
+
+class GenerationEngine:
+    def __init__(self, model_dir: Path, device: str | None = None, max_batch_size: int = 32,
+                 max_length: int | None = None, batch_window_s: float = 0.005, static_cache: bool | None = None):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        dtype = torch.bfloat16 if self.device.startswith("cuda") else torch.float32
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(self.device).eval()
+        self.max_length = max_length or int(getattr(self.model.config, "max_position_embeddings", 4096))
+        self.max_batch_size = max_batch_size
+        self.batch_window_s = batch_window_s
+        # A static cache is what makes decoding fast (compiled, CUDA graphs); on CPU it only costs memory.
+        self.static_cache = self.device.startswith("cuda") if static_cache is None else static_cache
+        eos = self.model.generation_config.eos_token_id
+        self.eos = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos or {0})
+        self._queue: queue.Queue[Request] = queue.Queue()
+        self._worker = threading.Thread(target=self._loop, name="generation", daemon=True)
+        self._worker.start()
+        self.stats = {"batches": 0, "requests": 0, "max_batch": 0}
+
+    # -- public -------------------------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def submit(self, request: Request) -> Future:
+        if len(request.prompt_ids) + request.max_new_tokens > self.max_length:
+            raise ValueError(f"prompt ({len(request.prompt_ids)} tokens) + tokens_to_generate "
+                             f"({request.max_new_tokens}) exceeds the model's {self.max_length} positions")
+        self._queue.put(request)
+        return request.future
+
+    def generate(self, requests: list[Request]) -> list[Completion]:
+        """Run `requests` as one batch in the calling thread (benchmarks, tests)."""
+        return self._run(requests)
+
+    # -- worker -------------------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            first = self._queue.get()
+            pending = [first]
+            deadline = time.monotonic() + self.batch_window_s
+            while len(pending) < self.max_batch_size:
+                try:
+                    pending.append(self._queue.get(timeout=max(0.0, deadline - time.monotonic())))
+                except queue.Empty:
+                    break
+            groups: dict[tuple, list[Request]] = {}
+            for req in pending:
+                groups.setdefault((req.sampling, req.logprobs), []).append(req)
+            for group in groups.values():
+                try:
+                    results = self._run(group)
+                except Exception as err:  # noqa: BLE001  (delivered to every waiting caller)
+                    for req in group:
+                        req.future.set_exception(err)
+                    continue
+                for req, res in zip(group, results):
+                    req.future.set_result(res)
+
+    def _run(self, requests: list[Request]) -> list[Completion]:
+        sampling = requests[0].sampling
+        width = max(len(r.prompt_ids) for r in requests)
+        new_tokens = max(r.max_new_tokens for r in requests)
+        ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(requests), width), dtype=torch.long)
+        for row, req in enumerate(requests):  # left padding: every row's next token is at the same place
+            ids[row, width - len(req.prompt_ids):] = torch.tensor(req.prompt_ids)
+            mask[row, width - len(req.prompt_ids):] = 1
+        kwargs: dict[str, Any] = dict(max_new_tokens=max(new_tokens, 1), pad_token_id=self.pad_id,
+                                      do_sample=not sampling.greedy)
+        if not sampling.greedy:
+            kwargs |= dict(temperature=sampling.temperature, top_k=sampling.top_k or None,
+                           top_p=sampling.top_p if sampling.top_p < 1 else None)
+        if self.static_cache:
+            kwargs["cache_implementation"] = "static"
+        if sampling.seed is not None:
+            torch.manual_seed(sampling.seed)
+        streamer = _RowStreamer(requests, self.eos) if any(r.on_token for r in requests) else None
+        with torch.inference_mode():
+            out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                                      streamer=streamer, **kwargs) if new_tokens > 0 else ids.to(self.device)
+        generated = out[:, width:].tolist()
+        self.stats["batches"] += 1
+        self.stats["requests"] += len(requests)
+        self.stats["max_batch"] = max(self.stats["max_batch"], len(requests))
+        completions = []
+        for req, row in zip(requests, generated):
+            row = row[: req.max_new_tokens]
+            stop = next((i for i, t in enumerate(row) if t in self.eos), None)
+            tokens = row[:stop] if stop is not None else row
+            completions.append(Completion(req.prompt_ids, tokens, "stop" if stop is not None else "length"))
+        if any(r.logprobs for r in requests):
+            for comp in completions:
+                comp.logprobs = self.sequence_logprobs(comp.prompt_ids + comp.token_ids)
+        return completions
+
+    def sequence_logprobs(self, ids: list[int]) -> list[float]:
+        """log p(token_i | tokens_<i) for i >= 1 under the model (Megatron's server reports these)."""
+        if len(ids) < 2:
+            return []
+        with torch.inference_mode():
+            logits = self.model(torch.tensor([ids], device=self.device)).logits[0, :-1].float()
+        picked = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:], device=self.device)[:, None])
+        return [v if math.isfinite(v) else -1e9 for v in picked[:, 0].tolist()]

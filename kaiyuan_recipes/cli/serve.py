@@ -1,0 +1,60 @@
+"""`kaiyuan serve`: serve a HF directory or a Megatron checkpoint (exported first) over HTTP
+(kaiyuan_exporters.serving): Megatron's `PUT /api` and OpenAI `POST /v1/completions`, on uvicorn."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("serve", help="inference server: PUT /api (Megatron) and POST /v1/completions (OpenAI)")
+    p.add_argument("model", type=Path, help="HF model directory, or a Megatron run / checkpoint directory")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
+    p.add_argument("--port", type=int, default=5000)
+    p.add_argument("--device", help="cuda or cpu (default: cuda when available)")
+    p.add_argument("--max-batch-size", type=int, default=32)
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    p.add_argument("--api-token-env", metavar="VAR",
+                   help="require 'Authorization: Bearer <token>', the token read from environment variable VAR")
+    p.set_defaults(func=serve)
+
+
+def is_megatron_checkpoint(path: Path) -> bool:
+    return not (path / "config.json").is_file() and (
+        (path / "checkpoints").is_dir() or path.name.startswith("iter_")
+        or (path / "latest_checkpointed_iteration.txt").is_file())
+
+
+def hf_dir_for(model: Path) -> Path:
+    if not is_megatron_checkpoint(model):
+        if not (model / "config.json").is_file():
+            raise FileNotFoundError(f"{model}: neither a HF model directory (config.json) nor a Megatron checkpoint")
+        return model
+    from kaiyuan_exporters.megatron_to_hf import export_hf
+    from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
+
+    out = Path(tempfile.mkdtemp(prefix="kaiyuan-serve-")) / "hf"
+    print(f"exporting {model} to {out}", file=sys.stderr)
+    return export_hf(model, out, None, default_tokenizer_dir())
+
+
+def serve(args: Any) -> int:
+    import uvicorn
+
+    from kaiyuan_exporters.serving.api import create_app
+    from kaiyuan_exporters.serving.engine import GenerationEngine
+
+    token = None
+    if args.api_token_env:
+        token = os.environ.get(args.api_token_env)
+        if not token:
+            raise ValueError(f"--api-token-env {args.api_token_env}: that environment variable is empty or unset")
+    hf_dir = hf_dir_for(args.model)
+    engine = GenerationEngine(hf_dir, args.device, args.max_batch_size)
+    app = create_app(engine, token, args.max_body_bytes, model_name=hf_dir.name)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info", access_log=False)
+    return 0

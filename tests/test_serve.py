@@ -1,0 +1,186 @@
+"""`kaiyuan serve` for real: the CLI starts uvicorn on loopback with a tiny random Qwen3 model; requests
+go over HTTP. Generated tokens are checked against transformers' own greedy `generate`; bad input gets a
+400 (never a 500, which schemathesis probes from the served OpenAPI spec); 64 concurrent clients all
+succeed and are batched together."""
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import torch
+
+from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
+
+TOKEN = "s3cret-token"
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from transformers import AutoTokenizer, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    out = tmp_path_factory.mktemp("tiny") / "hf"
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+                         tie_word_embeddings=False, eos_token_id=151643)
+    Qwen3ForCausalLM(config).save_pretrained(out)
+    AutoTokenizer.from_pretrained(str(default_tokenizer_dir())).save_pretrained(out)
+    GenerationConfig(eos_token_id=151643, pad_token_id=151643, do_sample=False).save_pretrained(out)
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model):
+    port = free_port()
+    env = dict(os.environ, KAIYUAN_TEST_TOKEN=TOKEN)
+    proc = subprocess.Popen([sys.executable, "-m", "kaiyuan_recipes.cli.main", "serve", str(tiny_model),
+                             "--port", str(port), "--device", "cpu", "--api-token-env", "KAIYUAN_TEST_TOKEN"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(proc.stdout.read())
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                break
+        except httpx.TransportError:
+            time.sleep(0.3)
+    else:
+        proc.kill()
+        raise TimeoutError("server did not come up")
+    yield url
+    proc.terminate()
+    output = proc.communicate(timeout=30)[0]
+    assert TOKEN not in output  # no secret in the logs
+
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def reference_greedy(model_dir, prompt: str, n: int) -> list[int]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    ids = tok(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    out = model.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=151643)
+    return out[0, ids.shape[1]:].tolist()
+
+
+def test_megatron_api_contract_unchanged(server, tiny_model):
+    # The original README's curl: PUT /api with prompts and tokens_to_generate.
+    body = {"prompts": ["Hello world", "你好，世界"], "tokens_to_generate": 8, "temperature": 0.0, "top_k": 1}
+    r = httpx.put(server + "/api", json=body, headers=AUTH, timeout=60)
+    assert r.status_code == 200, r.text
+    data = r.json()
+    assert set(data) == {"text", "segments", "tokens"}
+    for prompt, text, tokens, segments in zip(body["prompts"], data["text"], data["tokens"], data["segments"]):
+        assert text.startswith(prompt) and len(segments) == len(tokens)
+    expected = reference_greedy(tiny_model, "Hello world", 8)
+    prompt_len = len(data["tokens"][0]) - len(expected)
+    assert data["tokens"][0][prompt_len:] == expected[: len(data["tokens"][0]) - prompt_len]
+    with_lp = httpx.put(server + "/api", json=body | {"logprobs": True}, headers=AUTH, timeout=60).json()
+    assert len(with_lp["logprobs"][0]) == len(with_lp["tokens"][0]) - 1
+    assert all(v <= 0 for v in with_lp["logprobs"][0])
+
+
+def test_openai_completions_and_streaming_agree(server, tiny_model):
+    body = {"prompt": "The quick brown fox", "max_tokens": 12, "temperature": 0}
+    r = httpx.post(server + "/v1/completions", json=body, headers=AUTH, timeout=60)
+    assert r.status_code == 200, r.text
+    data = r.json()
+    assert data["object"] == "text_completion" and data["usage"]["completion_tokens"] <= 12
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model))
+    expected = tok.decode(reference_greedy(tiny_model, body["prompt"], 12), skip_special_tokens=True)
+    assert data["choices"][0]["text"] == expected
+    pieces, finish = [], None
+    with httpx.stream("POST", server + "/v1/completions", json=body | {"stream": True}, headers=AUTH, timeout=60) as s:
+        assert s.headers["content-type"].startswith("text/event-stream")
+        for line in s.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                choice = json.loads(line[6:])["choices"][0]
+                pieces.append(choice["text"])
+                finish = choice["finish_reason"] or finish
+    assert "".join(pieces) == expected and finish in ("stop", "length") and len(pieces) > 2
+
+
+@pytest.mark.parametrize("payload, fragment", [
+    ({"tokens_to_generate": 4}, "prompts"),
+    ({"prompts": ["hi"], "tokens_to_generate": -1}, "tokens_to_generate"),
+    ({"prompts": ["hi"], "tokens_to_generate": 10**9}, "tokens_to_generate"),
+    ({"prompts": ["hi"], "temperature": -0.5}, "temperature"),
+    ({"prompts": ["hi"], "top_p": 1.5}, "top_p"),
+    ({"prompts": ["hi"], "top_k": 5, "top_p": 0.5}, "top-k and top-p"),
+    ({"prompts": ["word " * 400], "tokens_to_generate": 4}, "exceeds the model's 256 positions"),
+    ({"prompts": "not a list"}, "prompts"),
+    ({"prompts": []}, "prompts"),
+])
+def test_bad_megatron_input_is_a_400_with_a_message(server, payload, fragment):
+    r = httpx.put(server + "/api", json=payload, headers=AUTH, timeout=60)
+    assert r.status_code == 400, r.text
+    assert fragment in r.json()["error"]["message"]
+
+
+def test_malformed_json_oversized_body_and_auth(server):
+    r = httpx.put(server + "/api", content=b'{"prompts": [', headers=AUTH | {"Content-Type": "application/json"})
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    r = httpx.post(server + "/v1/completions", json={"prompt": "x", "top_p": 0}, headers=AUTH)
+    assert r.status_code == 400 and "top_p" in r.json()["error"]["message"]
+    r = httpx.put(server + "/api", content=b"x" * (2 << 20), headers=AUTH | {"Content-Type": "application/json"})
+    assert r.status_code == 413
+    assert httpx.put(server + "/api", json={"prompts": ["hi"]}).status_code == 401
+    assert httpx.put(server + "/api", json={"prompts": ["hi"]}, headers={"Authorization": "Bearer nope"}).status_code == 401
+    spec = httpx.get(server + "/openapi.json").json()
+    assert {"/api", "/v1/completions"} <= set(spec["paths"])
+
+
+def test_binds_loopback_only(server):
+    port = int(server.rsplit(":", 1)[1])
+    addresses = {a[4][0] for a in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)} - {"127.0.0.1"}
+    for address in addresses:
+        with pytest.raises(OSError):
+            socket.create_connection((address, port), timeout=1).close()
+
+
+def test_64_concurrent_clients_batched_without_errors(server):
+    async def load():
+        async with httpx.AsyncClient(headers=AUTH, timeout=120) as client:
+            async def one(i):
+                r = await client.put(server + "/api", json={"prompts": [f"client {i} says"], "tokens_to_generate": 6,
+                                                            "temperature": 0.0})
+                return r.status_code, r.json()
+            return await asyncio.gather(*(one(i) for i in range(64)))
+
+    results = asyncio.run(load())
+    assert [code for code, _ in results] == [200] * 64
+    assert all(body["text"][0].startswith(f"client {i} says") for i, (_, body) in enumerate(results))
+    stats = httpx.get(server + "/health").json()
+    assert stats["max_batch"] > 1  # concurrent requests shared a batch
+
+
+def test_schemathesis_finds_no_server_error(server):
+    env = dict(os.environ, SCHEMATHESIS_HOOKS="")
+    cmd = [sys.executable, "-m", "schemathesis.cli", "run", server + "/openapi.json", "--checks", "not_a_server_error",
+           "--max-examples", "10", "--header", f"Authorization: Bearer {TOKEN}", "--seed", "1",
+           "--generation-database", "none"]
+    probe = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert probe.returncode == 0, probe.stdout[-4000:] + probe.stderr[-2000:]
+    import re
+
+    counts = re.search(r"(\d+) generated, (\d+) passed", probe.stdout)
+    assert counts and int(counts[1]) >= 20 and counts[1] == counts[2], probe.stdout[-2000:]
