@@ -185,12 +185,15 @@ def evaluate_models(models: list[Path], data: Path, out: Path, max_length: int =
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from kaiyuan_exporters.megatron_to_hf import as_hf_dir
+
     loaded = load_samples(data)
     if not loaded.samples:
         raise ValueError(f"{data}: nothing to score ({'; '.join(loaded.problems[:5])})")
     results, per_sample = {}, {}
     for k, model_dir in enumerate(models):
         name = Path(model_dir).name
+        model_dir = as_hf_dir(model_dir)  # a Megatron checkpoint is exported first
         if name in results:  # two checkpoints with the same directory name
             name = f"{name}#{k + 1}"
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))

@@ -122,3 +122,23 @@ def write_hf_dir(bridge: Any, model: Any, out: Path, tokenizer_dir: Path | None 
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def is_megatron_checkpoint(path: Path) -> bool:
+    path = Path(path)
+    return not (path / "config.json").is_file() and (
+        (path / "checkpoints").is_dir() or path.name.startswith("iter_")
+        or (path / "latest_checkpointed_iteration.txt").is_file())
+
+
+def as_hf_dir(model: Path, tokenizer_dir: Path | None = None) -> Path:
+    """A HF directory as is; a Megatron run / checkpoint exported to a fresh temporary directory first."""
+    model = Path(model)
+    if not is_megatron_checkpoint(model):
+        if not (model / "config.json").is_file():
+            raise FileNotFoundError(f"{model}: neither a HF model directory (config.json) nor a Megatron checkpoint")
+        return model
+    from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
+
+    out = Path(tempfile.mkdtemp(prefix="kaiyuan-export-")) / (model.name or "model")
+    return export_hf(model, out, None, tokenizer_dir or default_tokenizer_dir())

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import os
-import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -23,28 +21,10 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=serve)
 
 
-def is_megatron_checkpoint(path: Path) -> bool:
-    return not (path / "config.json").is_file() and (
-        (path / "checkpoints").is_dir() or path.name.startswith("iter_")
-        or (path / "latest_checkpointed_iteration.txt").is_file())
-
-
-def hf_dir_for(model: Path) -> Path:
-    if not is_megatron_checkpoint(model):
-        if not (model / "config.json").is_file():
-            raise FileNotFoundError(f"{model}: neither a HF model directory (config.json) nor a Megatron checkpoint")
-        return model
-    from kaiyuan_exporters.megatron_to_hf import export_hf
-    from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
-
-    out = Path(tempfile.mkdtemp(prefix="kaiyuan-serve-")) / "hf"
-    print(f"exporting {model} to {out}", file=sys.stderr)
-    return export_hf(model, out, None, default_tokenizer_dir())
-
-
 def serve(args: Any) -> int:
     import uvicorn
 
+    from kaiyuan_exporters.megatron_to_hf import as_hf_dir
     from kaiyuan_exporters.serving.api import create_app
     from kaiyuan_exporters.serving.engine import GenerationEngine
 
@@ -53,7 +33,7 @@ def serve(args: Any) -> int:
         token = os.environ.get(args.api_token_env)
         if not token:
             raise ValueError(f"--api-token-env {args.api_token_env}: that environment variable is empty or unset")
-    hf_dir = hf_dir_for(args.model)
+    hf_dir = as_hf_dir(args.model)
     engine = GenerationEngine(hf_dir, args.device, args.max_batch_size)
     app = create_app(engine, token, args.max_body_bytes, model_name=hf_dir.name)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", access_log=False)

@@ -75,6 +75,9 @@ def main() -> None:
     vocab = len(tokenizer)
     loaded = load_megatron_model(str(newest_iteration_dir(args.checkpoint)), use_cpu_init=True)
     megatron = (loaded[0] if isinstance(loaded, list) else loaded).cuda().to(torch.bfloat16).eval()
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    model_parallel_cuda_manual_seed(1234)  # the attention dropout region needs its RNG state, even in eval
     results = {}
     for attn in ("sdpa", "eager"):
         hf = AutoModelForCausalLM.from_pretrained(str(args.hf_dir), dtype=torch.bfloat16, attn_implementation=attn)

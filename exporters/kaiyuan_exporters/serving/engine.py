@@ -37,6 +37,7 @@ class Request:
     max_new_tokens: int
     sampling: Sampling = Sampling()
     logprobs: bool = False
+    ignore_eos: bool = False  # generate exactly max_new_tokens (benchmarks)
     on_token: Callable[[int], None] | None = None  # streaming: called from the worker thread
     future: Future = field(default_factory=Future)
 
@@ -130,7 +131,7 @@ class GenerationEngine:
                     break
             groups: dict[tuple, list[Request]] = {}
             for req in pending:
-                groups.setdefault((req.sampling, req.logprobs), []).append(req)
+                groups.setdefault((req.sampling, req.logprobs, req.ignore_eos), []).append(req)
             for group in groups.values():
                 try:
                     results = self._run(group)
@@ -152,6 +153,8 @@ class GenerationEngine:
             mask[row, width - len(req.prompt_ids):] = 1
         kwargs: dict[str, Any] = dict(max_new_tokens=max(new_tokens, 1), pad_token_id=self.pad_id,
                                       do_sample=not sampling.greedy)
+        if all(r.ignore_eos for r in requests):
+            kwargs["min_new_tokens"] = new_tokens
         if not sampling.greedy:
             kwargs |= dict(temperature=sampling.temperature, top_k=sampling.top_k or None,
                            top_p=sampling.top_p if sampling.top_p < 1 else None)
@@ -170,7 +173,7 @@ class GenerationEngine:
         completions = []
         for req, row in zip(requests, generated):
             row = row[: req.max_new_tokens]
-            stop = next((i for i, t in enumerate(row) if t in self.eos), None)
+            stop = None if req.ignore_eos else next((i for i, t in enumerate(row) if t in self.eos), None)
             tokens = row[:stop] if stop is not None else row
             completions.append(Completion(req.prompt_ids, tokens, "stop" if stop is not None else "length"))
         if any(r.logprobs for r in requests):
