@@ -26,7 +26,7 @@ def prompts(tokenizer, count: int = 32, length: int = 128) -> list[list[int]]:
     out = []
     for name in ("en_jargon", "zh_poems"):
         texts = pq.read_table(CORPUS_DIR / f"{name}.parquet", columns=["text"]).column("text").to_pylist()
-        texts = [t for t in texts if len(t) > 400][: count // 2]
+        texts = sorted(texts, key=len, reverse=True)[: count // 2]  # the longest documents
         out += [tokenizer(t)["input_ids"][:length] for t in texts]
     return out
 

@@ -29,5 +29,5 @@ with open("/tmp/heldout.jsonl", "w", encoding="utf-8") as fh:
             fh.write(json.dumps(row, ensure_ascii=False) + "\n")
 PY
 kaiyuan eval heldout --model /tmp/export/qwen3_1p7b --data /tmp/heldout.jsonl --out "$out/eval_qwen3_1p7b" --device cuda 2>&1 | tail -12
-timeout 240 kaiyuan train gpt_smoke "${short[@]}" train.train_iters=20 checkpoint.save_interval=20 > "$out/smoke_train.log" 2>&1 \
+timeout 240 python3 -m kaiyuan_recipes.cli.main train gpt_smoke "${short[@]}" train.train_iters=20 checkpoint.save_interval=20 > "$out/smoke_train.log" 2>&1 \
   && timeout 150 bash tests/gpu/export_proof.sh $root/gpt_smoke gpt_smoke || echo "gpt_smoke part did not finish"
