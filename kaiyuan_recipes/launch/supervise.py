@@ -14,9 +14,14 @@ from pathlib import Path
 
 
 def main(argv: list[str]) -> int:
+    new_session = bool(argv) and argv[0] == "--new-session"  # remote nodes: lead our own process group
+    argv = argv[1:] if new_session else argv
     if "--" not in argv or argv.index("--") != 1:
-        raise SystemExit("usage: python -m kaiyuan_recipes.launch.supervise STATE_DIR -- ARGV...")
+        raise SystemExit("usage: python -m kaiyuan_recipes.launch.supervise [--new-session] STATE_DIR -- ARGV...")
+    if new_session:
+        os.setsid()
     state_dir, command = Path(argv[0]), argv[2:]
+    state_dir.mkdir(parents=True, exist_ok=True)
     # SIGTERM to the group must reach the training processes and leave us alive to record the end.
     # A Python handler (not SIG_IGN) is reset to the default in the child at exec.
     signal.signal(signal.SIGTERM, lambda *_: None)

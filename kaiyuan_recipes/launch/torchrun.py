@@ -18,6 +18,10 @@ class TorchrunSpec:
     python: str = field(default_factory=lambda: sys.executable)
 
     def argv(self, recipe: str, overrides: list[str]) -> list[str]:
+        return self.command(["-m", ENTRY_MODULE, recipe, *overrides])
+
+    def command(self, target: list[str]) -> list[str]:
+        """torchrun running `target` (`-m module args…` or `script args…`) on this node."""
         if self.nproc_per_node < 1 or self.nnodes < 1:
             raise ValueError("nproc_per_node and nnodes must be at least 1")
         cmd = [self.python, "-m", "torch.distributed.run", f"--nproc-per-node={self.nproc_per_node}"]
@@ -30,7 +34,7 @@ class TorchrunSpec:
                 f"--master-addr={self.master_addr}",
                 f"--master-port={self.master_port}",
             ]
-        return cmd + ["-m", ENTRY_MODULE, recipe, *overrides]
+        return cmd + list(target)
 
     @property
     def world_size(self) -> int:

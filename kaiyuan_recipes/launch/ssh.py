@@ -1,0 +1,221 @@
+"""Multi-node runs over SSH — what start_multinode_training.sh / stop_multinode_training.sh did: one
+torchrun per node (--nnodes/--node-rank/--master-addr/--master-port filled per node), optionally inside
+an existing same-named container through `docker exec`, the NCCL / GLOO interface variables passed
+through, one log per node, stop = SIGTERM to every node's process group (SIGKILL after the grace period),
+and a node that dies fails the job and stops the others.
+
+Every remote command is built from argument lists and quoted with shlex: a run name or override holding
+shell metacharacters reaches the program as one literal argument. State: <run_dir>/run_state/multinode.json
+on the launching machine; per node, <run_dir>/run_state/nodes/<rank>/ (supervisor exit record) and
+<run_dir>/logs/node<rank>.log on that node."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kaiyuan_recipes.launch.torchrun import TorchrunSpec
+
+# Passed from the launching environment to every node (never secrets).
+PASS_THROUGH_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_DEBUG", "NCCL_IB_HCA", "NCCL_IB_DISABLE",
+                    "CUDA_VISIBLE_DEVICES", "KAIYUAN_CACHE", "HF_HUB_OFFLINE")
+
+
+class MultiNodeError(RuntimeError):
+    pass
+
+
+@dataclass
+class Node:
+    host: str
+    port: int = 22
+    user: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "Node":
+        """[user@]host[:port]"""
+        user, _, rest = text.rpartition("@")
+        host, _, port = rest.partition(":")
+        if not host or (port and not port.isdigit()):
+            raise ValueError(f"host {text!r}: expected [user@]host[:port]")
+        return cls(host, int(port) if port else 22, user or None)
+
+
+@dataclass
+class MultiNodeSpec:
+    nodes: list[Node]
+    nproc_per_node: int = 8
+    master_addr: str | None = None  # default: the first node's host
+    master_port: int = 29500
+    container: str | None = None  # run inside this same-named container on every node (docker exec)
+    workdir: str = field(default_factory=os.getcwd)
+    python: str = "python"
+    env: dict[str, str] = field(default_factory=dict)
+    identity_file: str | None = None
+    known_hosts: str | None = None  # extra known_hosts file; ~/.ssh/known_hosts is always read
+    accept_unknown_hosts: bool = False  # like StrictHostKeyChecking=no; off: unknown host keys are refused
+    connect_timeout: float = 15.0
+
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            raise ValueError("multi-node launch: no hosts given")
+        self.nodes = [Node.parse(n) if isinstance(n, str) else Node(**n) if isinstance(n, dict) else n
+                      for n in self.nodes]
+        for key in PASS_THROUGH_ENV:
+            if key in os.environ:
+                self.env.setdefault(key, os.environ[key])
+
+    def torchrun(self, rank: int) -> TorchrunSpec:
+        return TorchrunSpec(nproc_per_node=self.nproc_per_node, nnodes=len(self.nodes), node_rank=rank,
+                            master_addr=self.master_addr or self.nodes[0].host, master_port=self.master_port,
+                            python=self.python)
+
+
+def node_paths(run_dir: Path, rank: int) -> tuple[str, str]:
+    return str(run_dir / "run_state" / "nodes" / str(rank)), str(run_dir / "logs" / f"node{rank}.log")
+
+
+def in_node(spec: MultiNodeSpec, shell_line: str) -> str:
+    """The line ssh runs: `shell_line` on the node itself, or inside its container via docker exec."""
+    if spec.container:
+        return shlex.join(["docker", "exec", "-w", spec.workdir, spec.container, "sh", "-c", shell_line])
+    return shell_line
+
+
+def launch_line(spec: MultiNodeSpec, run_dir: Path, rank: int, target: list[str]) -> str:
+    """Start node `rank` detached under the supervisor (its own process group); prints the group id."""
+    state, log = node_paths(run_dir, rank)
+    command = ["env", *(f"{k}={v}" for k, v in sorted(spec.env.items())), spec.python, "-m",
+               "kaiyuan_recipes.launch.supervise", "--new-session", state, "--", *spec.torchrun(rank).command(target)]
+    line = (f"cd {shlex.quote(spec.workdir)} && mkdir -p {shlex.quote(state)} {shlex.quote(str(Path(log).parent))} && "
+            f"rm -f {shlex.quote(state + '/exit.json')} && "
+            f"{{ nohup {shlex.join(command)} > {shlex.quote(log)} 2>&1 < /dev/null & echo $!; }}")
+    return in_node(spec, line)
+
+
+class MultiNodeJob:
+    def __init__(self, run_dir: Path, spec: MultiNodeSpec | None = None):
+        self.run_dir = Path(run_dir)
+        self.state_file = self.run_dir / "run_state" / "multinode.json"
+        if spec is None:
+            if not self.state_file.is_file():
+                raise MultiNodeError(f"{self.state_file}: no multi-node job was started here")
+            saved = json.loads(self.state_file.read_text())
+            spec = MultiNodeSpec(**saved["spec"])
+            self.pids: dict[int, int] = {int(k): v for k, v in saved["pids"].items()}
+        else:
+            self.pids = {}
+        self.spec = spec
+
+    # -- transport --------------------------------------------------------------------------------------
+    def _run(self, rank: int, line: str, warn: bool = False) -> Any:
+        from fabric import Connection
+
+        node = self.spec.nodes[rank]
+        kwargs: dict[str, Any] = {"timeout": self.spec.connect_timeout}
+        if self.spec.identity_file:
+            kwargs["key_filename"] = self.spec.identity_file
+        conn = Connection(node.host, user=node.user, port=node.port, connect_kwargs=kwargs)
+        if not self.spec.accept_unknown_hosts:
+            from paramiko import RejectPolicy
+
+            conn.client.set_missing_host_key_policy(RejectPolicy())
+            conn.client.load_system_host_keys()
+            if self.spec.known_hosts:
+                conn.client.load_host_keys(self.spec.known_hosts)
+        with conn:
+            return conn.run(line, hide=True, warn=warn, in_stream=False)
+
+    def _save(self) -> None:
+        self.state_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_name(".multinode.json.tmp")
+        tmp.write_text(json.dumps({"spec": asdict(self.spec), "pids": self.pids}, indent=2))
+        os.replace(tmp, self.state_file)
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+    def start(self, target: list[str]) -> dict[int, int]:
+        """torchrun `target` on every node. Refused while a previous job in this run directory runs."""
+        if self.state_file.is_file():
+            previous = MultiNodeJob(self.run_dir)
+            if previous.status()["state"] == "running":
+                raise MultiNodeError(f"run {self.run_dir.name!r} is already running on "
+                                     f"{', '.join(n.host for n in previous.spec.nodes)}; stop it first")
+        self.pids = {}
+        (self.run_dir / "run_state" / "stop.json").unlink(missing_ok=True)
+        try:
+            for rank in range(len(self.spec.nodes)):
+                out = self._run(rank, launch_line(self.spec, self.run_dir, rank, target)).stdout.strip().splitlines()
+                if not out or not out[-1].isdigit():
+                    raise MultiNodeError(f"node {rank} ({self.spec.nodes[rank].host}): no process id back: {out}")
+                self.pids[rank] = int(out[-1])
+        finally:
+            self._save()  # whatever started is on record, so it can be stopped
+        return self.pids
+
+    def node_status(self, rank: int) -> dict[str, Any]:
+        state, _ = node_paths(self.run_dir, rank)
+        pid = self.pids.get(rank)
+        probe = (f"cat {shlex.quote(state + '/exit.json')} 2>/dev/null || "
+                 f"(kill -0 {int(pid or 0)} 2>/dev/null && echo RUNNING) || echo LOST")
+        try:
+            out = self._run(rank, in_node(self.spec, probe)).stdout.strip()
+        except Exception as err:  # noqa: BLE001  (an unreachable node is a state, reported)
+            return {"rank": rank, "host": self.spec.nodes[rank].host, "state": "unreachable", "error": str(err)[:200]}
+        info: dict[str, Any] = {"rank": rank, "host": self.spec.nodes[rank].host, "pid": pid}
+        if out == "RUNNING":
+            return info | {"state": "running"}
+        if out == "LOST":
+            return info | {"state": "lost"}
+        exit_info = json.loads(out)
+        return info | {"state": "finished" if exit_info["exit_code"] == 0 else "failed", "exit": exit_info}
+
+    def status(self) -> dict[str, Any]:
+        nodes = [self.node_status(r) for r in range(len(self.spec.nodes))]
+        states = {n["state"] for n in nodes}
+        stopped = (self.run_dir / "run_state" / "stop.json").is_file()
+        if "running" in states:
+            overall = "running"
+        elif states == {"finished"}:
+            overall = "finished"
+        else:
+            overall = "stopped" if stopped else "failed"
+        return {"run": self.run_dir.name, "state": overall, "nodes": nodes}
+
+    def signal_all(self, sig: str) -> None:
+        for rank, pid in self.pids.items():
+            self._run(rank, in_node(self.spec, f"kill -{sig} -- -{int(pid)} 2>/dev/null || true"), warn=True)
+
+    def stop(self, grace: float = 300.0, poll: float = 1.0, reason: str = "requested") -> dict[str, Any]:
+        """SIGTERM every node's process group; wait for all to exit; SIGKILL the rest after `grace`."""
+        (self.run_dir / "run_state").mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "run_state" / "stop.json").write_text(json.dumps({"reason": reason, "at": time.time()}))
+        self.signal_all("TERM")
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and self.status()["state"] == "running":
+            time.sleep(poll)
+        killed = self.status()["state"] == "running"
+        if killed:
+            self.signal_all("KILL")
+        return {"run": self.run_dir.name, "sigkill_after_grace": killed, "grace_s": grace, **self.status()}
+
+    def watch(self, poll: float = 2.0, grace: float = 300.0) -> dict[str, Any]:
+        """Wait for the job; when one node fails or disappears while others run, stop the others."""
+        while True:
+            status = self.status()
+            bad = [n for n in status["nodes"] if n["state"] in ("failed", "lost")]
+            if bad and status["state"] == "running":
+                hosts = ", ".join(f"{n['host']} (rank {n['rank']}: {n['state']})" for n in bad)
+                result = self.stop(grace, reason=f"node failure: {hosts}")
+                return result | {"state": "failed", "failed_nodes": [n["rank"] for n in bad]}
+            if status["state"] != "running":
+                return status
+            time.sleep(poll)
+
+    def logs(self, rank: int, lines: int = 200) -> str:
+        _, log = node_paths(self.run_dir, rank)
+        return self._run(rank, in_node(self.spec, f"tail -n {int(lines)} {shlex.quote(log)}"), warn=True).stdout

@@ -1,0 +1,138 @@
+"""Multi-node launch over a real OpenSSH sshd on this machine (.ci/run installs openssh-server): two
+"nodes" are two loopback addresses (127.0.0.1, 127.0.0.2) served by one sshd; each gets its own torchrun
+over SSH, and the two rendezvous (gloo) to all-reduce and check the sum. Status / logs / stop round
+trips, a node killed mid-run, shell metacharacters passed as data, and the docker-exec command line."""
+
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kaiyuan_recipes.launch.ssh import MultiNodeError, MultiNodeJob, MultiNodeSpec, Node, launch_line
+
+REPO = Path(__file__).resolve().parents[1]
+NODES = ("127.0.0.1", "127.0.0.2")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    binary = shutil.which("sshd") or "/usr/sbin/sshd"
+    if not os.path.exists(binary):
+        pytest.fail("OpenSSH's sshd is needed for the multi-node tests (.ci/run installs openssh-server)")
+    d = tmp_path_factory.mktemp("sshd")
+    for name in ("host_key", "client_key"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / name)], check=True)
+    (d / "authorized_keys").write_text((d / "client_key.pub").read_text())
+    port = free_port()
+    (d / "sshd_config").write_text("\n".join([
+        f"Port {port}", *(f"ListenAddress {a}" for a in NODES), f"HostKey {d / 'host_key'}",
+        f"PidFile {d / 'sshd.pid'}", f"AuthorizedKeysFile {d / 'authorized_keys'}", "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no", "PermitRootLogin prohibit-password",
+        "LogLevel ERROR", ""]))
+    host_key = (d / "host_key.pub").read_text().split()[:2]
+    (d / "known_hosts").write_text("".join(f"[{a}]:{port} {' '.join(host_key)}\n" for a in NODES))
+    os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege-separation directory
+    proc = subprocess.Popen([binary, "-D", "-e", "-f", str(d / "sshd_config")], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((NODES[1], port), timeout=1).close()
+            break
+        except OSError:
+            if proc.poll() is not None:
+                pytest.fail(f"sshd exited: {proc.stderr.read()}")
+            time.sleep(0.2)
+    yield {"port": port, "key": str(d / "client_key"), "known_hosts": str(d / "known_hosts")}
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def spec_for(sshd, **kw) -> MultiNodeSpec:
+    return MultiNodeSpec(nodes=[Node(a, sshd["port"], "root") for a in NODES], nproc_per_node=1,
+                         master_addr=NODES[0], master_port=free_port(), workdir=str(REPO), python=sys.executable,
+                         env={"GLOO_SOCKET_IFNAME": "lo"}, identity_file=sshd["key"],
+                         known_hosts=sshd["known_hosts"], **kw)
+
+
+CHECK = ["-m", "kaiyuan_recipes.launch.allreduce_check", "--backend", "gloo"]
+
+
+def wait_for(predicate, timeout=90, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise TimeoutError(what)
+
+
+def test_two_nodes_rendezvous_and_all_reduce(sshd, tmp_path):
+    tag = "$(touch /tmp/kaiyuan_pwned); `id` 'q\" && echo INJECTED"
+    job = MultiNodeJob(tmp_path / "run", spec_for(sshd))
+    pids = job.start(CHECK + ["--tag", tag])
+    assert sorted(pids) == [0, 1]
+    status = job.watch(poll=0.5)
+    assert status["state"] == "finished", status
+    reloaded = MultiNodeJob(tmp_path / "run")  # from run_state/multinode.json, as `kaiyuan status` does
+    assert reloaded.status()["state"] == "finished"
+    for rank in (0, 1):
+        log = reloaded.logs(rank)
+        assert f"allreduce ok rank={rank} world=2 sum=3 expected=3" in log, log
+        assert f"tag={tag}" in log  # arrived as one literal argument
+    assert not os.path.exists("/tmp/kaiyuan_pwned")
+
+
+def test_stop_reaches_every_node_and_a_second_start_is_refused(sshd, tmp_path):
+    job = MultiNodeJob(tmp_path / "run", spec_for(sshd))
+    job.start(CHECK + ["--hold", "300"])
+    wait_for(lambda: all("allreduce ok" in job.logs(r) for r in (0, 1)), what="both nodes up")
+    with pytest.raises(MultiNodeError, match="already running"):
+        MultiNodeJob(tmp_path / "run", spec_for(sshd)).start(CHECK)
+    result = job.stop(grace=60, poll=0.5)
+    assert result["sigkill_after_grace"] is False and result["state"] == "stopped"
+    assert all(n["state"] in ("failed", "finished") and n["exit"]["signal"] in (None, 15) for n in result["nodes"])
+
+
+def test_a_dead_node_fails_the_job_and_stops_the_others(sshd, tmp_path):
+    job = MultiNodeJob(tmp_path / "run", spec_for(sshd))
+    pids = job.start(CHECK + ["--hold", "300"])
+    wait_for(lambda: all("allreduce ok" in job.logs(r) for r in (0, 1)), what="both nodes up")
+    job._run(1, f"kill -KILL -- -{pids[1]}")  # node 1 dies: supervisor and all
+    result = job.watch(poll=0.5, grace=60)
+    assert result["state"] == "failed" and result["failed_nodes"] == [1]
+    assert result["nodes"][0]["state"] != "running" and result["sigkill_after_grace"] is False
+
+
+def test_unknown_host_keys_are_refused(sshd, tmp_path):
+    spec = spec_for(sshd)
+    spec.known_hosts = None
+    with pytest.raises(Exception, match="not found in known_hosts"):
+        MultiNodeJob(tmp_path / "run", spec).start(CHECK)
+
+
+def test_docker_exec_command_line(tmp_path):
+    spec = MultiNodeSpec(nodes=["alice@gpu1:2222", "gpu2"], nproc_per_node=8, container="kaiyuan; rm -rf /",
+                         workdir="/workspace/kaiyuan", env={"NCCL_SOCKET_IFNAME": "eth0"})
+    assert spec.nodes[0] == Node("gpu1", 2222, "alice") and spec.nodes[1] == Node("gpu2", 22, None)
+    line = launch_line(spec, Path("/runs/r 1"), 1, ["-m", "kaiyuan_recipes.training.entry", "gpt_smoke", "x=$(id)"])
+    argv = shlex.split(line)
+    assert argv[:7] == ["docker", "exec", "-w", "/workspace/kaiyuan", "kaiyuan; rm -rf /", "sh", "-c"]
+    inner = shlex.split(argv[7].split("nohup ", 1)[1].split(" > ", 1)[0])
+    assert inner[0] == "env" and "NCCL_SOCKET_IFNAME=eth0" in inner[: inner.index("--")]
+    at = inner.index("--nnodes=2")
+    assert inner[at: at + 4] == ["--nnodes=2", "--node-rank=1", "--master-addr=gpu1", "--master-port=29500"]
+    assert inner[-1] == "x=$(id)" and "/runs/r 1/run_state/nodes/1" in inner
+    with pytest.raises(ValueError, match="expected"):
+        Node.parse("host:notaport")
