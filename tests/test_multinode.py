@@ -136,3 +136,27 @@ def test_docker_exec_command_line(tmp_path):
     assert inner[-1] == "x=$(id)" and "/runs/r 1/run_state/nodes/1" in inner
     with pytest.raises(ValueError, match="expected"):
         Node.parse("host:notaport")
+
+
+def test_cluster_check_cli_over_ssh(sshd):
+    hosts = ",".join(f"root@{a}:{sshd['port']}" for a in NODES)
+    probe = subprocess.run(
+        [sys.executable, "-m", "kaiyuan_recipes.cli.main", "cluster", "check", "--hosts", hosts, "--identity-file",
+         sshd["key"], "--known-hosts", sshd["known_hosts"], "--nproc-per-node", "1", "--backend", "gloo",
+         "--python", sys.executable, "--workdir", str(REPO), "--master-port", str(free_port())],
+        capture_output=True, text=True, timeout=180, env=dict(os.environ, GLOO_SOCKET_IFNAME="lo"))
+    assert probe.returncode == 0, probe.stdout + probe.stderr[-3000:]
+    assert '"state": "finished"' in probe.stdout and probe.stderr.count("allreduce ok") == 2
+
+
+def test_cluster_up_and_down_command_lines():
+    from kaiyuan_recipes.launch.cluster import down_argv, up_argv
+
+    argv = up_argv("kaiyuan", "nvcr-like/pytorch:25.01", ["/data:/data", "/ckpt:/ckpt"])
+    assert argv[:5] == ["docker", "run", "-d", "--name", "kaiyuan"]
+    for flag in ("--gpus", "--network=host", "--ipc=host", "--shm-size=64g"):
+        assert flag in argv
+    assert argv[argv.index("/data:/data") - 1] == "-v" and argv[-3:] == ["nvcr-like/pytorch:25.01", "sleep", "infinity"]
+    assert down_argv("kaiyuan") == ["docker", "rm", "-f", "kaiyuan"]
+    with pytest.raises(ValueError, match="HOST_PATH:CONTAINER_PATH"):
+        up_argv("k", "img", ["/data"])

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kaiyuan_recipes.cli.cluster import add_ssh_arguments, spec_from
+
 
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -18,6 +20,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("run_name")
     p.add_argument("overrides", nargs="*")
     p.add_argument("--nproc-per-node", type=int, default=1)
+    multi = p.add_argument_group("multi-node (one torchrun per host over SSH)")
+    add_ssh_arguments(multi, required=False)
+    multi.add_argument("--container-name", help="run inside this same-named container on every host (docker exec)")
+    multi.add_argument("--master-port", type=int, default=29500)
+    multi.add_argument("--python", default="python", help="the Python on the hosts / in the container")
     p.set_defaults(func=start)
     for name, helptext in (("stop", "SIGTERM the run's process group, wait for the checkpoint, SIGKILL after --grace"),
                            ("status", "running / finished / failed / stopped, iteration, loss, throughput, ETA"),
@@ -43,6 +50,8 @@ def start(args: Any) -> int:
     overrides = [*args.overrides, f"kaiyuan.run_name={args.run_name}"]
     cfg, run = build_config(args.recipe, overrides)  # bad input fails here, before anything starts
     validate(cfg, TorchrunSpec(nproc_per_node=args.nproc_per_node).world_size, run.max_positions)
+    if args.hosts:
+        return start_multinode(args, overrides, cfg, run)
     argv = [sys.executable, "-m", "kaiyuan_recipes.cli.main", "train", args.recipe,
             f"--nproc-per-node={args.nproc_per_node}", *overrides]
     pid = start_run(run.run_dir, argv, {"recipe": args.recipe, "train_iters": cfg.train.train_iters})
@@ -50,9 +59,35 @@ def start(args: Any) -> int:
     return 0
 
 
+def start_multinode(args: Any, overrides: list[str], cfg: Any, run: Any) -> int:
+    import os
+
+    from kaiyuan_recipes.launch.ssh import MultiNodeJob
+    from kaiyuan_recipes.launch.torchrun import ENTRY_MODULE
+    from kaiyuan_recipes.training.validate import validate
+
+    spec = spec_from(args, nproc_per_node=args.nproc_per_node, master_port=args.master_port,
+                     container=args.container_name, python=args.python, workdir=os.getcwd())
+    validate(cfg, spec.torchrun(0).world_size, run.max_positions)
+    pids = MultiNodeJob(run.run_dir, spec).start(["-m", ENTRY_MODULE, args.recipe, *overrides])
+    print(f"started {args.run_name} on {len(pids)} node(s): {', '.join(n.host for n in spec.nodes)}; "
+          f"kaiyuan status {args.run_name} --run-root {run.run_dir.parent}")
+    return 0
+
+
+def multinode_job(run_dir: Path):
+    from kaiyuan_recipes.launch.ssh import MultiNodeJob
+
+    return MultiNodeJob(run_dir) if (run_dir / "run_state" / "multinode.json").is_file() else None
+
+
 def stop(args: Any) -> int:
     from kaiyuan_recipes.launch.lifecycle import stop as stop_run
 
+    if (job := multinode_job(args.run_root / args.run_name)) is not None:
+        result = job.stop(grace=args.grace)
+        print(json.dumps(result))
+        return 1 if result["sigkill_after_grace"] else 0
     result = stop_run(args.run_root / args.run_name, grace=args.grace)
     if result["sigkill_after_grace"]:
         print(f"{args.run_name}: did not exit within {args.grace:g}s of SIGTERM; sent SIGKILL", file=sys.stderr)
@@ -66,12 +101,18 @@ def status(args: Any) -> int:
     runs = [args.run_root / args.run_name] if args.run_name else sorted(
         p.parent for p in args.run_root.glob("*/run_state"))
     for run_dir in runs:
-        print(json.dumps(run_status(run_dir)))
+        job = multinode_job(run_dir)
+        print(json.dumps(job.status() if job else run_status(run_dir)))
     return 0
 
 
 def logs(args: Any) -> int:
     from kaiyuan_recipes.launch.lifecycle import follow_log
 
+    if (job := multinode_job(args.run_root / args.run_name)) is not None:
+        for rank in range(len(job.spec.nodes)):
+            print(f"==> node {rank} ({job.spec.nodes[rank].host}) <==")
+            print(job.logs(rank, 200), end="")
+        return 0
     follow_log(args.run_root / args.run_name, args.follow)
     return 0

@@ -76,6 +76,25 @@ class MultiNodeSpec:
                             python=self.python)
 
 
+def run_on(spec: MultiNodeSpec, node: Node, line: str, warn: bool = False) -> Any:
+    """Run one (already quoted) shell line on `node` over SSH; unknown host keys are refused unless allowed."""
+    from fabric import Connection
+
+    kwargs: dict[str, Any] = {"timeout": spec.connect_timeout}
+    if spec.identity_file:
+        kwargs["key_filename"] = spec.identity_file
+    conn = Connection(node.host, user=node.user, port=node.port, connect_kwargs=kwargs)
+    if not spec.accept_unknown_hosts:
+        from paramiko import RejectPolicy
+
+        conn.client.set_missing_host_key_policy(RejectPolicy())
+        conn.client.load_system_host_keys()
+        if spec.known_hosts:
+            conn.client.load_host_keys(spec.known_hosts)
+    with conn:
+        return conn.run(line, hide=True, warn=warn, in_stream=False)
+
+
 def node_paths(run_dir: Path, rank: int) -> tuple[str, str]:
     return str(run_dir / "run_state" / "nodes" / str(rank)), str(run_dir / "logs" / f"node{rank}.log")
 
@@ -112,24 +131,8 @@ class MultiNodeJob:
             self.pids = {}
         self.spec = spec
 
-    # -- transport --------------------------------------------------------------------------------------
     def _run(self, rank: int, line: str, warn: bool = False) -> Any:
-        from fabric import Connection
-
-        node = self.spec.nodes[rank]
-        kwargs: dict[str, Any] = {"timeout": self.spec.connect_timeout}
-        if self.spec.identity_file:
-            kwargs["key_filename"] = self.spec.identity_file
-        conn = Connection(node.host, user=node.user, port=node.port, connect_kwargs=kwargs)
-        if not self.spec.accept_unknown_hosts:
-            from paramiko import RejectPolicy
-
-            conn.client.set_missing_host_key_policy(RejectPolicy())
-            conn.client.load_system_host_keys()
-            if self.spec.known_hosts:
-                conn.client.load_host_keys(self.spec.known_hosts)
-        with conn:
-            return conn.run(line, hide=True, warn=warn, in_stream=False)
+        return run_on(self.spec, self.spec.nodes[rank], line, warn)
 
     def _save(self) -> None:
         self.state_file.parent.mkdir(parents=True, exist_ok=True)
