@@ -1,5 +1,9 @@
 import os
+import shutil
+import socket
+import subprocess
 import tempfile
+import time
 
 import pytest
 
@@ -8,6 +12,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # The bundled tokenizer and the tokenized sample corpus go to a cache made for this test session.
 os.environ.setdefault("KAIYUAN_CACHE", tempfile.mkdtemp(prefix="kaiyuan-test-cache-"))
+# NeMo-Run reads its home once, at import: experiments of this session go to a temporary one.
+os.environ["NEMORUN_HOME"] = tempfile.mkdtemp(prefix="kaiyuan-test-nemo-run-")
 
 
 @pytest.fixture(scope="module")
@@ -34,3 +40,48 @@ def megatron_parallel():
     yield parallel_state
     parallel_state.destroy_model_parallel()
     torch.distributed.destroy_process_group()
+
+
+# Two "nodes" for the multi-node tests: two loopback addresses served by one real OpenSSH sshd.
+NODES = ("127.0.0.1", "127.0.0.2")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory):
+    binary = shutil.which("sshd") or "/usr/sbin/sshd"
+    if not os.path.exists(binary):
+        pytest.fail("OpenSSH's sshd is needed for the multi-node tests (.ci/run installs openssh-server)")
+    d = tmp_path_factory.mktemp("sshd")
+    for name in ("host_key", "client_key"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / name)], check=True)
+    (d / "authorized_keys").write_text((d / "client_key.pub").read_text())
+    port = free_port()
+    (d / "sshd_config").write_text("\n".join([
+        f"Port {port}", *(f"ListenAddress {a}" for a in NODES), f"HostKey {d / 'host_key'}",
+        f"PidFile {d / 'sshd.pid'}", f"AuthorizedKeysFile {d / 'authorized_keys'}", "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no", "PermitRootLogin prohibit-password",
+        "LogLevel ERROR", ""]))
+    host_key = (d / "host_key.pub").read_text().split()[:2]
+    (d / "known_hosts").write_text("".join(f"[{a}]:{port} {' '.join(host_key)}\n" for a in NODES))
+    os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege-separation directory
+    proc = subprocess.Popen([binary, "-D", "-e", "-f", str(d / "sshd_config")], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((NODES[1], port), timeout=1).close()
+            break
+        except OSError:
+            if proc.poll() is not None:
+                pytest.fail(f"sshd exited: {proc.stderr.read()}")
+            time.sleep(0.2)
+    yield {"port": port, "key": str(d / "client_key"), "known_hosts": str(d / "known_hosts")}
+    proc.terminate()
+    proc.wait(timeout=10)
+
+

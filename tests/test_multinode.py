@@ -5,7 +5,6 @@ trips, a node killed mid-run, shell metacharacters passed as data, and the docke
 
 import os
 import shlex
-import shutil
 import socket
 import subprocess
 import sys
@@ -14,49 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import NODES, free_port
 from kaiyuan_recipes.launch.ssh import MultiNodeError, MultiNodeJob, MultiNodeSpec, Node, launch_line
 
 REPO = Path(__file__).resolve().parents[1]
-NODES = ("127.0.0.1", "127.0.0.2")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    binary = shutil.which("sshd") or "/usr/sbin/sshd"
-    if not os.path.exists(binary):
-        pytest.fail("OpenSSH's sshd is needed for the multi-node tests (.ci/run installs openssh-server)")
-    d = tmp_path_factory.mktemp("sshd")
-    for name in ("host_key", "client_key"):
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / name)], check=True)
-    (d / "authorized_keys").write_text((d / "client_key.pub").read_text())
-    port = free_port()
-    (d / "sshd_config").write_text("\n".join([
-        f"Port {port}", *(f"ListenAddress {a}" for a in NODES), f"HostKey {d / 'host_key'}",
-        f"PidFile {d / 'sshd.pid'}", f"AuthorizedKeysFile {d / 'authorized_keys'}", "PasswordAuthentication no",
-        "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no", "PermitRootLogin prohibit-password",
-        "LogLevel ERROR", ""]))
-    host_key = (d / "host_key.pub").read_text().split()[:2]
-    (d / "known_hosts").write_text("".join(f"[{a}]:{port} {' '.join(host_key)}\n" for a in NODES))
-    os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege-separation directory
-    proc = subprocess.Popen([binary, "-D", "-e", "-f", str(d / "sshd_config")], stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection((NODES[1], port), timeout=1).close()
-            break
-        except OSError:
-            if proc.poll() is not None:
-                pytest.fail(f"sshd exited: {proc.stderr.read()}")
-            time.sleep(0.2)
-    yield {"port": port, "key": str(d / "client_key"), "known_hosts": str(d / "known_hosts")}
-    proc.terminate()
-    proc.wait(timeout=10)
 
 
 def spec_for(sshd, **kw) -> MultiNodeSpec:
