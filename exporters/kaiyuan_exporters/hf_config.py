@@ -1,5 +1,5 @@
-"""The Hugging Face config with the same math as a recipe's model.yaml: Qwen3 (QK-norm) →
-Qwen3ForCausalLM; the GPT shape without QK-norm (RoPE, RMSNorm, SwiGLU, GQA, no bias) → LlamaForCausalLM.
+"""The Hugging Face config with the same math as a recipe's model.yaml: MoE → Qwen3MoeForCausalLM;
+Qwen3 (QK-norm) → Qwen3ForCausalLM; the GPT shape without QK-norm (RoPE, RMSNorm, SwiGLU, GQA, no bias) → LlamaForCausalLM.
 The padded vocabulary is kept (as Qwen's own checkpoints do) and the tokenizer's size recorded."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 
 def hf_config_for(shape: dict[str, Any], tokenizer_vocab: int | None = None, dtype: str = "bfloat16"):
-    from transformers import LlamaConfig, Qwen3Config
+    from transformers import LlamaConfig, Qwen3Config, Qwen3MoeConfig
 
     if shape.get("add_bias_linear") or not shape.get("gated_linear_unit") or shape.get("normalization") != "RMSNorm":
         raise ValueError("model.yaml: only bias-free SwiGLU + RMSNorm models have a standard HF class here")
@@ -29,7 +29,16 @@ def hf_config_for(shape: dict[str, Any], tokenizer_vocab: int | None = None, dty
         eos_token_id=151643,
         dtype=dtype,
     )
-    if shape.get("qk_layernorm"):
+    if shape.get("num_moe_experts"):
+        if not shape.get("qk_layernorm"):
+            raise ValueError("model.yaml: an MoE model exports as Qwen3MoeForCausalLM, which has QK-norm")
+        config = Qwen3MoeConfig(**common, attention_bias=False, num_experts=shape["num_moe_experts"],
+                                num_experts_per_tok=shape.get("moe_router_topk", 2),
+                                moe_intermediate_size=shape.get("moe_ffn_hidden_size") or shape["ffn_hidden_size"],
+                                norm_topk_prob=not shape.get("moe_router_pre_softmax", False), decoder_sparse_step=1,
+                                mlp_only_layers=[], router_aux_loss_coef=shape.get("moe_aux_loss_coeff", 1e-3))
+        config.architectures = ["Qwen3MoeForCausalLM"]
+    elif shape.get("qk_layernorm"):
         config = Qwen3Config(**common, attention_bias=False)
         config.architectures = ["Qwen3ForCausalLM"]
     else:

@@ -27,7 +27,10 @@ def build_cpu_model(shape: dict[str, Any], dtype: torch.dtype = torch.float32) -
 
     from kaiyuan_recipes.models.providers import build_provider
 
-    provider = build_provider(shape | {"activation_func": shape.get("activation_func", "silu")})
+    from kaiyuan_exporters.megatron_to_hf import single_rank_overrides
+
+    provider = build_provider(shape | {"activation_func": shape.get("activation_func", "silu")}
+                              | (single_rank_overrides(shape) or {}))
     provider.use_cpu_initialization = True
     provider.params_dtype = dtype
     provider.bf16 = dtype == torch.bfloat16

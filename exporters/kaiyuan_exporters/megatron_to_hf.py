@@ -62,7 +62,9 @@ def newest_iteration_dir(root: Path) -> Path:
 SHAPE_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
                 "kv_channels", "seq_length", "max_position_embeddings", "normalization", "layernorm_epsilon",
                 "gated_linear_unit", "add_bias_linear", "qk_layernorm", "rotary_base",
-                "share_embeddings_and_output_weights", "vocab_size", "make_vocab_size_divisible_by")
+                "share_embeddings_and_output_weights", "vocab_size", "make_vocab_size_divisible_by",
+                "num_moe_experts", "moe_ffn_hidden_size", "moe_router_topk", "moe_router_pre_softmax",
+                "moe_aux_loss_coeff")
 
 
 def checkpoint_shape(checkpoint: Path) -> dict[str, Any]:
@@ -77,6 +79,12 @@ def checkpoint_shape(checkpoint: Path) -> dict[str, Any]:
     if missing:
         raise ValueError(f"{config_file}: model section lacks {missing}")
     return {k: model[k] for k in SHAPE_FIELDS if model.get(k) is not None}
+
+
+def single_rank_overrides(shape: dict[str, Any]) -> dict[str, Any] | None:
+    """Settings for rebuilding a model in one process: MoE token routing with the all-gather dispatcher
+    (the all-to-all one creates a CUDA stream when built; with one rank both route identically)."""
+    return {"moe_token_dispatcher_type": "allgather"} if shape.get("num_moe_experts") else None
 
 
 def bridge_for(shape: dict[str, Any], tokenizer_vocab: int | None = None):
@@ -96,7 +104,8 @@ def export_hf(checkpoint: Path, out: Path, shape: dict[str, Any] | None = None, 
     ensure_single_process_group()
     shape = shape or checkpoint_shape(checkpoint)
     bridge = bridge_for(shape, tokenizer_vocab_size(tokenizer_dir) if tokenizer_dir else None)
-    model = bridge.load_megatron_model(str(newest_iteration_dir(checkpoint)), wrap_with_ddp=False)
+    model = bridge.load_megatron_model(str(newest_iteration_dir(checkpoint)), mp_overrides=single_rank_overrides(shape),
+                                       wrap_with_ddp=False)
     return write_hf_dir(bridge, model, out, tokenizer_dir, show_progress)
 
 

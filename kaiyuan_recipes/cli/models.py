@@ -20,22 +20,25 @@ def list_models(_args: Any) -> int:
     from rich.table import Table
 
     table = Table(title="kaiyuan models")
-    for col in ("name", "parameters", "non-embedding", "layers", "hidden", "heads/groups", "vocab"):
+    for col in ("name", "parameters", "active/token", "non-embedding", "layers", "hidden", "heads/groups", "experts",
+                "vocab"):
         table.add_column(col)
     recipes = set(known_recipes())
     for name in available_models():
         if name not in recipes:
-            table.add_row(name, "?", "?", "", "", "", "")
+            table.add_row(name, "?", "?", "?", "", "", "", "", "")
             continue
         shape = load_model_file(name)
         count = count_parameters(shape)
         table.add_row(
             name,
             f"{count.total / 1e9:.3f}B",
+            f"{count.active / 1e9:.3f}B",
             f"{count.non_embedding / 1e9:.3f}B",
             str(shape["num_layers"]),
             str(shape["hidden_size"]),
             f"{shape['num_attention_heads']}/{shape.get('num_query_groups') or shape['num_attention_heads']}",
+            f"{shape['num_moe_experts']} top-{shape.get('moe_router_topk', 2)}" if shape.get("num_moe_experts") else "-",
             f"{shape['vocab_size']:,}",
         )
     Console(width=120).print(table)

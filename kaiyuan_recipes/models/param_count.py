@@ -17,6 +17,12 @@ class ParamCount:
     per_layer: int
     num_layers: int
     final_norm: int
+    active_per_layer: int = 0  # MoE: the parameters one token passes through (0 = dense, same as per_layer)
+
+    @property
+    def active(self) -> int:
+        """Parameters per token, input embedding lookup excluded (the output layer is a matmul)."""
+        return self.output_layer + (self.active_per_layer or self.per_layer) * self.num_layers + self.final_norm
 
     @property
     def non_embedding(self) -> int:
@@ -44,9 +50,18 @@ def count_parameters(shape: dict) -> ParamCount:
     attention += (q_out + 2 * kv_out) * qkv_bias + h * bias
     if shape.get("qk_layernorm", False):
         attention += 2 * (head_dim if norm_params == h else 2 * head_dim)
-    mlp = h * ffn * (2 if gated else 1) + ffn * h
-    mlp += (ffn * (2 if gated else 1) + h) * bias
-    per_layer = attention + mlp + 2 * norm_params
+    def ffn_params(width: int) -> int:
+        return h * width * (2 if gated else 1) + width * h + (width * (2 if gated else 1) + h) * bias
+
+    experts = shape.get("num_moe_experts") or 0
+    if experts:  # every layer MoE: a router and `experts` FFNs of moe_ffn_hidden_size, top-k active
+        expert = ffn_params(shape.get("moe_ffn_hidden_size") or ffn)
+        router = h * experts
+        per_layer = attention + router + experts * expert + 2 * norm_params
+        active_per_layer = attention + router + shape.get("moe_router_topk", 2) * expert + 2 * norm_params
+    else:
+        per_layer = attention + ffn_params(ffn) + 2 * norm_params
+        active_per_layer = 0
 
     vocab = padded_vocab_size(shape["vocab_size"], shape.get("make_vocab_size_divisible_by", 128))
     embedding = vocab * h
@@ -57,4 +72,5 @@ def count_parameters(shape: dict) -> ParamCount:
         per_layer=per_layer,
         num_layers=shape["num_layers"],
         final_norm=norm_params,
+        active_per_layer=active_per_layer,
     )

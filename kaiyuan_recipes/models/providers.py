@@ -49,6 +49,9 @@ def select_layer_spec(provider, layer_spec: str = "auto"):
         raise RuntimeError("kaiyuan.layer_spec=transformer_engine, but transformer_engine is not installed")
     if not use_te:
         compat.apply_local_spec_settings(provider)
+    if provider.num_moe_experts:
+        # Grouped GEMM experts need TE (TEGroupedMLP); the local spec runs them one by one (SequentialMLP).
+        provider.moe_grouped_gemm = use_te
     return provider
 
 
@@ -64,3 +67,8 @@ def gpt_smoke(layer_spec: str = "auto"):
 def qwen3_1p7b(layer_spec: str = "auto"):
     """Qwen3-1.7B shape: 28 layers, 2048 hidden, GQA 16/8, QK-norm, untied; 2.03B parameters."""
     return provider_for_recipe("qwen3_1p7b", layer_spec)
+
+
+def laoyao_moe_2b(layer_spec: str = "auto"):
+    """~2B-total / ~0.5B-active Qwen3-MoE-style model: 24 layers, 64 experts of 320, top-8, GLM-5.2 vocab."""
+    return provider_for_recipe("laoyao_moe_2b", layer_spec)

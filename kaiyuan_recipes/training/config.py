@@ -26,7 +26,7 @@ ZERO_STAGES = {
     1: dict(use_distributed_optimizer=True, data_parallel_sharding_strategy="optim"),
     2: dict(use_distributed_optimizer=True, data_parallel_sharding_strategy="optim_grads"),
 }
-DATA_SOURCES = ("sample", "mock", "blend", "curriculum")
+DATA_SOURCES = ("sample", "mock", "blend", "curriculum", "plan")
 
 
 @dataclass
@@ -44,6 +44,8 @@ class RunSettings:
     curriculum: str | None = None
     phase: int | None = None
     heldout: str | None = None
+    plan: str | None = None
+    tokenizer_sha256: str | None = None
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -124,6 +126,8 @@ def resolve_run_settings(recipe: str, knobs: dict[str, Any]) -> RunSettings:
         curriculum=knobs.get("curriculum"),
         phase=knobs.get("phase"),
         heldout=knobs.get("heldout"),
+        plan=knobs.get("plan"),
+        tokenizer_sha256=knobs.get("tokenizer_sha256"),
     )
 
 
@@ -145,6 +149,9 @@ def _tokenizer_config(run: RunSettings) -> Any:
     from megatron.bridge.training.config import TokenizerConfig
 
     if run.tokenizer:
+        from kaiyuan_recipes.data.tokenizer import check_tokenizer_dir
+
+        check_tokenizer_dir(Path(run.tokenizer), run.tokenizer_sha256)  # the sha256 is checked when given
         return TokenizerConfig(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=run.tokenizer)
     return TokenizerConfig(tokenizer_type="NullTokenizer", vocab_size=QWEN2_BASE_VOCAB)
 
@@ -169,6 +176,15 @@ def _apply_data_source(cfg: Any, run: RunSettings) -> None:
             curriculum=run.curriculum, phase=int(run.phase), seq_length=cfg.dataset.seq_length,
             global_batch_size=cfg.train.global_batch_size, heldout_prefix=run.heldout, seed=cfg.dataset.random_seed,
         ).apply(cfg)
+    elif run.data == "plan":
+        from kaiyuan_recipes.data.blend import load_plan, plan_categories, plan_path, to_megatron_blend
+
+        if not run.plan:
+            raise ValueError("kaiyuan.data=plan needs kaiyuan.plan (a name under recipes/plans or a YAML)")
+        manifest = plan_categories(*load_plan(plan_path(run.plan)))
+        for key, value in to_megatron_blend(manifest["blend"], run.heldout).items():
+            setattr(cfg.dataset, key, value)
+        cfg.dataset.random_seed = manifest["seed"]
     elif run.data == "mock":
         cfg.dataset.blend = None
         cfg.dataset.blend_per_split = None

@@ -1,0 +1,109 @@
+"""laoyao_moe_2b: the provider from recipes/laoyao_moe_2b (real megatron-core MoE construction, counts),
+the recipe as the original (batch, DP, overlap, recompute, retention, validation cadence, plan data,
+tokenizer sha256), and Megatron → Qwen3MoeForCausalLM → Megatron bit for bit through torch_dist files,
+with the exported model's KV cache giving the same greedy tokens as no cache."""
+
+import json
+
+import pytest
+import torch
+
+from kaiyuan_recipes.data.tokenizer import TokenizerError, default_tokenizer_dir
+from kaiyuan_recipes.models.param_count import count_parameters
+from kaiyuan_recipes.recipe_tree import load_model_file
+from kaiyuan_recipes.training.config import build_config
+
+SMALL_MOE = dict(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,
+                 kv_channels=16, seq_length=128, max_position_embeddings=128, position_embedding_type="rope",
+                 rotary_base=1000000, normalization="RMSNorm", layernorm_epsilon=1e-6, gated_linear_unit=True,
+                 add_bias_linear=False, add_qkv_bias=False, share_embeddings_and_output_weights=False,
+                 qk_layernorm=True, vocab_size=151936, make_vocab_size_divisible_by=128, num_moe_experts=8,
+                 moe_ffn_hidden_size=32, moe_router_topk=2, moe_router_pre_softmax=False,
+                 moe_router_load_balancing_type="aux_loss", moe_aux_loss_coeff=1e-3,
+                 moe_token_dispatcher_type="alltoall")
+
+
+def test_shape_is_2b_total_half_b_active():
+    count = count_parameters(load_model_file("laoyao_moe_2b"))
+    assert 1.9e9 < count.total < 2.1e9 and 0.4e9 < count.active < 0.6e9
+
+
+def test_full_size_provider_builds_with_megatron_core(megatron_parallel):
+    from megatron.core.transformer.moe.experts import SequentialMLP
+
+    from kaiyuan_recipes.models.providers import laoyao_moe_2b
+
+    provider = laoyao_moe_2b()
+    provider.use_cpu_initialization = True
+    provider.params_dtype = torch.bfloat16
+    provider.moe_token_dispatcher_type = "allgather"  # all-to-all creates a CUDA stream when built
+    provider.finalize()
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    provider._pg_collection = ProcessGroupCollection.use_mpu_process_groups()
+    model = provider.provide()
+    built = sum(p.numel() for p in model.parameters())
+    assert built == count_parameters(load_model_file("laoyao_moe_2b")).total
+    layer = model.decoder.layers[0]
+    assert isinstance(layer.mlp.experts, SequentialMLP) and len(layer.mlp.experts.local_experts) == 64
+    assert layer.mlp.router.topk == 8 and provider.moe_grouped_gemm is False  # no TE here
+
+
+def test_recipe_matches_the_original(tmp_path, monkeypatch):
+    monkeypatch.delenv("LAOYAO_TOKENIZER", raising=False)
+    cfg, run = build_config("laoyao_moe_2b", ["kaiyuan.data=mock", f"kaiyuan.run_root={tmp_path}"])
+    assert (cfg.dataset.seq_length, cfg.train.micro_batch_size, cfg.train.global_batch_size) == (8192, 14, 112)
+    assert cfg.ddp.overlap_grad_reduce and cfg.ddp.overlap_param_gather and cfg.optimizer.use_distributed_optimizer
+    assert (cfg.model.recompute_granularity, cfg.model.recompute_method, cfg.model.recompute_num_layers) == \
+        ("full", "uniform", 1)
+    assert (cfg.checkpoint.save_interval, cfg.checkpoint.most_recent_k) == (2500, 10)
+    assert (cfg.validation.eval_interval, cfg.validation.eval_iters) == (15000, 10)
+    assert cfg.model.moe_expert_capacity_factor is None and cfg.model.num_moe_experts == 64
+    with pytest.raises(Exception, match="english_web"):  # the plan's data is not on this machine
+        build_config("laoyao_moe_2b", [f"kaiyuan.run_root={tmp_path}"])
+
+
+def test_tokenizer_sha256_checked_when_given(tmp_path):
+    common = ["kaiyuan.data=mock", f"kaiyuan.run_root={tmp_path}", f"kaiyuan.tokenizer={default_tokenizer_dir()}"]
+    with pytest.raises(TokenizerError, match="sha256"):
+        build_config("laoyao_moe_2b", common)  # the bundled tokenizer is not GLM-5.2's
+    cfg, _ = build_config("laoyao_moe_2b", common + ["kaiyuan.tokenizer_sha256=null"])
+    assert cfg.tokenizer.tokenizer_type == "HuggingFaceTokenizer"
+
+
+def test_moe_roundtrip_through_torch_dist_and_kv_cache(tmp_path, megatron_parallel):
+    from transformers import AutoModelForCausalLM
+
+    from kaiyuan_exporters.hf_to_megatron import build_cpu_model, import_hf
+    from kaiyuan_exporters.megatron_to_hf import bridge_for, export_hf
+    from kaiyuan_recipes import compat
+
+    compat.import_megatron_bridge()
+    from megatron.bridge.training.model_load_save import load_megatron_model
+
+    original = build_cpu_model(SMALL_MOE, torch.bfloat16)
+    with torch.no_grad():
+        for p in original.parameters():
+            p.normal_(0, 0.05)
+    bridge_for(SMALL_MOE, 151646).save_megatron_model([original], tmp_path / "megatron")
+    out = export_hf(tmp_path / "megatron", tmp_path / "hf", None, default_tokenizer_dir(), show_progress=False)
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3MoeForCausalLM"] and config["num_local_experts"] == 8
+    hf = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+    experts = hf.model.layers[1].mlp.experts
+    mine = original.decoder.layers[1].mlp.experts.local_experts[3].linear_fc2.weight
+    down = experts[3].down_proj.weight if isinstance(experts, torch.nn.ModuleList) else experts.down_proj[3]
+    assert torch.equal(down.to(torch.bfloat16), mine)
+    ids = torch.tensor([[9707, 11, 1879, 0, 358, 1079]])
+    cached = hf.generate(ids, max_new_tokens=12, do_sample=False, use_cache=True, pad_token_id=151643)
+    uncached = hf.generate(ids, max_new_tokens=12, do_sample=False, use_cache=False, pad_token_id=151643)
+    assert torch.equal(cached, uncached)
+
+    back = import_hf(out, tmp_path / "megatron_back", SMALL_MOE)
+    loaded = load_megatron_model(str(next(back.glob("iter_*"))), use_cpu_init=True)
+    loaded = loaded[0] if isinstance(loaded, list) else loaded
+    theirs = {k: v for k, v in loaded.state_dict().items() if not k.endswith("_extra_state")}
+    ours = {k: v for k, v in original.state_dict().items() if not k.endswith("_extra_state")}
+    assert set(ours) == set(theirs)
+    for name, tensor in ours.items():
+        assert torch.equal(tensor, theirs[name]), name
