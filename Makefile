@@ -1,14 +1,29 @@
 # The two set-up commands of the README:
 #   make run    create .venv (Python 3.12 + the Megatron-Bridge stack) and run the main job
-#   make test   the CPU test suite (CI runs exactly this through .ci/run)
+#   make test   the CPU test suite, both environments (CI runs exactly this through .ci/run)
 SHELL := /bin/bash
 VENV ?= .venv
 PY312 ?= $(shell p=$$(pyenv prefix 3.12.1 2>/dev/null) && [ -x "$$p/bin/python" ] && echo $$p/bin/python || command -v python3.12)
 BIN := $(VENV)/bin
 
-.PHONY: env run test clean
+VENV2 ?= .venv-nemo2
+
+.PHONY: env env-nemo2 run test clean
 
 env: $(VENV)/.installed
+
+# NeMo 2 (`nemo llm pretrain --factory kaiyuan_qwen3`) needs megatron-core 0.15 and transformers 4.57:
+# a second environment (the `nemo2` extra).
+env-nemo2: $(VENV2)/.installed
+
+$(VENV2)/.installed: pyproject.toml
+	$(PY312) -m venv $(VENV2)
+	$(VENV2)/bin/pip install -q --upgrade pip
+	$(VENV2)/bin/pip install -q -e ".[nemo2]"
+	# kaiyuan_recipes.compat.cpu_cuda_arch_list at interpreter start (see its docstring)
+	echo "import kaiyuan_recipes.compat as c; c.cpu_cuda_arch_list()" > \
+		"$$($(VENV2)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/kaiyuan_compat.pth"
+	touch $@
 
 # megatron-bridge's declared dependencies include GPU-only builds (transformer-engine, mamba-ssm)
 # that cannot build on a CPU host, so it is installed with --no-deps after the packages it
@@ -30,9 +45,9 @@ run: env
 	fi
 
 # pytest exits 5 when it collected no test: that is a failure here, not a pass.
-test: env
+test: env env-nemo2
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(VENV2) runs

@@ -31,7 +31,7 @@ def test_train_dry_run_table_and_errors():
     assert out.returncode == 0, out.stderr[-3000:]
     assert "2,031,739,904" in out.stdout and "grad_accumulation: 32" in out.stdout
     bad = kaiyuan("train", "qwen3_1p8b", "--dry-run")
-    assert bad.returncode == 2 and "known recipes: gpt_smoke, qwen3_1p7b" in bad.stderr
+    assert bad.returncode == 2 and "known recipes: gpt_smoke, laoyao_moe_2b, qwen3_1p7b" in bad.stderr
     bad = kaiyuan("train", "gpt_smoke", "--dry-run", "--nproc-per-node", "3")
     assert bad.returncode == 2 and "global_batch_size=16 is not divisible" in bad.stderr
     assert "Traceback" not in bad.stderr

@@ -14,7 +14,7 @@ def test_known_recipes():
 
 
 def test_unknown_recipe_lists_known_ones():
-    with pytest.raises(UnknownRecipeError, match="known recipes: gpt_smoke, qwen3_1p7b"):
+    with pytest.raises(UnknownRecipeError, match="known recipes: gpt_smoke, laoyao_moe_2b, qwen3_1p7b"):
         load_recipe_tree("qwen3_1p8b")
 
 

@@ -211,6 +211,21 @@ def cpu_checkpoint_save() -> bool:
     return True
 
 
+def cpu_cuda_arch_list() -> bool:
+    """NeMo 2 environment (megatron-core 0.15): `import megatron.core` JIT-builds a CUDA allocator in
+    inference/unified_memory.py; on a host without a GPU, torch's cpp_extension raises IndexError (no CUDA
+    arch known), which upstream does not catch (it catches RuntimeError/ImportError/OSError), so every
+    `nemo llm …` fails. Naming an arch makes the build fail the way upstream expects (caught, feature off).
+    Runs at interpreter start in that environment (a .pth file written by `make env-nemo2`), so it must be
+    cheap: no torch import; a host without the NVIDIA driver is a host without a GPU."""
+    import os
+
+    if os.environ.get("TORCH_CUDA_ARCH_LIST") or os.path.exists("/proc/driver/nvidia/version"):
+        return False
+    os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0"
+    return True
+
+
 def apply() -> None:
     """Apply every workaround that this host needs. Call before importing megatron.bridge."""
     install_lora_placeholder()

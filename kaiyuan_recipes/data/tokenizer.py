@@ -37,7 +37,12 @@ def build_qwen2_tokenizer():
     from tokenizers import AddedToken, normalizers
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    tok = TikTokenConverter(vocab_file=str(qwen_tiktoken_file()), pattern=QWEN2_PATTERN).converted()
+    import inspect
+
+    # transformers 4.x (the NeMo 2 environment) iterates additional_special_tokens, whose default is None.
+    extra = {"additional_special_tokens": []} if "additional_special_tokens" in inspect.signature(
+        TikTokenConverter.__init__).parameters else {}
+    tok = TikTokenConverter(vocab_file=str(qwen_tiktoken_file()), pattern=QWEN2_PATTERN, **extra).converted()
     if tok.get_vocab_size() != BASE_VOCAB:
         raise TokenizerError(f"qwen.tiktoken: expected {BASE_VOCAB} ranks, found {tok.get_vocab_size()}")
     tok.normalizer = normalizers.NFC()  # the reference encodes NFC-normalised text

@@ -1,0 +1,134 @@
+"""NeMo 2 factories for `nemo.collections.llm.api.pretrain`, registered in NeMo-Run's CLI catalogue when the
+`nemo_run.cli` entry point `kaiyuan` loads this module:
+
+    nemo llm pretrain --factory kaiyuan_qwen3 trainer.max_steps=10 data.global_batch_size=16 --dryrun -y
+
+One source of truth: the model config from recipes/<name>/model.yaml, optimizer and schedule from the
+merged hparams, data from the phase-blend module (or the bundled sample corpus) with the bundled tokenizer,
+checkpoint retention and TensorBoard through NeMo's logger. The trainer, logger and resume pieces are
+NeMo's own recipe helpers."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from kaiyuan_recipes import compat
+
+compat.cpu_cuda_arch_list()  # also done at interpreter start by .venv-nemo2's kaiyuan_compat.pth
+
+import nemo_run as run  # noqa: E402
+import torch  # noqa: E402
+from nemo.collections import llm  # noqa: E402
+from nemo.collections.common.tokenizers.huggingface.auto_tokenizer import AutoTokenizer  # noqa: E402
+from nemo.collections.llm.api import pretrain  # noqa: E402
+from nemo.collections.llm.recipes.log.default import default_log, default_resume, tensorboard_logger  # noqa: E402
+from nemo.collections.llm.recipes.qwen3 import qwen3_trainer  # noqa: E402
+from nemo.lightning.pytorch.optim import MegatronOptimizerModule, WarmupHoldAnnealScheduler  # noqa: E402
+from megatron.core.optimizer import OptimizerConfig  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from kaiyuan_recipes.recipe_tree import load_model_file, load_recipe_tree  # noqa: E402
+
+# model.yaml fields that are not TransformerConfig fields in NeMo 2's config classes.
+_NOT_CONFIG = ("max_position_embeddings", "should_pad_vocab", "vocab_size")
+_ACTIVATIONS = {"silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu, "relu": torch.nn.functional.relu}
+
+
+def model_config(recipe: str) -> run.Config:
+    """NeMo 2's Qwen3Config (QK-norm) or GPTConfig with the recipe's model.yaml fields, nothing else."""
+    shape = load_model_file(recipe)
+    fields = {k: v for k, v in shape.items() if k not in _NOT_CONFIG}
+    fields["activation_func"] = _ACTIVATIONS[fields.get("activation_func", "silu")]
+    # NeMo 2 pads the vocabulary from the tokenizer; the recipe's size is the padded one already.
+    fields["vocab_size"] = shape["vocab_size"]
+    cls = llm.Qwen3Config if shape.get("qk_layernorm") else llm.GPTConfig
+    return run.Config(cls, **fields)
+
+
+def model(recipe: str) -> run.Config:
+    module = llm.Qwen3Model if load_model_file(recipe).get("qk_layernorm") else llm.GPTModel
+    return run.Config(module, config=model_config(recipe))
+
+
+def optimizer(hp: dict[str, Any], max_steps: int, use_distributed_optimizer: bool = True) -> run.Config:
+    """The recipe's AdamW and warmup-stable-decay schedule (linear decay over the last lr_wsd_decay_iters)."""
+    opt, sched = hp["optimizer"], hp["scheduler"]
+    warmup = min(int(sched["lr_warmup_iters"]), max_steps)
+    decay = min(int(sched.get("lr_wsd_decay_iters") or max_steps), max_steps - warmup)
+    config = run.Config(OptimizerConfig, optimizer="adam", lr=opt["lr"], min_lr=opt["min_lr"],
+                        weight_decay=opt["weight_decay"], adam_beta1=opt["adam_beta1"], adam_beta2=opt["adam_beta2"],
+                        clip_grad=opt["clip_grad"], bf16=True, use_distributed_optimizer=use_distributed_optimizer)
+    scheduler = run.Config(WarmupHoldAnnealScheduler, warmup_ratio=warmup / max_steps,
+                           hold_ratio=(max_steps - warmup - decay) / max_steps, max_steps=max_steps,
+                           decay_schedule="linear", min_lr=opt["min_lr"])
+    return run.Config(MegatronOptimizerModule, config=config, lr_scheduler=scheduler)
+
+
+def data(recipe: str, hp: dict[str, Any], seq_length: int, global_batch_size: int, micro_batch_size: int,
+         curriculum: Optional[str], phase: Optional[int]) -> run.Config:
+    """Weighted paths ([w1, prefix1, w2, prefix2, …]) from the phase-blend module, or the bundled sample corpus."""
+    from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
+
+    tokenizer = run.Config(AutoTokenizer, pretrained_model_name=str(default_tokenizer_dir()))
+    if curriculum:
+        from kaiyuan_recipes.data.phase_module import PhaseBlendDataModule
+
+        prefixes, weights = PhaseBlendDataModule(curriculum=curriculum, phase=int(phase or 1)).blend_fields()["blend"]
+    else:
+        from kaiyuan_recipes.data.sample_corpus import prepare_sample_corpus
+
+        prefixes, weights = prepare_sample_corpus(default_tokenizer_dir())
+    paths = [x for w, p in zip(weights, prefixes) for x in (float(w), p)]
+    return run.Config(llm.PreTrainingDataModule, paths=paths, seq_length=seq_length, tokenizer=tokenizer,
+                      global_batch_size=global_batch_size, micro_batch_size=micro_batch_size,
+                      seed=hp["dataset"].get("random_seed", 1234), split=hp["dataset"].get("split", "99,1,0"),
+                      num_workers=2)
+
+
+def pretrain_partial(recipe: str, dir: Optional[str], name: str, num_nodes: int, num_gpus_per_node: int,
+                     max_steps: Optional[int], global_batch_size: Optional[int], micro_batch_size: Optional[int],
+                     tensor_parallelism: int, curriculum: Optional[str], phase: Optional[int]) -> run.Partial:
+    hp = OmegaConf.to_container(load_recipe_tree(recipe), resolve=True)
+    max_steps = int(max_steps or hp["train"]["train_iters"])
+    seq = int(hp["dataset"]["seq_length"])
+    trainer = qwen3_trainer(tensor_parallelism=tensor_parallelism, num_nodes=num_nodes,
+                            num_gpus_per_node=num_gpus_per_node, max_steps=max_steps,
+                            val_check_interval=int(hp["validation"]["eval_interval"]),
+                            limit_val_batches=int(hp["validation"]["eval_iters"]),
+                            log_every_n_steps=int(hp["logger"].get("log_interval", 10)))
+    log = default_log(dir=dir, name=name, tensorboard_logger=tensorboard_logger(name=name))
+    log.ckpt.save_top_k = int(hp["checkpoint"]["most_recent_k"])  # keep K, as the Bridge recipes do
+    log.ckpt.every_n_train_steps = int(hp["checkpoint"]["save_interval"])
+    log.ckpt.train_time_interval = None
+    return run.Partial(
+        pretrain,
+        model=model(recipe),
+        trainer=trainer,
+        data=data(recipe, hp, seq, int(global_batch_size or hp["train"]["global_batch_size"]),
+                  int(micro_batch_size or hp["train"]["micro_batch_size"]), curriculum, phase),
+        log=log,
+        optim=optimizer(hp, max_steps),
+        resume=default_resume(),
+    )
+
+
+@run.cli.factory(target=pretrain, name="kaiyuan_qwen3")
+def kaiyuan_qwen3(dir: Optional[str] = None, name: str = "kaiyuan_qwen3", num_nodes: int = 1,
+                  num_gpus_per_node: int = 8, max_steps: Optional[int] = None,
+                  global_batch_size: Optional[int] = None, micro_batch_size: Optional[int] = None,
+                  tensor_parallelism: int = 1, curriculum: Optional[str] = None,
+                  phase: Optional[int] = None) -> run.Partial:
+    """qwen3_1p7b (recipes/qwen3_1p7b) on NeMo 2."""
+    return pretrain_partial("qwen3_1p7b", dir, name, num_nodes, num_gpus_per_node, max_steps, global_batch_size,
+                            micro_batch_size, tensor_parallelism, curriculum, phase)
+
+
+@run.cli.factory(target=pretrain, name="kaiyuan_gpt_smoke")
+def kaiyuan_gpt_smoke(dir: Optional[str] = None, name: str = "kaiyuan_gpt_smoke", num_nodes: int = 1,
+                      num_gpus_per_node: int = 1, max_steps: Optional[int] = None,
+                      global_batch_size: Optional[int] = None, micro_batch_size: Optional[int] = None,
+                      tensor_parallelism: int = 1, curriculum: Optional[str] = None,
+                      phase: Optional[int] = None) -> run.Partial:
+    """gpt_smoke (recipes/gpt_smoke) on NeMo 2."""
+    return pretrain_partial("gpt_smoke", dir, name, num_nodes, num_gpus_per_node, max_steps, global_batch_size,
+                            micro_batch_size, tensor_parallelism, curriculum, phase)
