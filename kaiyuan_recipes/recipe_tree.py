@@ -25,6 +25,19 @@ def recipes_root() -> Path:
         return Path(__file__).resolve().parent.parent / "recipes"
 
 
+def shipped_yaml(folder: str, name_or_path: str, what: str) -> Path:
+    """A YAML path as given, or a file shipped under recipes/<folder>/ by name (curricula, plans).
+    Raises FileNotFoundError naming the shipped ones."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml"):
+        return path
+    shipped = recipes_root() / folder / f"{name_or_path}.yaml"
+    if not shipped.is_file():
+        known = sorted(p.stem for p in (recipes_root() / folder).glob("*.yaml"))
+        raise FileNotFoundError(f"unknown {what} {name_or_path!r}; known: {', '.join(known)} (or a YAML path)")
+    return shipped
+
+
 def known_recipes() -> list[str]:
     root = recipes_root()
     return sorted(p.name for p in root.iterdir() if p.is_dir() and (p / "model.yaml").is_file())

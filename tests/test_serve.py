@@ -15,6 +15,7 @@ import httpx
 import pytest
 import torch
 
+from conftest import free_port
 from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
 
 TOKEN = "s3cret-token"
@@ -33,12 +34,6 @@ def tiny_model(tmp_path_factory):
     AutoTokenizer.from_pretrained(str(default_tokenizer_dir())).save_pretrained(out)
     GenerationConfig(eos_token_id=151643, pad_token_id=151643, do_sample=False).save_pretrained(out)
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

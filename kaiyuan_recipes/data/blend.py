@@ -112,16 +112,12 @@ def plan_categories(plan: dict[str, Any], sources: dict[str, list[Source]]) -> d
 
 def plan_path(name_or_path: str) -> Path:
     """A plan shipped under recipes/plans/ by name, or a YAML path."""
-    from kaiyuan_recipes.recipe_tree import recipes_root
+    from kaiyuan_recipes.recipe_tree import shipped_yaml
 
-    path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml"):
-        return path
-    shipped = recipes_root() / "plans" / f"{name_or_path}.yaml"
-    if not shipped.is_file():
-        known = sorted(p.stem for p in (recipes_root() / "plans").glob("*.yaml"))
-        raise BlendError(f"unknown plan {name_or_path!r}; known: {', '.join(known)} (or a YAML path)")
-    return shipped
+    try:
+        return shipped_yaml("plans", name_or_path, "plan")
+    except FileNotFoundError as err:
+        raise BlendError(str(err)) from None
 
 
 def load_plan(path: Path) -> tuple[dict[str, Any], dict[str, list[Source]]]:

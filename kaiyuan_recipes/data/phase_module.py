@@ -13,16 +13,12 @@ from kaiyuan_recipes.data.blend import BlendError, load_curriculum, phase_blend,
 
 
 def curriculum_path(name_or_path: str) -> Path:
-    from kaiyuan_recipes.recipe_tree import recipes_root
+    from kaiyuan_recipes.recipe_tree import shipped_yaml
 
-    path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml"):
-        return path
-    shipped = recipes_root() / "curricula" / f"{name_or_path}.yaml"
-    if not shipped.is_file():
-        known = sorted(p.stem for p in (recipes_root() / "curricula").glob("*.yaml"))
-        raise BlendError(f"unknown curriculum {name_or_path!r}; known: {', '.join(known)} (or a YAML path)")
-    return shipped
+    try:
+        return shipped_yaml("curricula", name_or_path, "curriculum")
+    except FileNotFoundError as err:
+        raise BlendError(str(err)) from None
 
 
 @dataclass

@@ -4,11 +4,7 @@
 # `kaiyuan export hf` (timed), then Megatron-vs-HF logits on 32 prompts (tests/gpu/export_parity.py).
 set -euo pipefail
 run=${1:?run dir}; name=${2:?model name}
-out=${OUT:-/tmp/out}; mkdir -p "$out"
-if [ -d .whl ] && [ ! -d /tmp/site/megatron ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl .whl/*.tar.gz
-fi
-export PYTHONPATH="$PWD:$PWD/exporters:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+source tests/gpu/env.sh
 hf=/tmp/export/$name; rm -rf "$hf"; mkdir -p /tmp/export
 start=$(date +%s.%N)
 python3 -m kaiyuan_recipes.cli.main export hf "$run" "$hf" 2>&1 | tail -3

@@ -5,13 +5,8 @@
 # `--phase 2` resumes it with the new blend. The report shows the resume iteration, the blend switch
 # and the LR on both sides of the boundary. DRY_RUN=1 resolves both launches without training (CPU).
 set -euo pipefail
-out=${OUT:-/tmp/out}; mkdir -p "$out"
-if [ "${DRY_RUN:-0}" != 1 ] && [ -d .whl ] && [ ! -d /tmp/site/megatron ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl .whl/*.tar.gz
-fi
-export PYTHONPATH="$PWD:$PWD/exporters:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+source tests/gpu/env.sh
 py=${PYTHON:-python3}
-kaiyuan() { "$py" -m kaiyuan_recipes.cli.main "$@"; }
 work=${WORK:-/tmp/phase_proof}; rm -rf "$work"; mkdir -p "$work/in1" "$work/in2"
 corpus=kaiyuan_recipes/data/sample_corpus
 cp "$corpus/en_jargon.parquet" "$work/in1/"; cp "$corpus/zh_poems.parquet" "$work/in2/"

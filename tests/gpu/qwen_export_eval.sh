@@ -5,12 +5,7 @@
 # Megatron-vs-HF parity on 32 prompts, then `kaiyuan eval heldout` on a held-out file of the real shape
 # (7 dimensions x 8). Then the same export + parity for gpt_smoke (20 steps).
 set -euo pipefail
-out=${OUT:-/tmp/out}; mkdir -p "$out"
-if [ -d .whl ] && [ ! -d /tmp/site/megatron ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl .whl/*.tar.gz
-fi
-export PYTHONPATH="$PWD:$PWD/exporters:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-kaiyuan() { python3 -m kaiyuan_recipes.cli.main "$@"; }
+source tests/gpu/env.sh
 root=/tmp/proof_runs
 short=(kaiyuan.run_root=$root train.global_batch_size=8 logger.log_interval=1 scheduler.lr_warmup_iters=3
        scheduler.lr_wsd_decay_iters=3 checkpoint.save_optim=false checkpoint.save_rng=false)

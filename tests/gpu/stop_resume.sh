@@ -6,12 +6,7 @@
 # `kaiyuan stop` at a random step (SIGTERM -> checkpoint), restarted with the same command. The report
 # compares the 20 losses after the stop with the uninterrupted run.
 set -euo pipefail
-out=${OUT:-/tmp/out}; mkdir -p "$out"
-if [ -d .whl ] && [ ! -d /tmp/site/megatron ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl .whl/*.tar.gz
-fi
-export PYTHONPATH="$PWD:$PWD/exporters:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-kaiyuan() { python3 -m kaiyuan_recipes.cli.main "$@"; }
+source tests/gpu/env.sh
 root=/tmp/stop_resume; rm -rf "$root"
 common=(kaiyuan.run_root=$root train.train_iters=${ITERS:-45} train.global_batch_size=8 logger.log_interval=1
         scheduler.lr_warmup_iters=5 checkpoint.save_interval=1000)

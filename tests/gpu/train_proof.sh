@@ -5,12 +5,7 @@
 # command, and writes benchmarks/results-style JSON plus the logs under $OUT.
 set -euo pipefail
 which=${1:?smoke|qwen|smoke-sample}
-out=${OUT:-/tmp/out}; mkdir -p "$out"
-if [ ! -d /tmp/site/megatron ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl .whl/*.tar.gz
-fi
-export PYTHONPATH="$PWD:$PWD/exporters:/tmp/site" PYTHONUNBUFFERED=1
-kaiyuan() { python3 -m kaiyuan_recipes.cli.main "$@"; }
+source tests/gpu/env.sh
 root=/tmp/runs
 case "$which" in
   smoke)
