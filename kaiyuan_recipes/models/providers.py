@@ -10,7 +10,7 @@ from kaiyuan_recipes import compat
 from kaiyuan_recipes.recipe_tree import load_model_file
 
 ACTIVATIONS = ("silu", "gelu", "relu")
-LAYER_SPECS = ("auto", "local", "transformer_engine")
+LAYER_SPECS = ("auto", "local", "fast", "transformer_engine")
 # Stated in model.yaml for validation and HF export; RoPE models have no position table.
 NOT_PROVIDER_FIELDS = ("max_position_embeddings",)
 
@@ -49,6 +49,10 @@ def select_layer_spec(provider, layer_spec: str = "auto"):
         raise RuntimeError("kaiyuan.layer_spec=transformer_engine, but transformer_engine is not installed")
     if not use_te:
         compat.apply_local_spec_settings(provider)
+    if layer_spec == "fast":  # the local spec with SDPA core attention (models/fast_spec.py)
+        from kaiyuan_recipes.models.fast_spec import fast_layer_spec
+
+        provider.transformer_layer_spec = fast_layer_spec
     if provider.num_moe_experts:
         # Grouped GEMM experts need TE (TEGroupedMLP); the local spec runs them one by one (SequentialMLP).
         provider.moe_grouped_gemm = use_te

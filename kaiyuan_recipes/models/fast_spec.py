@@ -1,0 +1,59 @@
+"""A layer spec for hosts without Transformer Engine that keeps Megatron's local modules but runs core
+attention through PyTorch's scaled-dot-product attention (flash / cuDNN / memory-efficient kernels: causal,
+GQA without materialising repeated K/V, no O(s²) score tensor). Selected with `kaiyuan.layer_spec=fast`.
+
+Status: numerics tested on the CPU against an explicit softmax(QKᵀ)V; not yet measured on the GPU host,
+so it is opt-in (the local spec stays the default without TE) until benchmarks/train_throughput.py says so."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from megatron.core import tensor_parallel
+from megatron.core.transformer.dot_product_attention import DotProductAttention
+from megatron.core.transformer.enums import AttnMaskType
+
+
+class SDPADotProductAttention(DotProductAttention):
+    """Megatron's DotProductAttention interface ([s, b, heads, dim] in, [s, b, hidden] out) on
+    torch.nn.functional.scaled_dot_product_attention. Only the causal, mask-free case takes the fast path;
+    anything else (explicit masks, sliding windows, softmax offsets) falls back to the local implementation."""
+
+    def _fast_path(self, attention_mask: Optional[torch.Tensor], attn_mask_type: Optional[AttnMaskType]) -> bool:
+        mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
+        return (attention_mask is None and mask_type == AttnMaskType.causal and self.softmax_offset is None
+                and self.config.window_size is None)
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                attention_mask: Optional[torch.Tensor], attn_mask_type: Optional[AttnMaskType] = None,
+                attention_bias: Any = None, packed_seq_params: Any = None) -> torch.Tensor:
+        if attention_bias is not None or packed_seq_params is not None or not self._fast_path(attention_mask,
+                                                                                                attn_mask_type):
+            return super().forward(query, key, value, attention_mask, attn_mask_type, attention_bias,
+                                   packed_seq_params)
+        sq, b = query.shape[0], query.shape[1]
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, dim]
+        dropout = self.attention_dropout.p if self.training else 0.0
+        gqa = self.num_attention_heads_per_partition != self.num_query_groups_per_partition
+
+        def attend() -> torch.Tensor:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True,
+                                                  scale=self.softmax_scale, enable_gqa=gqa)
+
+        if dropout > 0.0 and not self.config.sequence_parallel:
+            with tensor_parallel.get_cuda_rng_tracker().fork():
+                context = attend()
+        else:
+            context = attend()
+        return context.permute(2, 0, 1, 3).reshape(sq, b, self.hidden_size_per_partition)
+
+
+def fast_layer_spec(config: Any) -> Any:
+    """Megatron's local GPT layer spec with SDPA core attention."""
+    from megatron.bridge.models.gpt_provider import local_layer_spec
+
+    spec = local_layer_spec(config)
+    spec.submodules.self_attention.submodules.core_attention = SDPADotProductAttention
+    return spec
