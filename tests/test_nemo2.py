@@ -78,3 +78,14 @@ def test_upstream_megatron_core_0_15_import_still_breaks_without_a_gpu_arch():
     assert probe.returncode == 0 and probe.stdout.strip().endswith("True"), probe.stderr[-2000:]
     started = nemo2("python", "-c", "import os; print(os.environ.get('TORCH_CUDA_ARCH_LIST'))")
     assert started.stdout.strip() == ("None" if os.path.exists("/proc/driver/nvidia/version") else "9.0")
+
+
+def test_launch_executors_on_the_same_command_line():
+    local = nemo2("nemo", "llm", "pretrain", "--factory", "kaiyuan_gpt_smoke", "run.executor=kaiyuan_local",
+                  "run.executor.ntasks_per_node=2", "--dryrun", "-y")
+    assert local.returncode == 0, local.stderr[-2000:]
+    assert "LocalExecutor(" in local.stdout and "launcher='torchrun'" in local.stdout and "ntasks_per_node=2" in local.stdout
+    ssh = nemo2("nemo", "llm", "pretrain", "--factory", "kaiyuan_gpt_smoke", "run.executor=kaiyuan_ssh",
+                "run.executor.hosts=gpu1,gpu2", "run.executor.container=kaiyuan", "--dryrun", "-y")
+    assert ssh.returncode == 0, ssh.stderr[-2000:]
+    assert "SSHMultiNodeExecutor(" in ssh.stdout and "hosts='gpu1,gpu2'" in ssh.stdout and "container='kaiyuan'" in ssh.stdout

@@ -8,14 +8,12 @@ status, logs and cancel:
 
 `training_script(recipe, overrides)` is the task: the training entry module as a NeMo-Run Script."""
 
-from __future__ import annotations
-
 import base64
 import os
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, List, Optional, Union
 
 import nemo_run as run
 from nemo_run.core.execution.base import Executor
@@ -39,7 +37,8 @@ def local_executor(nproc_per_node: int = 1, env_vars: dict[str, str] | None = No
 
 @dataclass(kw_only=True)
 class SSHMultiNodeExecutor(Executor):
-    hosts: list[str] = field(default_factory=list)
+    # A list, or one string of hosts separated by commas/spaces (what NeMo-Run's CLI can pass).
+    hosts: Union[str, List[str]] = field(default_factory=list)
     gpus_per_node: int = 8
     master_port: int = 29500
     container: Optional[str] = None
@@ -55,14 +54,17 @@ class SSHMultiNodeExecutor(Executor):
         self.experiment_dir = exp_dir
         self.job_dir = os.path.join(exp_dir, task_dir)
 
+    def host_list(self) -> List[str]:
+        return self.hosts.replace(",", " ").split() if isinstance(self.hosts, str) else list(self.hosts)
+
     def nnodes(self) -> int:
-        return len(self.hosts)
+        return len(self.host_list())
 
     def nproc_per_node(self) -> int:
         return self.gpus_per_node
 
     def spec(self) -> MultiNodeSpec:
-        return MultiNodeSpec(nodes=list(self.hosts), nproc_per_node=self.gpus_per_node, master_port=self.master_port,
+        return MultiNodeSpec(nodes=self.host_list(), nproc_per_node=self.gpus_per_node, master_port=self.master_port,
                              container=self.container, workdir=self.workdir, python=self.python,
                              env=dict(self.env_vars), identity_file=self.identity_file, known_hosts=self.known_hosts,
                              accept_unknown_hosts=self.accept_unknown_hosts)
@@ -119,7 +121,7 @@ class SSHMultiNodeScheduler(nemo_run_schedulers.SchedulerMixin, Scheduler[dict])
         executor = cfg
         request = {"run_dir": executor.job_dir, "role": role.name, "target": torchrun_target(role),
                    "spec": executor.spec(), "grace": executor.stop_grace_s}
-        return AppDryRunInfo(request, lambda r: f"torchrun {' '.join(r['target'])} on {', '.join(executor.hosts)}")
+        return AppDryRunInfo(request, lambda r: f"torchrun {' '.join(r['target'])} on {', '.join(executor.host_list())}")
 
     def schedule(self, dryrun_info: AppDryRunInfo) -> str:
         request = dryrun_info.request

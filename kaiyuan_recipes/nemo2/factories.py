@@ -8,7 +8,6 @@ merged hparams, data from the phase-blend module (or the bundled sample corpus) 
 checkpoint retention and TensorBoard through NeMo's logger. The trainer, logger and resume pieces are
 NeMo's own recipe helpers."""
 
-from __future__ import annotations
 
 from typing import Any, Optional
 
@@ -132,3 +131,23 @@ def kaiyuan_gpt_smoke(dir: Optional[str] = None, name: str = "kaiyuan_gpt_smoke"
     """gpt_smoke (recipes/gpt_smoke) on NeMo 2."""
     return pretrain_partial("gpt_smoke", dir, name, num_nodes, num_gpus_per_node, max_steps, global_batch_size,
                             micro_batch_size, tensor_parallelism, curriculum, phase)
+
+
+# Executors from [launch] for `run.executor=`-style selection on the same command line:
+#   nemo llm pretrain --factory kaiyuan_qwen3 run.executor=kaiyuan_local run.executor.ntasks_per_node=8
+#   nemo llm pretrain --factory kaiyuan_qwen3 run.executor=kaiyuan_ssh run.executor.hosts=gpu1,gpu2 \
+#       run.executor.container=kaiyuan
+@run.cli.factory(name="kaiyuan_local")
+def kaiyuan_local(nproc_per_node: int = 8) -> run.Config[run.Executor]:
+    """NeMo-Run's LocalExecutor with torchrun: nproc_per_node processes on this node."""
+    return run.Config(run.LocalExecutor, ntasks_per_node=nproc_per_node, launcher="torchrun")
+
+
+@run.cli.factory(name="kaiyuan_ssh")
+def kaiyuan_ssh(hosts: str = "", gpus_per_node: int = 8, container: Optional[str] = None) -> run.Config[run.Executor]:
+    """One torchrun per host over SSH (kaiyuan_recipes.launch.ssh); run.executor.hosts=h1,h2 (the first is
+    the master)."""
+    from kaiyuan_recipes.launch.nemo_run_executors import SSHMultiNodeExecutor
+
+    return run.Config(SSHMultiNodeExecutor, hosts=hosts, gpus_per_node=gpus_per_node,
+                      container=container)
