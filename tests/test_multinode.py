@@ -112,11 +112,11 @@ def test_cluster_check_cli_over_ssh(sshd):
 def test_cluster_up_and_down_command_lines():
     from kaiyuan_recipes.launch.cluster import down_argv, up_argv
 
-    argv = up_argv("kaiyuan", "nvcr-like/pytorch:25.01", ["/data:/data", "/ckpt:/ckpt"])
+    argv = up_argv("kaiyuan", "example/pytorch:25.01", ["/data:/data", "/ckpt:/ckpt"])
     assert argv[:5] == ["docker", "run", "-d", "--name", "kaiyuan"]
     for flag in ("--gpus", "--network=host", "--ipc=host", "--shm-size=64g"):
         assert flag in argv
-    assert argv[argv.index("/data:/data") - 1] == "-v" and argv[-3:] == ["nvcr-like/pytorch:25.01", "sleep", "infinity"]
+    assert argv[argv.index("/data:/data") - 1] == "-v" and argv[-3:] == ["example/pytorch:25.01", "sleep", "infinity"]
     assert down_argv("kaiyuan") == ["docker", "rm", "-f", "kaiyuan"]
     with pytest.raises(ValueError, match="HOST_PATH:CONTAINER_PATH"):
         up_argv("k", "img", ["/data"])
