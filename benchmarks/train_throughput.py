@@ -1,0 +1,122 @@
+"""Training throughput side by side in one GPU run, same batch and sequence length, random tokens:
+our fast spec (`kaiyuan.layer_spec=fast`), Megatron's local spec, a plain transformers loop (eager SDPA) and
+the same loop under torch.compile. tokens/s/GPU, model TFLOP/s, peak memory. Megatron's runs report model
+TFLOP/s with Megatron's formula; the HF loops use the same FLOPs per token (taken from the Megatron run of
+the same model in this process), so the columns compare.
+
+usage (GPU host): python benchmarks/train_throughput.py --models qwen3_1p7b gpt_smoke --out train_throughput.json
+      (CPU smoke of the HF loop: --impls hf_eager --device cpu --tiny)"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from provenance import provenance, write_json  # noqa: E402
+
+# The baseline settings of ../shared/gpu-host/README.md: micro batch and micro batches per step.
+BATCH = {"qwen3_1p7b": (2, 4), "gpt_smoke": (4, 4)}
+TINY = dict(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,
+            kv_channels=16)
+
+
+def megatron_run(model: str, layer_spec: str, mbs: int, micro: int, seq: int, steps: int) -> dict:
+    """`kaiyuan train` on mock data; the median of the steady steps from the run's metrics.jsonl."""
+    from kaiyuan_recipes.training.metrics_log import read_metrics
+
+    root = Path(tempfile.mkdtemp(prefix="throughput-"))
+    cmd = [sys.executable, "-m", "kaiyuan_recipes.cli.main", "train", model, f"kaiyuan.layer_spec={layer_spec}",
+           "kaiyuan.data=mock", f"kaiyuan.run_root={root}", f"train.train_iters={steps}",
+           f"train.micro_batch_size={mbs}", f"train.global_batch_size={mbs * micro}", f"dataset.seq_length={seq}",
+           "logger.log_interval=1", f"checkpoint.save_interval={steps * 10}", "checkpoint.save=null"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    steps_done = [r for r in read_metrics(root / model / "run_state") if r["event"] == "step"][3:]
+    if proc.returncode != 0 or not steps_done:
+        return {"error": (proc.stderr or proc.stdout)[-1500:]}
+    return {"tokens_per_s": statistics.median(r["tokens_per_s_per_gpu"] for r in steps_done),
+            "tflops": statistics.median(r["model_tflops_per_gpu"] or 0 for r in steps_done),
+            "peak_mem_gb": max(r["peak_mem_gb"] or 0 for r in steps_done)}
+
+
+def hf_run(model: str, compiled: bool, mbs: int, micro: int, seq: int, steps: int, device: str, tiny: bool) -> dict:
+    """A plain transformers training loop: AdamW (fused on CUDA), bf16 weights, SDPA, grad accumulation."""
+    from transformers import AutoModelForCausalLM
+
+    from kaiyuan_exporters.hf_config import hf_config_for
+    from kaiyuan_recipes.recipe_tree import load_model_file
+
+    shape = load_model_file(model) | (TINY if tiny else {})
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    net = AutoModelForCausalLM.from_config(hf_config_for(shape), dtype=dtype, attn_implementation="sdpa").to(device)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-4, fused=device == "cuda")
+    step_fn = torch.compile(net) if compiled else net
+    vocab = shape["vocab_size"]
+    times = []
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    for _ in range(steps):
+        start = time.perf_counter()
+        for _ in range(micro):
+            ids = torch.randint(0, vocab, (mbs, seq), device=device)
+            loss = step_fn(input_ids=ids, labels=ids).loss / micro
+            loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    steady = times[3:] or times
+    out = {"tokens_per_s": mbs * micro * seq / statistics.median(steady), "loss": float(loss) * micro}
+    if device == "cuda":
+        out["peak_mem_gb"] = torch.cuda.max_memory_allocated() / 1e9
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", nargs="+", default=["qwen3_1p7b", "gpt_smoke"])
+    ap.add_argument("--impls", nargs="+", default=["ours", "megatron_local", "hf_eager", "hf_compile"])
+    ap.add_argument("--seq", type=int, default=4096)
+    ap.add_argument("--steps", type=int, default=15)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="a 2-layer model of the same vocabulary (CPU smoke)")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    results: dict = {}
+    for model in args.models:
+        mbs, micro = BATCH[model]
+        seq = 64 if args.tiny else args.seq
+        row = results.setdefault(model, {})
+        for impl in args.impls:
+            if impl in ("ours", "megatron_local"):
+                row[impl] = megatron_run(model, "fast" if impl == "ours" else "local", mbs, micro, seq, args.steps)
+            else:
+                row[impl] = hf_run(model, impl == "hf_compile", mbs, micro, seq, args.steps, args.device, args.tiny)
+            print(model, impl, row[impl], flush=True)
+        flops_per_token = next((r["tflops"] * 1e12 / r["tokens_per_s"] for r in row.values()
+                                if r.get("tflops") and r.get("tokens_per_s")), None)
+        for r in row.values():
+            if "tflops" not in r and flops_per_token and "tokens_per_s" in r:
+                r["tflops"] = r["tokens_per_s"] * flops_per_token / 1e12
+        if row.get("ours", {}).get("tokens_per_s") and row.get("hf_compile", {}).get("tokens_per_s"):
+            row["ours_vs_hf_compile"] = row["ours"]["tokens_per_s"] / row["hf_compile"]["tokens_per_s"]
+        if row.get("ours", {}).get("tokens_per_s") and row.get("megatron_local", {}).get("tokens_per_s"):
+            row["ours_vs_megatron_local"] = row["ours"]["tokens_per_s"] / row["megatron_local"]["tokens_per_s"]
+    write_json(args.out, {**provenance(" ".join(["python", *sys.argv])), "seq_length": args.seq,
+                          "batch": {m: {"micro_batch": BATCH[m][0], "micro_batches": BATCH[m][1]} for m in args.models},
+                          "results": results})
+    print(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
