@@ -95,6 +95,9 @@ class GenerationEngine:
         eos = self.model.generation_config.eos_token_id
         self.eos = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos or {0})
+        self._caches: dict[tuple[int, int], Any] = {}  # (batch, length) -> a reusable StaticCache
+        self._decode = (torch.compile(self._decode_step, mode="reduce-overhead", fullgraph=True)
+                        if self.device.startswith("cuda") else self._decode_step)
         self._queue: queue.Queue[Request] = queue.Queue()
         self._worker = threading.Thread(target=self._loop, name="generation", daemon=True)
         self._worker.start()
@@ -142,6 +145,36 @@ class GenerationEngine:
                 for req, res in zip(group, results):
                     req.future.set_result(res)
 
+    def _decode_step(self, token: torch.Tensor, cache: Any) -> torch.Tensor:
+        return self.model(input_ids=token, past_key_values=cache, use_cache=True).logits[:, -1].argmax(-1)
+
+    def _greedy_static(self, requests: list[Request]) -> list[list[int]]:
+        """Greedy decoding of equal-length prompts without generate()'s per-step machinery: one prefill,
+        then a decode step compiled with CUDA graphs on a reused static KV cache; tokens stay on the device
+        and end-of-text is checked every 32 steps."""
+        from transformers import StaticCache
+
+        width, new = len(requests[0].prompt_ids), max(r.max_new_tokens for r in requests)
+        key = (len(requests), width + new)
+        ids = torch.tensor([r.prompt_ids for r in requests], device=self.device)
+        out = torch.empty((len(requests), new), dtype=torch.long, device=self.device)
+        stop_early = not all(r.ignore_eos for r in requests) and bool(self.eos)
+        eos = torch.tensor(sorted(self.eos), device=self.device) if stop_early else None
+        with torch.inference_mode():  # the cache's tensors are inference tensors: reset them in the mode too
+            cache = self._caches.get(key)
+            if cache is None:
+                cache = self._caches[key] = StaticCache(config=self.model.config, max_cache_len=key[1])
+            else:
+                cache.reset()
+            token = self.model(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1].argmax(-1)
+            out[:, 0] = token
+            for step in range(1, new):
+                token = self._decode(token[:, None].clone(), cache)
+                out[:, step] = token
+                if stop_early and step % 32 == 0 and bool(torch.isin(out[:, : step + 1], eos).any(1).all()):
+                    return out[:, : step + 1].tolist()
+        return out.tolist()
+
     def _run(self, requests: list[Request]) -> list[Completion]:
         sampling = requests[0].sampling
         width = max(len(r.prompt_ids) for r in requests)
@@ -163,10 +196,14 @@ class GenerationEngine:
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
         streamer = _RowStreamer(requests, self.eos) if any(r.on_token for r in requests) else None
-        with torch.inference_mode():
-            out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                                      streamer=streamer, **kwargs) if new_tokens > 0 else ids.to(self.device)
-        generated = out[:, width:].tolist()
+        if (self.static_cache and sampling.greedy and streamer is None and new_tokens > 0
+                and len({len(r.prompt_ids) for r in requests}) == 1):
+            generated = self._greedy_static(requests)
+        else:
+            with torch.inference_mode():
+                out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                                          streamer=streamer, **kwargs) if new_tokens > 0 else ids.to(self.device)
+            generated = out[:, width:].tolist()
         self.stats["batches"] += 1
         self.stats["requests"] += len(requests)
         self.stats["max_batch"] = max(self.stats["max_batch"], len(requests))
