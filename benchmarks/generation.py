@@ -19,13 +19,9 @@ from provenance import provenance, write_json  # noqa: E402
 
 
 def prompts(tokenizer, count: int, length: int) -> list[list[int]]:
-    import pyarrow.parquet as pq
+    from kaiyuan_recipes.data.sample_corpus import SOURCES, sample_texts
 
-    from kaiyuan_recipes.data.sample_corpus import CORPUS_DIR
-
-    texts = []
-    for name in ("en_jargon", "zh_poems"):
-        texts += pq.read_table(CORPUS_DIR / f"{name}.parquet", columns=["text"]).column("text").to_pylist()
+    texts = [t for name in SOURCES for t in sample_texts(name)]
     ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     return [i[:length] for i in ids if len(i) >= length][:count]
 

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kaiyuan_recipes.atomic import write_text_atomic
+
 
 def revision() -> str:
     if os.environ.get("KAIYUAN_REVISION"):
@@ -44,9 +46,4 @@ def provenance(command: str) -> dict[str, Any]:
 
 
 def write_json(path: Path, data: Any) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)
-    return path
+    return write_text_atomic(Path(path), json.dumps(data, indent=2) + "\n")

@@ -2,7 +2,6 @@
 real huggingface_hub client: phase selection, verification, resume, corruption, mirror endpoint."""
 
 import io
-import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq

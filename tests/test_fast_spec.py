@@ -41,15 +41,11 @@ def test_sdpa_core_attention_matches_explicit_attention(megatron_parallel):
 
 
 def test_fast_spec_model_uses_sdpa_in_every_layer(megatron_parallel):
-    from megatron.core.process_groups_config import ProcessGroupCollection
-
     from kaiyuan_recipes.models.fast_spec import SDPADotProductAttention
+    from kaiyuan_recipes.models.providers import provide_on_cpu
 
     provider = build_provider(load_model_file("gpt_smoke") | {"num_layers": 2}, "fast")
-    provider.use_cpu_initialization = True
-    provider.finalize()
-    provider._pg_collection = ProcessGroupCollection.use_mpu_process_groups()
-    model = provider.provide()
+    model = provide_on_cpu(provider)
     kinds = {type(layer.self_attention.core_attention) for layer in model.decoder.layers}
     assert kinds == {SDPADotProductAttention} and provider.transformer_impl == "local"
     with pytest.raises(ValueError, match="kaiyuan.layer_spec"):

@@ -2,7 +2,6 @@
 all-reduces every step, writes metrics.jsonl like the training callback, and on SIGTERM records a
 checkpoint and exits — the contract Megatron's exit-signal handler keeps."""
 
-import json
 import sys
 import textwrap
 import time

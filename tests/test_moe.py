@@ -31,17 +31,12 @@ def test_shape_is_2b_total_half_b_active():
 def test_full_size_provider_builds_with_megatron_core(megatron_parallel):
     from megatron.core.transformer.moe.experts import SequentialMLP
 
-    from kaiyuan_recipes.models.providers import laoyao_moe_2b
+    from kaiyuan_recipes.models.providers import laoyao_moe_2b, provide_on_cpu
 
     provider = laoyao_moe_2b()
-    provider.use_cpu_initialization = True
     provider.params_dtype = torch.bfloat16
     provider.moe_token_dispatcher_type = "allgather"  # all-to-all creates a CUDA stream when built
-    provider.finalize()
-    from megatron.core.process_groups_config import ProcessGroupCollection
-
-    provider._pg_collection = ProcessGroupCollection.use_mpu_process_groups()
-    model = provider.provide()
+    model = provide_on_cpu(provider)
     built = sum(p.numel() for p in model.parameters())
     assert built == count_parameters(load_model_file("laoyao_moe_2b")).total
     layer = model.decoder.layers[0]

@@ -5,7 +5,6 @@ trips, a node killed mid-run, shell metacharacters passed as data, and the docke
 
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import time

@@ -1,7 +1,6 @@
 """Phase-to-phase training config: phase N resumes phase N-1's run directory with phase N's blend,
 iterations count on, and the WSD schedule is identical in every phase (so the LR is continuous)."""
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml

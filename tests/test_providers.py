@@ -1,7 +1,6 @@
 """Build both providers with megatron-core on the CPU and check every tensor against the shape
 the recipe's model.yaml implies, and the totals against the analytic count."""
 
-import dataclasses
 
 import pytest
 
@@ -37,14 +36,11 @@ def expected_shapes(shape: dict) -> dict[str, tuple]:
 def test_provider_builds_real_model_with_expected_shapes(name, megatron_parallel):
     import torch
 
-    provider = get_model_provider(name)()
-    provider.use_cpu_initialization = True
-    provider.perform_initialization = False  # shapes are the point; skip 2B random draws
-    provider.finalize()
-    from megatron.core.process_groups_config import ProcessGroupCollection
+    from kaiyuan_recipes.models.providers import provide_on_cpu
 
-    provider._pg_collection = ProcessGroupCollection.use_mpu_process_groups()  # as provide_distributed_model does
-    model = provider.provide()
+    provider = get_model_provider(name)()
+    provider.perform_initialization = False  # shapes are the point; skip 2B random draws
+    model = provide_on_cpu(provider)
     actual = {n: tuple(p.shape) for n, p in model.named_parameters()}
     shape = load_model_file(name)
     assert actual == expected_shapes(shape)

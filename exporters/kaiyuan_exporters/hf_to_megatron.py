@@ -7,15 +7,13 @@ renamed when complete."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from kaiyuan_exporters.megatron_to_hf import bridge_for, ensure_single_process_group
+from kaiyuan_exporters.megatron_to_hf import bridge_for, ensure_single_process_group, single_rank_overrides
+from kaiyuan_recipes.atomic import atomic_directory
 from kaiyuan_recipes.data.tokenizer import tokenizer_vocab_size
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -23,21 +21,14 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 def build_cpu_model(shape: dict[str, Any], dtype: torch.dtype = torch.float32) -> Any:
     """Our provider's GPTModel on the CPU (one process group of one rank must exist)."""
-    from megatron.core.process_groups_config import ProcessGroupCollection
-
-    from kaiyuan_recipes.models.providers import build_provider
-
-    from kaiyuan_exporters.megatron_to_hf import single_rank_overrides
+    from kaiyuan_recipes.models.providers import build_provider, provide_on_cpu
 
     provider = build_provider(shape | {"activation_func": shape.get("activation_func", "silu")}
                               | (single_rank_overrides(shape) or {}))
-    provider.use_cpu_initialization = True
     provider.params_dtype = dtype
     provider.bf16 = dtype == torch.bfloat16
     provider.fp16 = dtype == torch.float16
-    provider.finalize()
-    provider._pg_collection = ProcessGroupCollection.use_mpu_process_groups()
-    return provider.provide().to(dtype)  # norms too, as Float16Module holds them in training
+    return provide_on_cpu(provider).to(dtype)  # norms too, as Float16Module holds them in training
 
 
 def hf_dtype(hf_dir: Path) -> torch.dtype:
@@ -57,11 +48,6 @@ def import_hf(hf_dir: Path, out: Path, shape: dict[str, Any]) -> Path:
     bridge = bridge_for(shape, tokenizer_vocab)
     model = build_cpu_model(shape, hf_dtype(hf_dir))
     bridge.load_hf_weights([model], str(hf_dir))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_directory(out) as tmp:
         bridge.save_megatron_model([model], tmp)
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out

@@ -13,6 +13,7 @@ from typing import Any
 
 from kaiyuan_exporters.hf_config import hf_config_for
 from kaiyuan_recipes import compat
+from kaiyuan_recipes.atomic import atomic_directory
 from kaiyuan_recipes.data.tokenizer import tokenizer_vocab_size
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json")
@@ -112,25 +113,17 @@ def export_hf(checkpoint: Path, out: Path, shape: dict[str, Any] | None = None, 
 def write_hf_dir(bridge: Any, model: Any, out: Path, tokenizer_dir: Path | None = None, show_progress: bool = True) -> Path:
     """Weights (sharded safetensors), config, tokenizer files and generation_config, written to a
     temporary directory that is renamed to `out` only when complete."""
-    out = Path(out)
-    if out.exists():
-        raise FileExistsError(f"{out}: exists; choose a new output directory")
+    from transformers import GenerationConfig
+
     models = model if isinstance(model, list) else [model]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_directory(out) as tmp:
         bridge.save_hf_pretrained(models, tmp, show_progress=show_progress)
         if tokenizer_dir is not None:
             for name in TOKENIZER_FILES:
                 if (Path(tokenizer_dir) / name).is_file():
                     shutil.copy2(Path(tokenizer_dir) / name, tmp / name)
-        from transformers import GenerationConfig
-
         GenerationConfig(eos_token_id=151643, pad_token_id=151643, do_sample=False).save_pretrained(tmp)
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    return Path(out)
 
 
 def is_megatron_checkpoint(path: Path) -> bool:

@@ -136,9 +136,9 @@ def plan(args: Any) -> int:
     manifest = plan_categories(spec, sources)
     text = json.dumps(manifest, indent=2)
     if args.out:
-        tmp = args.out.with_name(f".{args.out.name}.tmp")
-        tmp.write_text(text + "\n")
-        tmp.replace(args.out)
+        from kaiyuan_recipes.atomic import write_text_atomic
+
+        write_text_atomic(args.out, text + "\n")
     for cat in manifest["categories"]:
         extra = f" (+{', '.join(f'{k}: {v:.3g}' for k, v in cat['topped_up_from'].items())})" if cat["topped_up_from"] else ""
         print(f"{cat['name']:<16} share {cat['share']:.2f}  planned {cat['planned_tokens']:.4g} tokens  "

@@ -49,9 +49,9 @@ def start(args: Any) -> int:
         raise ValueError(f"run name {args.run_name!r}: use letters, digits, '.', '_' and '-' only")
     overrides = [*args.overrides, f"kaiyuan.run_name={args.run_name}"]
     cfg, run = build_config(args.recipe, overrides)  # bad input fails here, before anything starts
-    validate(cfg, TorchrunSpec(nproc_per_node=args.nproc_per_node).world_size, run.max_positions)
     if args.hosts:
         return start_multinode(args, overrides, cfg, run)
+    validate(cfg, TorchrunSpec(nproc_per_node=args.nproc_per_node).world_size, run.max_positions)
     argv = [sys.executable, "-m", "kaiyuan_recipes.cli.main", "train", args.recipe,
             f"--nproc-per-node={args.nproc_per_node}", *overrides]
     pid = start_run(run.run_dir, argv, {"recipe": args.recipe, "train_iters": cfg.train.train_iters})

@@ -196,9 +196,10 @@ _CHECKPOINT_SAVE_MODULES = (
 def cpu_checkpoint_save() -> bool:
     """megatron-core 0.19 writes a torch_dist checkpoint with two unconditional CUDA calls (a
     torch.cuda.synchronize() after the device-to-host copies, and the write-failure flag tensor
-    on torch.cuda.current_device()), so saving on a host without CUDA fails ("Found no NVIDIA
-    driver"). On such a host, give those two modules a view of torch whose cuda.synchronize is a
-    no-op and whose current device is the CPU (the flag is broadcast over gloo)."""
+    on torch.cuda.current_device()), and megatron-bridge's saver reads the CUDA RNG state, so saving
+    on a host without CUDA fails ("Found no NVIDIA driver"). On such a host, give those three modules a
+    view of torch whose cuda.synchronize is a no-op, whose current device is the CPU (the flag is
+    broadcast over gloo) and whose CUDA RNG state is empty (no CUDA generator exists)."""
     import torch
 
     if torch.cuda.is_available():

@@ -17,6 +17,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+from kaiyuan_recipes.atomic import write_text_atomic
 from kaiyuan_recipes.data.encoders import make_batch_encoder
 from kaiyuan_recipes.data.tokenizer import tokenizer_fingerprint, tokenizer_vocab_size
 
@@ -213,10 +214,7 @@ def load_manifest(output_dir: Path) -> dict[str, Any]:
 
 
 def _write_manifest(output_dir: Path, manifest: dict[str, Any]) -> None:
-    path = Path(output_dir) / MANIFEST
-    tmp = path.with_name(f".{MANIFEST}.tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(Path(output_dir) / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
 
 def is_up_to_date(entry: dict[str, Any] | None, src: Path, prefix: Path) -> bool:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
-import tempfile
 from pathlib import Path
+
+from kaiyuan_recipes.atomic import atomic_directory
 
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json")
 # Qwen2's pre-tokenizer pattern (single digits, unlike GPT-4's \p{N}{1,3}).
@@ -60,9 +60,7 @@ def materialize_qwen2_tokenizer(dest: Path) -> Path:
     dest = Path(dest)
     if dest.exists() and all((dest / f).is_file() for f in TOKENIZER_FILES):
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    try:
+    with atomic_directory(dest, replace=True) as tmp:
         tok = build_qwen2_tokenizer()
         fast = PreTrainedTokenizerFast(
             tokenizer_object=tok,
@@ -78,11 +76,6 @@ def materialize_qwen2_tokenizer(dest: Path) -> Path:
         missing = [f for f in TOKENIZER_FILES if not (tmp / f).is_file()]
         if missing:
             raise TokenizerError(f"materialising the tokenizer wrote no {missing}")
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return dest
 
 

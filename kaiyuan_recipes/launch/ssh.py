@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kaiyuan_recipes.atomic import write_text_atomic
 from kaiyuan_recipes.launch.torchrun import TorchrunSpec
 
 # Passed from the launching environment to every node (never secrets).
@@ -135,10 +136,7 @@ class MultiNodeJob:
         return run_on(self.spec, self.spec.nodes[rank], line, warn)
 
     def _save(self) -> None:
-        self.state_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_file.with_name(".multinode.json.tmp")
-        tmp.write_text(json.dumps({"spec": asdict(self.spec), "pids": self.pids}, indent=2))
-        os.replace(tmp, self.state_file)
+        write_text_atomic(self.state_file, json.dumps({"spec": asdict(self.spec), "pids": self.pids}, indent=2))
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def start(self, target: list[str]) -> dict[int, int]:

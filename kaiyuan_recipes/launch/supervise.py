@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from kaiyuan_recipes.atomic import write_text_atomic
+
 
 def main(argv: list[str]) -> int:
     new_session = bool(argv) and argv[0] == "--new-session"  # remote nodes: lead our own process group
@@ -29,9 +31,7 @@ def main(argv: list[str]) -> int:
     (state_dir / "child.pid").write_text(str(child.pid))
     code = child.wait()
     record = {"exit_code": code, "signal": -code if code < 0 else None, "ended_at": time.time()}
-    tmp = state_dir / ".exit.json.tmp"
-    tmp.write_text(json.dumps(record))
-    os.replace(tmp, state_dir / "exit.json")
+    write_text_atomic(state_dir / "exit.json", json.dumps(record))
     return 0 if code == 0 else 1
 
 

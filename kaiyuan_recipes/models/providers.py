@@ -59,6 +59,18 @@ def select_layer_spec(provider, layer_spec: str = "auto"):
     return provider
 
 
+def provide_on_cpu(provider):
+    """Build the provider's GPTModel in this process on the CPU — what Megatron-Bridge's
+    provide_distributed_model does, without a GPU or DDP wrapping. Megatron's model-parallel state of one
+    rank must be initialised. Set any other provider fields before calling."""
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    provider.use_cpu_initialization = True
+    provider.finalize()
+    provider._pg_collection = ProcessGroupCollection.use_mpu_process_groups()
+    return provider.provide()
+
+
 def provider_for_recipe(name: str, layer_spec: str = "auto"):
     return build_provider(load_model_file(name), layer_spec)
 

@@ -19,14 +19,11 @@ from provenance import provenance, write_json  # noqa: E402
 
 def prompts(tokenizer, count: int = 32, length: int = 128) -> list[list[int]]:
     """Half English, half Chinese documents from the bundled sample corpus, first `length` tokens."""
-    import pyarrow.parquet as pq
-
-    from kaiyuan_recipes.data.sample_corpus import CORPUS_DIR
+    from kaiyuan_recipes.data.sample_corpus import SOURCES, sample_texts
 
     out = []
-    for name in ("en_jargon", "zh_poems"):
-        texts = pq.read_table(CORPUS_DIR / f"{name}.parquet", columns=["text"]).column("text").to_pylist()
-        texts = sorted(texts, key=len, reverse=True)[: count // 2]  # the longest documents
+    for name in SOURCES:
+        texts = sorted(sample_texts(name), key=len, reverse=True)[: count // 2]  # the longest documents
         out += [tokenizer(t)["input_ids"][:length] for t in texts]
     return out
 

@@ -175,16 +175,16 @@ class GenerationEngine:
                     return out[:, : step + 1].tolist()
         return out.tolist()
 
-    def _run(self, requests: list[Request]) -> list[Completion]:
-        sampling = requests[0].sampling
+    def _generate_padded(self, requests: list[Request], sampling: Sampling, new_tokens: int,
+                         streaming: bool) -> list[list[int]]:
+        """Any batch: left-padded through transformers' generate (static cache on CUDA), streamed if asked."""
         width = max(len(r.prompt_ids) for r in requests)
-        new_tokens = max(r.max_new_tokens for r in requests)
         ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(requests), width), dtype=torch.long)
         for row, req in enumerate(requests):  # left padding: every row's next token is at the same place
             ids[row, width - len(req.prompt_ids):] = torch.tensor(req.prompt_ids)
             mask[row, width - len(req.prompt_ids):] = 1
-        kwargs: dict[str, Any] = dict(max_new_tokens=max(new_tokens, 1), pad_token_id=self.pad_id,
+        kwargs: dict[str, Any] = dict(max_new_tokens=new_tokens, pad_token_id=self.pad_id,
                                       do_sample=not sampling.greedy)
         if all(r.ignore_eos for r in requests):
             kwargs["min_new_tokens"] = new_tokens
@@ -193,17 +193,25 @@ class GenerationEngine:
                            top_p=sampling.top_p if sampling.top_p < 1 else None)
         if self.static_cache:
             kwargs["cache_implementation"] = "static"
+        streamer = _RowStreamer(requests, self.eos) if streaming else None
+        with torch.inference_mode():
+            out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                                      streamer=streamer, **kwargs)
+        return out[:, width:].tolist()
+
+    def _run(self, requests: list[Request]) -> list[Completion]:
+        sampling = requests[0].sampling
+        new_tokens = max(r.max_new_tokens for r in requests)
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
-        streamer = _RowStreamer(requests, self.eos) if any(r.on_token for r in requests) else None
-        if (self.static_cache and sampling.greedy and streamer is None and new_tokens > 0
+        streaming = any(r.on_token for r in requests)
+        if new_tokens == 0:
+            generated = [[] for _ in requests]
+        elif (self.static_cache and sampling.greedy and not streaming
                 and len({len(r.prompt_ids) for r in requests}) == 1):
             generated = self._greedy_static(requests)
         else:
-            with torch.inference_mode():
-                out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                                          streamer=streamer, **kwargs) if new_tokens > 0 else ids.to(self.device)
-            generated = out[:, width:].tolist()
+            generated = self._generate_padded(requests, sampling, new_tokens, streaming)
         self.stats["batches"] += 1
         self.stats["requests"] += len(requests)
         self.stats["max_batch"] = max(self.stats["max_batch"], len(requests))

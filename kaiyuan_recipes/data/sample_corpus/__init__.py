@@ -31,6 +31,18 @@ def cache_lock(name: str):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+SOURCES = ("en_jargon", "zh_poems")
+
+
+def sample_texts(name: str) -> list[str]:
+    """The documents of one bundled source (prompts for benchmarks and parity checks)."""
+    import pyarrow.parquet as pq
+
+    if name not in SOURCES:
+        raise ValueError(f"sample corpus: no source {name!r}; known: {', '.join(SOURCES)}")
+    return pq.read_table(CORPUS_DIR / f"{name}.parquet", columns=["text"]).column("text").to_pylist()
+
+
 def prepare_sample_corpus(tokenizer_dir: Path | None = None) -> tuple[list[str], list[float]]:
     """Convert the bundled parquet files with `tokenizer_dir` (default: the bundled tokenizer) and
     return the indexed-dataset prefixes with their token counts as blend weights.
