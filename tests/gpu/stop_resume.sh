@@ -11,8 +11,11 @@ root=/tmp/stop_resume; rm -rf "$root"
 common=(kaiyuan.run_root=$root train.train_iters=${ITERS:-45} train.global_batch_size=8 logger.log_interval=1
         scheduler.lr_warmup_iters=5 checkpoint.save_interval=1000)
 stop_at=$(python3 -c "import random; print(random.randint(8, 20))")
+# The two uninterrupted runs share the GPU with the interrupted one (gpt_smoke at batch 8 is small):
+# same kernels and shapes, so sharing changes timing, not numerics.
+pids=()
 for ref in reference control; do
-  kaiyuan train gpt_smoke kaiyuan.run_name=$ref "${common[@]}" > "$out/stop_resume_$ref.log" 2>&1
+  kaiyuan train gpt_smoke kaiyuan.run_name=$ref "${common[@]}" > "$out/stop_resume_$ref.log" 2>&1 & pids+=($!)
 done
 kaiyuan start gpt_smoke interrupted "${common[@]}"
 until python3 - "$root/interrupted/run_state/metrics.jsonl" "$stop_at" <<'PY'
@@ -28,6 +31,7 @@ kaiyuan stop interrupted --run-root "$root" --grace 240 | tee "$out/stop.json"
 kaiyuan start gpt_smoke interrupted "${common[@]}"
 while kaiyuan status interrupted --run-root "$root" | grep -q '"state": "running"'; do sleep 2; done
 kaiyuan status interrupted --run-root "$root"
+wait "${pids[@]}"
 cp "$root/interrupted/logs/"* "$out/" 2>/dev/null || true
 python3 tests/gpu/stop_resume_report.py "$root" --stop-requested-at "$stop_at" --out "$out/stop_resume.json" \
   --command "bash tests/gpu/stop_resume.sh"

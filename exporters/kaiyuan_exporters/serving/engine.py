@@ -9,6 +9,7 @@ import math
 import queue
 import threading
 import time
+import warnings
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -148,6 +149,18 @@ class GenerationEngine:
     def _decode_step(self, token: torch.Tensor, cache: Any) -> torch.Tensor:
         return self.model(input_ids=token, past_key_values=cache, use_cache=True).logits[:, -1].argmax(-1)
 
+    def _decode_compiled_or_eager(self, token: torch.Tensor, cache: Any) -> torch.Tensor:
+        """The compiled decode step; a model torch.compile cannot capture whole (e.g. a MoE block's
+        data-dependent expert loop) falls back to the eager step once, with a warning, instead of failing."""
+        try:
+            return self._decode(token, cache)
+        except torch._dynamo.exc.TorchDynamoException as err:
+            if self._decode is self._decode_step:
+                raise
+            warnings.warn(f"decode step not compiled ({type(err).__name__}); decoding eagerly", stacklevel=2)
+            self._decode = self._decode_step
+            return self._decode(token, cache)
+
     def _greedy_static(self, requests: list[Request]) -> list[list[int]]:
         """Greedy decoding of equal-length prompts without generate()'s per-step machinery: one prefill,
         then a decode step compiled with CUDA graphs on a reused static KV cache; tokens stay on the device
@@ -169,7 +182,7 @@ class GenerationEngine:
             token = self.model(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1].argmax(-1)
             out[:, 0] = token
             for step in range(1, new):
-                token = self._decode(token[:, None].clone(), cache)
+                token = self._decode_compiled_or_eager(token[:, None].clone(), cache)
                 out[:, step] = token
                 if stop_early and step % 32 == 0 and bool(torch.isin(out[:, : step + 1], eos).any(1).all()):
                     return out[:, : step + 1].tolist()

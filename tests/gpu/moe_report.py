@@ -1,0 +1,106 @@
+"""The [moe] proof's last part and its results file: a completion from the running `kaiyuan serve` (the
+original `PUT /api` and OpenAI `POST /v1/completions`), the same greedy tokens from transformers' generate
+with and without the KV cache, and everything merged into moe.json (training, export, parity, serving).
+
+usage: python tests/gpu/moe_report.py HF_DIR --url http://127.0.0.1:5055 --out-dir DIR --command CMD"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from provenance import provenance, write_json  # noqa: E402
+
+PROMPT = "The history of the printing press"
+NEW_TOKENS = 32
+
+
+def call(url: str, method: str, body: dict) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method=method,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return json.loads(resp.read())
+
+
+def wait_ready(url: str, seconds: float = 90) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/health", timeout=2).read()
+            return
+        except (urllib.error.URLError, ConnectionError):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"server at {url} did not come up in {seconds} s")
+            time.sleep(1)
+
+
+def hf_greedy(hf_dir: Path, use_cache: bool) -> list[int]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(hf_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.bfloat16).cuda().eval()
+    ids = torch.tensor([tok(PROMPT, add_special_tokens=False)["input_ids"]], device="cuda")
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
+                             use_cache=use_cache, pad_token_id=tok.pad_token_id or 0)
+    return out[0, ids.shape[1]:].tolist()
+
+
+def load(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("hf_dir", type=Path)
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--out-dir", type=Path, required=True)
+    ap.add_argument("--command", required=True)
+    args = ap.parse_args()
+    from transformers import AutoConfig, AutoTokenizer
+
+    wait_ready(args.url)
+    start = time.perf_counter()
+    megatron_api = call(f"{args.url}/api", "PUT", {"prompts": [PROMPT], "tokens_to_generate": NEW_TOKENS,
+                                                     "temperature": 0.0})
+    api_s = time.perf_counter() - start
+    openai = call(f"{args.url}/v1/completions", "POST", {"prompt": PROMPT, "max_tokens": NEW_TOKENS,
+                                                          "temperature": 0.0})
+    tok = AutoTokenizer.from_pretrained(str(args.hf_dir))
+    cached, uncached = hf_greedy(args.hf_dir, True), hf_greedy(args.hf_dir, False)
+    serving = {
+        "prompt": PROMPT,
+        "put_api_text": megatron_api["text"][0],
+        "put_api_seconds_first_request": round(api_s, 2),
+        "v1_completions_text": openai["choices"][0]["text"],
+        "put_api_equals_v1_completions": megatron_api["text"][0] == PROMPT + openai["choices"][0]["text"],
+        "hf_generate_kv_cache_equals_no_cache": cached == uncached,
+        "served_text_equals_hf_generate": tok.decode(cached, skip_special_tokens=True).startswith(
+            openai["choices"][0]["text"]),
+    }
+    out = args.out_dir
+    result = {
+        **provenance(args.command),
+        "model": "laoyao_moe_2b",
+        "hf_class": AutoConfig.from_pretrained(str(args.hf_dir)).architectures[0],
+        "training": load(out / "moe_train.json"),
+        "export_seconds": (out / "laoyao_moe_2b_export_time.txt").read_text().split()[-1]
+        if (out / "laoyao_moe_2b_export_time.txt").exists() else None,
+        "parity": load(out / "laoyao_moe_2b_parity.json"),
+        "serving": serving,
+    }
+    write_json(out / "moe.json", result)
+    print(json.dumps(serving, indent=1, ensure_ascii=False))
+
+
+if __name__ == "__main__":
+    main()
