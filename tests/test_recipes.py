@@ -29,6 +29,7 @@ def test_recipe_resolves_through_megatron_bridge(recipe, world, tmp_path):
     assert cfg.logger.log_throughput is True
     assert cfg.checkpoint.save == str(tmp_path / recipe / "checkpoints") == cfg.checkpoint.load
     assert cfg.logger.tensorboard_dir == str(tmp_path / recipe / "tb_logs")
+    assert cfg.dataset.path_to_cache == str(tmp_path / recipe / "dataset_cache")  # not beside shared data
     assert cfg.model.seq_length == cfg.dataset.seq_length == 4096
     assert cfg.model.share_embeddings_and_output_weights is False
 

@@ -1,6 +1,9 @@
 """A layer spec for hosts without Transformer Engine that keeps Megatron's local modules but runs core
 attention through PyTorch's scaled-dot-product attention (flash / cuDNN / memory-efficient kernels: causal,
-GQA without materialising repeated K/V, no O(s²) score tensor). Selected with `kaiyuan.layer_spec=fast`.
+GQA without materialising repeated K/V, no O(s²) score tensor), and turns back on the megatron-core fusions
+that need neither TE nor Apex (FAST_SPEC_SETTINGS: SwiGLU, bias-dropout-add and the vocab-parallel
+cross-entropy, each a torch.compile'd function in megatron.core.fusions). Selected with
+`kaiyuan.layer_spec=fast`.
 
 Status: numerics tested on the CPU against an explicit softmax(QKᵀ)V; not yet measured on the GPU host,
 so it is opt-in (the local spec stays the default without TE) until benchmarks/train_throughput.py says so."""
@@ -14,6 +17,10 @@ import torch.nn.functional as F
 from megatron.core import tensor_parallel
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
+
+# Fusions megatron-core implements with its jit_fuser (torch.compile); the local spec's settings turn them off.
+FAST_SPEC_SETTINGS = dict(bias_activation_fusion=True, bias_dropout_fusion=True, cross_entropy_loss_fusion=True,
+                          cross_entropy_fusion_impl="native")
 
 
 class SDPADotProductAttention(DotProductAttention):

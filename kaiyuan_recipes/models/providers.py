@@ -50,9 +50,11 @@ def select_layer_spec(provider, layer_spec: str = "auto"):
     if not use_te:
         compat.apply_local_spec_settings(provider)
     if layer_spec == "fast":  # the local spec with SDPA core attention (models/fast_spec.py)
-        from kaiyuan_recipes.models.fast_spec import fast_layer_spec
+        from kaiyuan_recipes.models.fast_spec import FAST_SPEC_SETTINGS, fast_layer_spec
 
         provider.transformer_layer_spec = fast_layer_spec
+        for key, value in FAST_SPEC_SETTINGS.items():
+            setattr(provider, key, value)
     if provider.num_moe_experts:
         # Grouped GEMM experts need TE (TEGroupedMLP); the local spec runs them one by one (SequentialMLP).
         provider.moe_grouped_gemm = use_te

@@ -143,6 +143,10 @@ def _apply_run_layout(cfg: Any, run: RunSettings) -> None:
     cfg.checkpoint.save = str(run.checkpoint_dir)
     cfg.checkpoint.load = str(run.checkpoint_dir)  # restart = resume, as the original scripts did
     cfg.logger.tensorboard_dir = str(run.tensorboard_dir)
+    # Megatron's shuffle-index cache defaults to a folder beside the data: shared by every run reading it,
+    # written without a lock, and impossible on read-only storage. Per run, unless the recipe says otherwise.
+    if getattr(cfg.dataset, "path_to_cache", None) is None:
+        cfg.dataset.path_to_cache = str(run.run_dir / "dataset_cache")
 
 
 def _tokenizer_config(run: RunSettings) -> Any:
