@@ -8,7 +8,7 @@
 set -euo pipefail
 source tests/gpu/env.sh
 root=/tmp/stop_resume; rm -rf "$root"
-common=(kaiyuan.run_root=$root train.train_iters=${ITERS:-45} train.global_batch_size=8 logger.log_interval=1
+common=(kaiyuan.run_root=$root kaiyuan.layer_spec=${LAYER_SPEC:-fast} train.train_iters=${ITERS:-45} train.global_batch_size=8 logger.log_interval=1
         scheduler.lr_warmup_iters=5 checkpoint.save_interval=1000)
 stop_at=$(python3 -c "import random; print(random.randint(8, 20))")
 # The two uninterrupted runs share the GPU with the interrupted one (gpt_smoke at batch 8 is small):
@@ -18,6 +18,7 @@ for ref in reference control; do
   kaiyuan train gpt_smoke kaiyuan.run_name=$ref "${common[@]}" > "$out/stop_resume_$ref.log" 2>&1 & pids+=($!)
 done
 kaiyuan start gpt_smoke interrupted "${common[@]}"
+deadline=$((SECONDS + ${START_TIMEOUT:-240}))
 until python3 - "$root/interrupted/run_state/metrics.jsonl" "$stop_at" <<'PY'
 import json, sys
 try:
@@ -26,7 +27,13 @@ except FileNotFoundError:
     steps = []
 sys.exit(0 if steps and steps[-1]["iteration"] >= int(sys.argv[2]) else 1)
 PY
-do sleep 0.2; done
+do
+  if [ $SECONDS -gt $deadline ]; then
+    echo "no step $stop_at within ${START_TIMEOUT:-240}s"; kaiyuan status interrupted --run-root "$root"
+    cp "$root/interrupted/logs/"* "$out/" 2>/dev/null; exit 1
+  fi
+  sleep 0.2
+done
 kaiyuan stop interrupted --run-root "$root" --grace 240 | tee "$out/stop.json"
 kaiyuan start gpt_smoke interrupted "${common[@]}"
 while kaiyuan status interrupted --run-root "$root" | grep -q '"state": "running"'; do sleep 2; done
