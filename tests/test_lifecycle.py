@@ -1,6 +1,6 @@
 """start / stop / status / logs with real processes: a 2-process torchrun (gloo) job that
-all-reduces every step, writes metrics.jsonl like the training callback, and on SIGTERM records a
-checkpoint and exits — the contract Megatron's exit-signal handler keeps."""
+all-reduces every step, reads from a DataLoader worker, writes metrics.jsonl like the training callback,
+and on SIGTERM records a checkpoint and exits — the contract Megatron's exit-signal handler keeps."""
 
 import sys
 import textwrap
@@ -23,7 +23,10 @@ PROGRAM = textwrap.dedent('''
             with open(os.path.join(state, "metrics.jsonl"), "a") as fh:
                 fh.write(json.dumps(rec) + "\\n")
     write({"event": "train_start", "iteration": 0})
+    # a DataLoader worker, as Megatron's ranks have: a SIGTERM reaching it would fail the rank
+    batches = iter(torch.utils.data.DataLoader(list(range(10**6)), num_workers=1, persistent_workers=True))
     for it in range(1, steps + 1):
+        next(batches)
         t = torch.tensor([float(rank + 1)])
         dist.all_reduce(t)
         assert t.item() == world * (world + 1) / 2
@@ -33,6 +36,7 @@ PROGRAM = textwrap.dedent('''
         flag = torch.tensor([float(bool(stop))])
         dist.all_reduce(flag)  # every rank agrees to stop at the same step, as Megatron's handler does
         if flag.item() > 0:
+            time.sleep(1.0)  # saving
             write({"event": "checkpoint", "iteration": it})
             print(f"saved checkpoint at {it}; exiting", flush=True)
             break
@@ -86,7 +90,10 @@ def test_start_status_stop_with_checkpoint(tmp_path, job):
             pass
 
     follow_log(run, follow=False, out=Out())
-    assert "saved checkpoint at" in "".join(lines)
+    log = "".join(lines)
+    assert "saved checkpoint at" in log
+    # The stop reached the ranks only: torchrun itself would kill them 30 s after its own SIGTERM.
+    assert "death signal" not in log and "got signal" not in log
 
 
 def test_finished_and_failed(tmp_path, job):

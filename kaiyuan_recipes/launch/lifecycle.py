@@ -1,6 +1,6 @@
 """Detached runs on this node: start / stop / status / logs, with state under
 <run_root>/<run_name>/run_state/ (pid, the exact command, exit.json) — what start_training.sh and
-stop_training.sh did, as one module. Stop sends SIGTERM to the run's process group (Megatron's
+stop_training.sh did, as one module. Stop sends SIGTERM to the supervisor, which hands it to the training ranks (Megatron's
 exit-signal handler saves a checkpoint), waits up to the grace period, and only then SIGKILLs."""
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def stop(run_dir: Path, grace: float = 300.0, poll: float = 0.5) -> dict[str, An
     if pid is None:
         raise RunStateError(f"run {paths.run_dir.name!r} is not running")
     last_ckpt = _last_checkpoint(paths)
-    os.killpg(pid, signal.SIGTERM)
+    os.kill(pid, signal.SIGTERM)  # the supervisor hands it to the training ranks (launch/supervise.py)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and not (paths.state / "exit.json").is_file():
         time.sleep(poll)

@@ -1,7 +1,7 @@
 """Multi-node runs over SSH — what start_multinode_training.sh / stop_multinode_training.sh did: one
 torchrun per node (--nnodes/--node-rank/--master-addr/--master-port filled per node), optionally inside
 an existing same-named container through `docker exec`, the NCCL / GLOO interface variables passed
-through, one log per node, stop = SIGTERM to every node's process group (SIGKILL after the grace period),
+through, one log per node, stop = SIGTERM to every node's supervisor, which hands it to the ranks (SIGKILL to the group after the grace period),
 and a node that dies fails the job and stops the others.
 
 Every remote command is built from argument lists and quoted with shlex: a run name or override holding
@@ -188,11 +188,13 @@ class MultiNodeJob:
         return {"run": self.run_dir.name, "state": overall, "nodes": nodes}
 
     def signal_all(self, sig: str) -> None:
+        """TERM to each node's supervisor (it hands it to the ranks: launch/supervise.py); KILL to its group."""
         for rank, pid in self.pids.items():
-            self._run(rank, in_node(self.spec, f"kill -{sig} -- -{int(pid)} 2>/dev/null || true"), warn=True)
+            target = f"-- -{int(pid)}" if sig == "KILL" else str(int(pid))
+            self._run(rank, in_node(self.spec, f"kill -{sig} {target} 2>/dev/null || true"), warn=True)
 
     def stop(self, grace: float = 300.0, poll: float = 1.0, reason: str = "requested") -> dict[str, Any]:
-        """SIGTERM every node's process group; wait for all to exit; SIGKILL the rest after `grace`."""
+        """SIGTERM every node's supervisor (it stops the ranks); wait for all to exit; SIGKILL the rest after `grace`."""
         (self.run_dir / "run_state").mkdir(parents=True, exist_ok=True)
         (self.run_dir / "run_state" / "stop.json").write_text(json.dumps({"reason": reason, "at": time.time()}))
         self.signal_all("TERM")

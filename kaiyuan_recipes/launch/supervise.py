@@ -1,6 +1,12 @@
 """The detached supervisor of a run: `python -m kaiyuan_recipes.launch.supervise STATE_DIR -- ARGV…`.
 It leads the run's process group, runs ARGV, and records the exit code (and signal) in
-STATE_DIR/exit.json when it ends, so `kaiyuan status` can tell finished from failed from stopped."""
+STATE_DIR/exit.json when it ends, so `kaiyuan status` can tell finished from failed from stopped.
+
+A stop is SIGTERM to the supervisor, which hands it to the training ranks only — the children of each
+torchrun agent below it. Not to the whole group: torchrun answers SIGTERM by killing its ranks 30 s later
+(whether or not their checkpoint is written), and the ranks' DataLoader workers die on it, which fails the
+rank on its next batch. Megatron's exit-signal handler in each rank saves and exits; torchrun and the
+launcher then end on their own."""
 
 from __future__ import annotations
 
@@ -14,6 +20,51 @@ from pathlib import Path
 
 from kaiyuan_recipes.atomic import write_text_atomic
 
+TORCHRUN_MODULES = ("torch.distributed.run", "torchrun")
+
+
+def _processes() -> dict[int, tuple[int, list[str]]]:
+    """pid -> (parent pid, argv) of every process this user can see, from /proc."""
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # exited meanwhile
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])  # after "pid (comm) state"
+        table[int(entry.name)] = (ppid, [a.decode(errors="replace") for a in argv if a])
+    return table
+
+
+def training_ranks(root: int) -> list[int]:
+    """The processes torchrun agents below `root` started (the ranks); `[root]` when there is no agent."""
+    table = _processes()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    ranks, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        argv = table.get(pid, (0, []))[1]
+        if any(part in TORCHRUN_MODULES or part.endswith("/torchrun") for part in argv):
+            ranks += children.get(pid, [])
+        else:
+            todo += children.get(pid, [])
+    return ranks or [root]
+
+
+def forward_stop(child_pid: int) -> list[int]:
+    ranks = training_ranks(child_pid)
+    for pid in ranks:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    return ranks
+
 
 def main(argv: list[str]) -> int:
     new_session = bool(argv) and argv[0] == "--new-session"  # remote nodes: lead our own process group
@@ -24,10 +75,9 @@ def main(argv: list[str]) -> int:
         os.setsid()
     state_dir, command = Path(argv[0]), argv[2:]
     state_dir.mkdir(parents=True, exist_ok=True)
-    # SIGTERM to the group must reach the training processes and leave us alive to record the end.
-    # A Python handler (not SIG_IGN) is reset to the default in the child at exec.
-    signal.signal(signal.SIGTERM, lambda *_: None)
     child = subprocess.Popen(command)
+    # A Python handler (not SIG_IGN) is reset to the default in the child at exec.
+    signal.signal(signal.SIGTERM, lambda *_: forward_stop(child.pid))
     (state_dir / "child.pid").write_text(str(child.pid))
     code = child.wait()
     record = {"exit_code": code, "signal": -code if code < 0 else None, "ended_at": time.time()}
