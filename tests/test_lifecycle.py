@@ -2,12 +2,14 @@
 all-reduces every step, reads from a DataLoader worker, writes metrics.jsonl like the training callback,
 and on SIGTERM records a checkpoint and exits — the contract Megatron's exit-signal handler keeps."""
 
+import os
 import sys
 import textwrap
 import time
 
 import pytest
 
+from kaiyuan_recipes.launch.supervise import is_torchrun, training_ranks
 from kaiyuan_recipes.launch.lifecycle import RunStateError, follow_log, running_pid, RunPaths, start, status, stop
 
 PROGRAM = textwrap.dedent('''
@@ -69,9 +71,20 @@ def wait_for(predicate, timeout=60):
     return False
 
 
-def test_start_status_stop_with_checkpoint(tmp_path, job):
+# `kaiyuan train` runs torchrun below itself with its output piped: the stop must find the ranks there too.
+PIPING_LAUNCHER = ("import subprocess, sys\n"
+                   "p = subprocess.Popen(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)\n"
+                   "for line in p.stdout: print(line, end='', flush=True)\n"
+                   "sys.exit(p.wait())")
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "launcher_then_torchrun"])
+def test_start_status_stop_with_checkpoint(tmp_path, job, launcher):
     run = tmp_path / "runs" / "exp1"
-    start(run, job(run / "run_state", 100000), {"train_iters": 100000})
+    argv = job(run / "run_state", 100000)
+    if launcher == "launcher_then_torchrun":
+        argv = [sys.executable, "-c", PIPING_LAUNCHER, *argv]
+    start(run, argv, {"train_iters": 100000})
     assert wait_for(lambda: status(run).get("iteration", 0) >= 5)
     s = status(run)
     assert s["state"] == "running" and s["loss"] < 10 and s["eta_s"] > 0
@@ -112,10 +125,24 @@ def test_sigkill_only_after_grace(tmp_path, job):
     run = tmp_path / "runs" / "stubborn"
     start(run, job(run / "run_state", 100000, ignore_term=True))
     assert wait_for(lambda: status(run).get("iteration", 0) >= 2)
+    ranks = training_ranks(int((run / "run_state" / "child.pid").read_text()))
+    assert len(ranks) == 2  # the torchrun agent's two workers, not the agent
     t0 = time.monotonic()
     result = stop(run, grace=2)
     assert result["sigkill_after_grace"] and time.monotonic() - t0 >= 2
     assert wait_for(lambda: running_pid(RunPaths(run)) is None, timeout=10)
+    # torchrun puts each rank in its own session; the SIGKILL must reach them there too
+    assert wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split(")")[1]
+                                   .split()[0] != "Z" for pid in ranks), timeout=10)
+
+
+def test_torchrun_is_recognised_by_its_argv_only():
+    assert is_torchrun(["/usr/bin/python3", "-m", "torch.distributed.run", "--nproc-per-node=8", "train.py"])
+    assert is_torchrun(["/venv/bin/torchrun", "--standalone", "train.py"])
+    assert is_torchrun(["/usr/bin/python3", "/venv/bin/torchrun", "train.py"])
+    # a launcher that passes torchrun's argv on is not torchrun
+    assert not is_torchrun(["python", "-c", "…", "python", "-m", "torch.distributed.run", "train.py"])
+    assert not is_torchrun(["python", "-m", "kaiyuan_recipes.cli.main", "train", "gpt_smoke"])
 
 
 def test_stop_and_status_of_unknown_runs(tmp_path):

@@ -119,3 +119,26 @@ def test_cluster_up_and_down_command_lines():
     assert down_argv("kaiyuan") == ["docker", "rm", "-f", "kaiyuan"]
     with pytest.raises(ValueError, match="HOST_PATH:CONTAINER_PATH"):
         up_argv("k", "img", ["/data"])
+
+
+def _processes_with(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                    found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_sigkill_reaches_the_ranks_in_their_own_sessions(sshd, tmp_path):
+    """torchrun starts each rank with a new session; killing the supervisor's group alone would leave them."""
+    tag = f"kill-check-{os.getpid()}-{time.monotonic_ns()}"
+    job = MultiNodeJob(tmp_path / "run", spec_for(sshd))
+    job.start(CHECK + ["--hold", "300", "--tag", tag])
+    wait_for(lambda: all("allreduce ok" in job.logs(r) for r in (0, 1)), what="both nodes up")
+    assert len(_processes_with(tag)) >= 4  # two torchrun agents and their two ranks (loopback nodes)
+    job.signal_all("KILL")
+    wait_for(lambda: not _processes_with(tag), what="every process of the job gone")

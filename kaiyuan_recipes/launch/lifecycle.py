@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kaiyuan_recipes.launch.supervise import kill_run
 from kaiyuan_recipes.training.metrics_log import read_metrics
 
 # Environment variables recorded with a run (never tokens or keys).
@@ -93,15 +94,12 @@ def stop(run_dir: Path, grace: float = 300.0, poll: float = 0.5) -> dict[str, An
     last_ckpt = _last_checkpoint(paths)
     os.kill(pid, signal.SIGTERM)  # the supervisor hands it to the training ranks (launch/supervise.py)
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and not (paths.state / "exit.json").is_file():
+    while time.monotonic() < deadline and not (paths.state / "exit.json").is_file() and _alive(pid):
         time.sleep(poll)
     killed = False
     if not (paths.state / "exit.json").is_file():
         killed = True
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_run(pid)  # torchrun starts each rank in its own session: our group alone would miss them
     new_ckpt = _last_checkpoint(paths)
     result = {"run": paths.run_dir.name, "sigkill_after_grace": killed, "grace_s": grace,
               "checkpoint_saved": new_ckpt is not None and new_ckpt != last_ckpt, "last_checkpoint": new_ckpt}

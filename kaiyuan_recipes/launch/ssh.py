@@ -188,10 +188,15 @@ class MultiNodeJob:
         return {"run": self.run_dir.name, "state": overall, "nodes": nodes}
 
     def signal_all(self, sig: str) -> None:
-        """TERM to each node's supervisor (it hands it to the ranks: launch/supervise.py); KILL to its group."""
+        """TERM to each node's supervisor (it hands it to the ranks: launch/supervise.py); KILL to its group
+        and to the ranks' own sessions."""
         for rank, pid in self.pids.items():
-            target = f"-- -{int(pid)}" if sig == "KILL" else str(int(pid))
-            self._run(rank, in_node(self.spec, f"kill -{sig} {target} 2>/dev/null || true"), warn=True)
+            if sig == "KILL":
+                line = shlex.join([self.spec.python, "-m", "kaiyuan_recipes.launch.supervise", "--kill", str(int(pid))])
+            else:
+                line = f"kill -{sig} {int(pid)}"
+            self._run(rank, in_node(self.spec, f"cd {shlex.quote(self.spec.workdir)} && {line} 2>/dev/null || true"),
+                      warn=True)
 
     def stop(self, grace: float = 300.0, poll: float = 1.0, reason: str = "requested") -> dict[str, Any]:
         """SIGTERM every node's supervisor (it stops the ranks); wait for all to exit; SIGKILL the rest after `grace`."""

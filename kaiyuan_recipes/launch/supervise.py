@@ -20,7 +20,7 @@ from pathlib import Path
 
 from kaiyuan_recipes.atomic import write_text_atomic
 
-TORCHRUN_MODULES = ("torch.distributed.run", "torchrun")
+TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 
 
 def _processes() -> dict[int, tuple[int, list[str]]]:
@@ -39,6 +39,15 @@ def _processes() -> dict[int, tuple[int, list[str]]]:
     return table
 
 
+def is_torchrun(argv: list[str]) -> bool:
+    """`python -m torch.distributed.run …` or the `torchrun` script (not a command that merely names it)."""
+    if not argv:
+        return False
+    if Path(argv[0]).name == "torchrun" or (len(argv) > 1 and Path(argv[1]).name == "torchrun"):
+        return True
+    return len(argv) > 2 and argv[1] == "-m" and argv[2] in TORCHRUN_MODULES
+
+
 def training_ranks(root: int) -> list[int]:
     """The processes torchrun agents below `root` started (the ranks); `[root]` when there is no agent."""
     table = _processes()
@@ -48,8 +57,7 @@ def training_ranks(root: int) -> list[int]:
     ranks, todo = [], [root]
     while todo:
         pid = todo.pop()
-        argv = table.get(pid, (0, []))[1]
-        if any(part in TORCHRUN_MODULES or part.endswith("/torchrun") for part in argv):
+        if is_torchrun(table.get(pid, (0, []))[1]):
             ranks += children.get(pid, [])
         else:
             todo += children.get(pid, [])
@@ -57,20 +65,39 @@ def training_ranks(root: int) -> list[int]:
 
 
 def forward_stop(child_pid: int) -> list[int]:
-    ranks = training_ranks(child_pid)
+    try:
+        ranks = training_ranks(child_pid)
+    except Exception as err:  # noqa: BLE001  (a signal handler must not kill the supervisor)
+        print(f"kaiyuan supervisor: could not list the ranks ({err!r}); stopping {child_pid}", file=sys.stderr)
+        ranks = [child_pid]
     for pid in ranks:
         try:
             os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
+        except (ProcessLookupError, PermissionError):
             pass
+    print(f"kaiyuan supervisor: SIGTERM to rank process(es) {ranks}", file=sys.stderr, flush=True)
     return ranks
 
 
+def kill_run(supervisor_pid: int) -> None:
+    """SIGKILL a run: the supervisor's process group, and each rank's own session (torchrun's)."""
+    ranks = training_ranks(supervisor_pid)
+    for group in (supervisor_pid, *[r for r in ranks if r != supervisor_pid]):
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--kill"] and len(argv) == 2:  # what `kaiyuan stop` runs on a node after the grace period
+        kill_run(int(argv[1]))
+        return 0
     new_session = bool(argv) and argv[0] == "--new-session"  # remote nodes: lead our own process group
     argv = argv[1:] if new_session else argv
     if "--" not in argv or argv.index("--") != 1:
-        raise SystemExit("usage: python -m kaiyuan_recipes.launch.supervise [--new-session] STATE_DIR -- ARGV...")
+        raise SystemExit("usage: python -m kaiyuan_recipes.launch.supervise [--new-session] STATE_DIR -- ARGV...\n"
+                         "       python -m kaiyuan_recipes.launch.supervise --kill SUPERVISOR_PID")
     if new_session:
         os.setsid()
     state_dir, command = Path(argv[0]), argv[2:]

@@ -8,6 +8,7 @@
 set -euo pipefail
 source tests/gpu/env.sh
 root=/tmp/stop_resume; rm -rf "$root"
+trap 'cp "$root"/interrupted/logs/* "$root"/interrupted/run_state/*.json* "$out/" 2>/dev/null || true' EXIT  # even on a timeout
 common=(kaiyuan.run_root=$root kaiyuan.layer_spec=${LAYER_SPEC:-fast} train.train_iters=${ITERS:-45} train.global_batch_size=8 logger.log_interval=1
         scheduler.lr_warmup_iters=5 checkpoint.save_interval=1000)
 stop_at=$(python3 -c "import random; print(random.randint(8, 20))")
@@ -30,7 +31,7 @@ PY
 do
   if [ $SECONDS -gt $deadline ]; then
     echo "no step $stop_at within ${START_TIMEOUT:-240}s"; kaiyuan status interrupted --run-root "$root"
-    cp "$root/interrupted/logs/"* "$out/" 2>/dev/null; exit 1
+    exit 1
   fi
   sleep 0.2
 done
@@ -39,6 +40,5 @@ kaiyuan start gpt_smoke interrupted "${common[@]}"
 while kaiyuan status interrupted --run-root "$root" | grep -q '"state": "running"'; do sleep 2; done
 kaiyuan status interrupted --run-root "$root"
 wait "${pids[@]}"
-cp "$root/interrupted/logs/"* "$out/" 2>/dev/null || true
 python3 tests/gpu/stop_resume_report.py "$root" --stop-requested-at "$stop_at" --out "$out/stop_resume.json" \
   --command "bash tests/gpu/stop_resume.sh"
