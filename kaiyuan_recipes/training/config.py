@@ -202,13 +202,16 @@ def build_config(recipe: str, overrides: list[str] | None = None) -> tuple[Any, 
     from megatron.bridge.training.config import ConfigContainer, DistributedDataParallelConfig
 
     overrides = list(overrides or [])
-    knob_overrides = [o for o in overrides if ov.split_key(o)[0].startswith("kaiyuan.")]
+    knob_overrides = [o for o in overrides if ov.is_tree_override(o)]
     container_overrides = [o for o in overrides if o not in knob_overrides]
 
     tree = load_recipe_tree(recipe)
     ov.apply_to_tree(tree, knob_overrides)
     data = OmegaConf.to_container(tree, resolve=True)
     run = resolve_run_settings(recipe, data.pop("kaiyuan", {}))
+    from kaiyuan_recipes.training.profiling import profiling_config
+
+    profiling = profiling_config(data.pop("profile", {}))
 
     model_shape = data.pop("model")
     mixed_precision = data.pop("mixed_precision", "bf16_mixed")
@@ -219,6 +222,8 @@ def build_config(recipe: str, overrides: list[str] | None = None) -> tuple[Any, 
     sections = {name: _build_section(name, types[name], data.get(name, {}), recipe) for name in types if name in data}
     sections.setdefault("ddp", DistributedDataParallelConfig())
     sections.setdefault("tokenizer", _tokenizer_config(run))
+    if profiling is not None:
+        sections["profiling"] = profiling
     # The model reads seq_length from the data part: one value, stated once. RoPE models have no
     # position table, so max_position_embeddings is ours (validation, HF export), not the provider's.
     model_shape.setdefault("seq_length", sections["dataset"].seq_length)

@@ -29,8 +29,12 @@ def main(argv: list[str] | None = None) -> None:
     from megatron.bridge.training.pretrain import pretrain
 
     from kaiyuan_recipes.training.metrics import RunMetricsCallback
+    from kaiyuan_recipes.training.profiling import ProfileSummaryCallback
 
-    pretrain(cfg, forward_step, callbacks=[RunMetricsCallback(run.state_dir, cfg.dataset.seq_length)])
+    callbacks = [RunMetricsCallback(run.state_dir, cfg.dataset.seq_length)]
+    if cfg.profiling is not None and cfg.profiling.use_pytorch_profiler:
+        callbacks.append(ProfileSummaryCallback(run.run_dir, cfg.profiling.profile_step_end))
+    pretrain(cfg, forward_step, callbacks=callbacks)
 
 
 if __name__ == "__main__":

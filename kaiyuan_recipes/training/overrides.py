@@ -1,5 +1,5 @@
 """Hydra-style command-line overrides (`section.field=value`) with errors that name the closest
-valid key. Recipe knobs (`kaiyuan.*`) apply to the recipe tree; everything else is applied to the
+valid key. Recipe knobs (`kaiyuan.*`, `profile.*`) apply to the recipe tree; everything else is applied to the
 built ConfigContainer by Megatron-Bridge's own override machinery."""
 
 from __future__ import annotations
@@ -11,8 +11,16 @@ from typing import Any, Iterable
 from omegaconf import DictConfig, OmegaConf
 
 
+# Sections of the recipe tree that are ours, not Megatron-Bridge ConfigContainer sections.
+TREE_SECTIONS = ("kaiyuan", "profile")
+
+
 class OverrideError(ValueError):
     pass
+
+
+def is_tree_override(override: str) -> bool:
+    return split_key(override)[0].split(".", 1)[0] in TREE_SECTIONS
 
 
 def split_key(override: str) -> tuple[str, str]:
@@ -45,11 +53,11 @@ def dataclass_keys(obj: Any, prefix: str = "", depth: int = 2) -> list[str]:
 
 
 def apply_to_tree(tree: DictConfig, overrides: list[str]) -> None:
-    """Apply `kaiyuan.*` overrides to the recipe tree; unknown keys are errors."""
+    """Apply `kaiyuan.*` and `profile.*` overrides to the recipe tree; unknown keys are errors."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    valid = [f"kaiyuan.{k}" for k in tree.get("kaiyuan", {})]
+    valid = [f"{section}.{k}" for section in TREE_SECTIONS for k in tree.get(section, {})]
     for override in overrides:
         key, _ = split_key(override)
         if key not in valid:

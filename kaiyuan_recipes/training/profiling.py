@@ -1,0 +1,79 @@
+"""`profile.enabled=true profile.steps=[N,M]`: Megatron-Bridge's PyTorch profiler over steps N..M on the
+listed ranks (a Chrome / Perfetto trace at <run>/torch_profile/rank-R.json.gz, written by upstream) with
+megatron-core's NVTX ranges on, so an `nsys` capture lines up with the steps; and a short text summary of
+the trace's top kernels (<run>/torch_profile/summary-rank-R.txt)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from kaiyuan_recipes import compat
+
+compat.apply()
+from megatron.bridge.training.callbacks import Callback  # noqa: E402
+
+PROFILE_DIR = "torch_profile"  # upstream's trace handler writes to <tensorboard_dir>/../torch_profile
+
+
+def profiling_config(section: dict[str, Any]) -> Any | None:
+    """The ProfilingConfig for the recipe tree's `profile` section, or None when it is off."""
+    if not section.get("enabled", False):
+        return None
+    steps = list(section.get("steps") or [])
+    if len(steps) != 2 or not all(isinstance(s, int) for s in steps) or not 1 <= steps[0] < steps[1]:
+        raise ValueError(f"profile.steps: expected [N, M] with 1 <= N < M, got {section.get('steps')!r}")
+    from megatron.bridge.training.config import ProfilingConfig
+
+    return ProfilingConfig(use_pytorch_profiler=True, profile_step_start=steps[0], profile_step_end=steps[1],
+                           profile_ranks=list(section.get("ranks", [0])), nvtx_ranges=True,
+                           pytorch_profiler_collect_shapes=bool(section.get("record_shapes", False)))
+
+
+def summarize_trace(trace: Path, top: int = 15) -> str:
+    """Total time per name over the trace's GPU kernels (CPU operators when it has no kernels), largest
+    first, with the share of the total and the call count."""
+    opener = gzip.open if str(trace).endswith(".gz") else open
+    with opener(trace, "rt", encoding="utf-8") as fh:
+        events = json.load(fh).get("traceEvents", [])
+    spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
+    kernels = [e for e in spans if e.get("cat") == "kernel"]
+    chosen, kind = (kernels, "GPU kernels") if kernels else ([e for e in spans if e.get("cat") == "cpu_op"],
+                                                               "CPU operators")
+    total_us: dict[str, float] = defaultdict(float)
+    calls: dict[str, int] = defaultdict(int)
+    for e in chosen:
+        total_us[e["name"]] += float(e["dur"])
+        calls[e["name"]] += 1
+    grand = sum(total_us.values()) or 1.0
+    lines = [f"{trace.name}: top {top} {kind} by total time ({grand / 1e3:.1f} ms in {len(chosen)} events)",
+             f"{'total ms':>10} {'share':>6} {'calls':>7}  name"]
+    for name, us in sorted(total_us.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"{us / 1e3:10.2f} {100 * us / grand:5.1f}% {calls[name]:7d}  {name[:110]}")
+    return "\n".join(lines) + "\n"
+
+
+def write_summaries(run_dir: Path) -> list[Path]:
+    written = []
+    for trace in sorted((Path(run_dir) / PROFILE_DIR).glob("rank-*.json*")):
+        rank = trace.name.split(".")[0]
+        out = trace.parent / f"summary-{rank}.txt"
+        out.write_text(summarize_trace(trace))
+        written.append(out)
+    return written
+
+
+class ProfileSummaryCallback(Callback):
+    """Writes the summaries once the profiled window has closed (upstream exports the trace at step M)."""
+
+    def __init__(self, run_dir: Path, last_step: int):
+        self.run_dir, self.last_step, self.done = Path(run_dir), last_step, False
+
+    def on_train_step_end(self, context: Any) -> None:
+        if not self.done and context.state.train_state.step > self.last_step:
+            for path in write_summaries(self.run_dir):
+                print(path.read_text(), flush=True)
+            self.done = True

@@ -1,0 +1,72 @@
+"""profile.enabled=true profile.steps=[N,M]: the override reaches Megatron-Bridge's ProfilingConfig (PyTorch
+profiler on rank 0, NVTX ranges on); upstream's profiler, driven in its training loop's order around real
+megatron-core layer steps on the CPU, writes the Chrome trace in the run directory, and our summary lists
+the operators that ran."""
+
+import gzip
+import json
+
+import pytest
+import torch
+
+from kaiyuan_recipes.recipe_tree import load_model_file
+from kaiyuan_recipes.training.config import build_config
+from kaiyuan_recipes.training.overrides import OverrideError
+
+
+def test_profile_overrides_reach_bridge(tmp_path):
+    cfg, run = build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", "profile.enabled=true",
+                                          "profile.steps=[3,5]"])
+    p = cfg.profiling
+    assert p.use_pytorch_profiler and not p.use_nsys_profiler and p.nvtx_ranges
+    assert (p.profile_step_start, p.profile_step_end, p.profile_ranks) == (3, 5, [0])
+    off, _ = build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}"])
+    assert not off.profiling.use_pytorch_profiler
+    with pytest.raises(ValueError, match=r"profile.steps: expected \[N, M\]"):
+        build_config("gpt_smoke", ["profile.enabled=true", "profile.steps=[5,3]"])
+    with pytest.raises(OverrideError, match="profile.stepz"):
+        build_config("gpt_smoke", ["profile.stepz=[1,2]"])
+
+
+def test_trace_written_in_run_dir_with_the_ops_that_ran(tmp_path, megatron_parallel):
+    from megatron.bridge.training.profiling import (handle_profiling_step, handle_profiling_stop,
+                                                    initialize_pytorch_profiler)
+
+    from kaiyuan_recipes.models.providers import build_provider, provide_on_cpu
+    from kaiyuan_recipes.training.profiling import write_summaries
+
+    cfg, run = build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", "profile.enabled=true",
+                                          "profile.steps=[2,4]"])
+    shape = load_model_file("gpt_smoke") | {"num_layers": 1, "hidden_size": 64, "ffn_hidden_size": 128,
+                                            "num_attention_heads": 4, "num_query_groups": 2, "kv_channels": 16}
+    mlp = provide_on_cpu(build_provider(shape, "local")).decoder.layers[0].mlp
+    prof = initialize_pytorch_profiler(cfg.profiling, cfg.logger.tensorboard_dir)
+    prof.start()
+    for step in range(6):  # the loop of megatron.bridge.training.train.train, one layer's fwd/bwd per step
+        handle_profiling_step(cfg.profiling, step, 0, prof)
+        out, _ = mlp(torch.randn(8, 2, 64))
+        out.sum().backward()
+        handle_profiling_stop(cfg.profiling, step + 1, 0, prof)
+    trace = run.run_dir / "torch_profile" / "rank-0.json.gz"
+    assert trace.is_file()
+    with gzip.open(trace, "rt") as fh:
+        names = {e.get("name") for e in json.load(fh)["traceEvents"]}
+    assert {"aten::mm", "ProfilerStep#3"} <= names  # the MLP's matmuls, inside the profiled steps
+    (summary,) = write_summaries(run.run_dir)
+    text = summary.read_text()
+    assert summary.name == "summary-rank-0.txt" and "CPU operators" in text and "aten::mm" in text
+
+
+def test_summary_prefers_gpu_kernels(tmp_path):
+    from kaiyuan_recipes.training.profiling import summarize_trace
+
+    events = [{"ph": "X", "cat": "kernel", "name": "sm90_xmma_gemm", "dur": 300.0},
+              {"ph": "X", "cat": "kernel", "name": "sm90_xmma_gemm", "dur": 100.0},
+              {"ph": "X", "cat": "kernel", "name": "flash_fwd_kernel", "dur": 100.0},
+              {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "dur": 9000.0}]
+    trace = tmp_path / "rank-0.json"
+    trace.write_text(json.dumps({"traceEvents": events}))
+    lines = summarize_trace(trace).splitlines()
+    assert "GPU kernels" in lines[0] and "0.5 ms in 3 events" in lines[0]
+    assert lines[2].split() == ["0.40", "80.0%", "2", "sm90_xmma_gemm"]
+    assert "aten::mm" not in "\n".join(lines)
