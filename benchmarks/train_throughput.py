@@ -30,16 +30,24 @@ TINY = dict(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_hea
             kv_channels=16)
 
 
-def megatron_run(model: str, layer_spec: str, mbs: int, micro: int, seq: int, steps: int) -> dict:
-    """`kaiyuan train` on mock data; the median of the steady steps from the run's metrics.jsonl."""
+def megatron_command(model: str, layer_spec: str, mbs: int, micro: int, seq: int, steps: int, root: Path,
+                     nproc: int = 1, extra: tuple[str, ...] = ()) -> list[str]:
+    """`kaiyuan train` on mock data, `micro` micro-batches of `mbs` per GPU (global batch grows with GPUs)."""
+    return [sys.executable, "-m", "kaiyuan_recipes.cli.main", "train", model, f"--nproc-per-node={nproc}",
+            f"kaiyuan.layer_spec={layer_spec}", "kaiyuan.data=mock", f"kaiyuan.run_root={root}",
+            f"train.train_iters={steps}", f"train.micro_batch_size={mbs}",
+            f"train.global_batch_size={mbs * micro * nproc}", f"dataset.seq_length={seq}", "logger.log_interval=1",
+            f"checkpoint.save_interval={steps * 10}", "checkpoint.save=null", *extra]
+
+
+def megatron_run(model: str, layer_spec: str, mbs: int, micro: int, seq: int, steps: int, nproc: int = 1,
+                 extra: tuple[str, ...] = ()) -> dict:
+    """The median of the steady steps from the run's metrics.jsonl."""
     from kaiyuan_recipes.training.metrics_log import read_metrics
 
     root = Path(tempfile.mkdtemp(prefix="throughput-"))
-    cmd = [sys.executable, "-m", "kaiyuan_recipes.cli.main", "train", model, f"kaiyuan.layer_spec={layer_spec}",
-           "kaiyuan.data=mock", f"kaiyuan.run_root={root}", f"train.train_iters={steps}",
-           f"train.micro_batch_size={mbs}", f"train.global_batch_size={mbs * micro}", f"dataset.seq_length={seq}",
-           "logger.log_interval=1", f"checkpoint.save_interval={steps * 10}", "checkpoint.save=null"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(megatron_command(model, layer_spec, mbs, micro, seq, steps, root, nproc, extra),
+                          capture_output=True, text=True)
     steps_done = [r for r in read_metrics(root / model / "run_state") if r["event"] == "step"][3:]
     if proc.returncode != 0 or not steps_done:
         return {"error": (proc.stderr or proc.stdout)[-1500:]}

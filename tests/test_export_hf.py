@@ -80,3 +80,13 @@ def test_export_refuses_a_directory_without_checkpoints(tmp_path, process_group)
     with pytest.raises(FileNotFoundError, match="no iter_"):
         export_hf(tmp_path / "run", tmp_path / "hf", SMALL)
     assert not (tmp_path / "hf").exists()
+
+
+def test_export_names_an_fsdp_dtensor_checkpoint(tmp_path, process_group):
+    """kaiyuan.zero_stage=2 (Megatron-FSDP) saves fsdp_dtensor; the export says so instead of failing deep inside."""
+    it = tmp_path / "run" / "checkpoints" / "iter_0000010"
+    it.mkdir(parents=True)
+    (it / "run_config.yaml").write_text("checkpoint:\n  ckpt_format: fsdp_dtensor\nmodel:\n  num_layers: 2\n")
+    with pytest.raises(ValueError, match=r"run_config.yaml: checkpoint.ckpt_format is 'fsdp_dtensor'"):
+        export_hf(tmp_path / "run", tmp_path / "hf", SMALL)
+    assert not (tmp_path / "hf").exists()

@@ -66,11 +66,17 @@ def test_bad_override_names_the_key(override, message):
         build_config("gpt_smoke", [override])
 
 
-@pytest.mark.parametrize("stage, shard, distopt", [(0, "no_shard", False), (1, "optim", True), (2, "optim_grads", True)])
-def test_zero_stages(stage, shard, distopt):
-    cfg, run = build_config("gpt_smoke", [f"kaiyuan.zero_stage={stage}"])
+@pytest.mark.parametrize("stage, shard, distopt, fsdp, fmt", [(0, "no_shard", False, False, "torch_dist"),
+                                                              (1, "optim", True, False, "torch_dist"),
+                                                              (2, "optim_grads", True, True, "fsdp_dtensor")])
+def test_zero_stages(stage, shard, distopt, fsdp, fmt):
+    cfg, run = build_config("gpt_smoke", [f"kaiyuan.zero_stage={stage}", "kaiyuan.data=mock"])
     assert cfg.ddp.data_parallel_sharding_strategy == shard
     assert cfg.ddp.use_distributed_optimizer is distopt is cfg.optimizer.use_distributed_optimizer
+    # the sharding strategy is read only by Megatron-FSDP: stage 2 must turn it on, and upstream accepts it
+    resolved = resolve_with_upstream(cfg, world_size=2)
+    assert resolved.ddp.use_megatron_fsdp is fsdp and resolved.checkpoint.ckpt_format == fmt
+    assert resolved.ddp.data_parallel_sharding_strategy == shard
 
 
 def test_overlap_and_recompute_knobs(tmp_path):

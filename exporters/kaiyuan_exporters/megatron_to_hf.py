@@ -82,6 +82,19 @@ def checkpoint_shape(checkpoint: Path) -> dict[str, Any]:
     return {k: model[k] for k in SHAPE_FIELDS if model.get(k) is not None}
 
 
+def require_torch_dist(checkpoint: Path) -> None:
+    """The export reads torch_dist; say so plainly for a run saved otherwise (kaiyuan.zero_stage=2 saves
+    Megatron-FSDP's fsdp_dtensor)."""
+    import yaml
+
+    config_file = newest_iteration_dir(checkpoint) / "run_config.yaml"
+    if config_file.is_file():
+        fmt = ((yaml.safe_load(config_file.read_text()) or {}).get("checkpoint") or {}).get("ckpt_format")
+        if fmt not in (None, "torch_dist"):
+            raise ValueError(f"{config_file}: checkpoint.ckpt_format is {fmt!r}; the export reads 'torch_dist' "
+                             "(train with kaiyuan.zero_stage 0 or 1, or convert the checkpoint first)")
+
+
 def single_rank_overrides(shape: dict[str, Any]) -> dict[str, Any] | None:
     """Settings for rebuilding a model in one process: MoE token routing with the all-gather dispatcher
     (the all-to-all one creates a CUDA stream when built; with one rank both route identically)."""
@@ -102,6 +115,7 @@ def export_hf(checkpoint: Path, out: Path, shape: dict[str, Any] | None = None, 
     out = Path(out)
     if out.exists():
         raise FileExistsError(f"{out}: exists; choose a new output directory")
+    require_torch_dist(checkpoint)
     ensure_single_process_group()
     shape = shape or checkpoint_shape(checkpoint)
     bridge = bridge_for(shape, tokenizer_vocab_size(tokenizer_dir) if tokenizer_dir else None)

@@ -21,10 +21,13 @@ from kaiyuan_recipes.training import overrides as ov
 # Megatron's NullTokenizer appends EOD after the base vocabulary: with 151,643 base ranks the EOD id
 # is 151,643, the same id <|endoftext|> has in the Qwen2 tokenizer.
 QWEN2_BASE_VOCAB = 151643
+# ZeRO stages in Megatron's terms: 0 = DDP; 1 = the distributed optimizer (optimizer state sharded);
+# 2 = Megatron-FSDP sharding optimizer state and gradients (data_parallel_sharding_strategy is read only by
+# Megatron-FSDP, so stage 2 must turn it on; without it "optim_grads" would silently be stage 1).
 ZERO_STAGES = {
-    0: dict(use_distributed_optimizer=False, data_parallel_sharding_strategy="no_shard"),
-    1: dict(use_distributed_optimizer=True, data_parallel_sharding_strategy="optim"),
-    2: dict(use_distributed_optimizer=True, data_parallel_sharding_strategy="optim_grads"),
+    0: dict(use_distributed_optimizer=False, data_parallel_sharding_strategy="no_shard", use_megatron_fsdp=False),
+    1: dict(use_distributed_optimizer=True, data_parallel_sharding_strategy="optim", use_megatron_fsdp=False),
+    2: dict(use_distributed_optimizer=True, data_parallel_sharding_strategy="optim_grads", use_megatron_fsdp=True),
 }
 DATA_SOURCES = ("sample", "mock", "blend", "curriculum", "plan")
 
@@ -135,6 +138,9 @@ def _apply_zero_stage(cfg: Any, stage: int) -> None:
     for key, value in ZERO_STAGES[stage].items():
         setattr(cfg.ddp, key, value)
     cfg.optimizer.use_distributed_optimizer = ZERO_STAGES[stage]["use_distributed_optimizer"]
+    cfg.dist.use_megatron_fsdp = ZERO_STAGES[stage]["use_megatron_fsdp"]
+    if cfg.dist.use_megatron_fsdp:
+        cfg.checkpoint.ckpt_format = "fsdp_dtensor"  # the only format Megatron-FSDP saves
     if stage == 0:
         cfg.ddp.overlap_param_gather = False  # only exists with the distributed optimizer
 

@@ -1,0 +1,78 @@
+"""[launch] §6: qwen3_1p7b data-parallel on 2 GPUs with ZeRO stage 0, 1 and 2 (kaiyuan.zero_stage: plain DDP,
+distributed optimizer, distributed optimizer + sharded gradients) against the same per-GPU work on 1 GPU:
+tokens/s/GPU, model TFLOP/s, peak memory per stage, and scaling efficiency = tokens/s/GPU on 2 GPUs divided by
+tokens/s on 1. One GPU-host run (kind nvidia-h200-x2) writes the JSON and a bar chart beside it.
+
+usage: python benchmarks/zero_stages.py --out zero_stages.json [--layer-spec fast] [--steps 12]
+       python benchmarks/zero_stages.py --out x.json --print-commands   (what it would run; any host)"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from provenance import provenance, write_json  # noqa: E402
+from train_throughput import BATCH, megatron_command, megatron_run  # noqa: E402
+
+MODEL = "qwen3_1p7b"
+STAGES = (0, 1, 2)
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [k for k in results if "tokens_per_s" in results[k]]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    a.bar(names, [results[k]["tokens_per_s"] for k in names], color="tab:blue")
+    a.set_ylabel("tokens/s per GPU")
+    for i, k in enumerate(names):
+        if "scaling_efficiency" in results[k]:
+            a.annotate(f"{100 * results[k]['scaling_efficiency']:.0f}%", (i, results[k]["tokens_per_s"]),
+                       ha="center", va="bottom")
+    b.bar(names, [results[k].get("peak_mem_gb") or 0 for k in names], color="tab:orange")
+    b.set_ylabel("peak memory per GPU (GiB)")
+    fig.suptitle(f"{MODEL}: ZeRO stages on 2 GPUs vs 1 GPU (same per-GPU batch)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--layer-spec", default="auto")
+    ap.add_argument("--seq", type=int, default=4096)
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--print-commands", action="store_true")
+    args = ap.parse_args()
+    mbs, micro = BATCH[MODEL]
+    runs = {"1gpu": (1, 1)} | {f"2gpu_zero{s}": (2, s) for s in STAGES}
+    if args.print_commands:
+        for name, (gpus, stage) in runs.items():
+            cmd = megatron_command(MODEL, args.layer_spec, mbs, micro, args.seq, args.steps, Path("RUN_ROOT"), gpus,
+                                   (f"kaiyuan.zero_stage={stage}",))
+            print(name, shlex.join(cmd))
+        return
+    results = {}
+    for name, (gpus, stage) in runs.items():
+        results[name] = megatron_run(MODEL, args.layer_spec, mbs, micro, args.seq, args.steps, gpus,
+                                     (f"kaiyuan.zero_stage={stage}",)) | {"gpus": gpus, "zero_stage": stage}
+        print(name, results[name], flush=True)
+    base = results["1gpu"].get("tokens_per_s")
+    for name in runs:
+        if name != "1gpu" and base and results[name].get("tokens_per_s"):
+            results[name]["scaling_efficiency"] = results[name]["tokens_per_s"] / base
+    write_json(args.out, {**provenance(" ".join(["python", *sys.argv])), "model": MODEL, "seq_length": args.seq,
+                          "layer_spec": args.layer_spec, "micro_batch": mbs, "micro_batches_per_gpu": micro,
+                          "target_scaling_efficiency": 0.95, "results": results})
+    plot(results, args.out.with_suffix(".png"))
+
+
+if __name__ == "__main__":
+    main()
