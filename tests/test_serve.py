@@ -198,3 +198,21 @@ def test_engine_static_cache_greedy_path_matches_generate(tiny_model):
         got = engine.generate([Request(p, 12, ignore_eos=True) for p in prompts])
         assert [c.token_ids for c in got] == ref
     assert len(engine._caches) == 1
+
+
+def test_engine_decodes_eagerly_when_the_model_cannot_be_compiled(tiny_model):
+    """A decode step torch.compile cannot capture (a MoE block's data-dependent expert loop, say) falls back
+    to the eager step once, with a warning, and gives the same tokens."""
+    from kaiyuan_exporters.serving.engine import GenerationEngine, Request
+
+    engine = GenerationEngine(tiny_model, "cpu", static_cache=True)
+    prompt = engine.encode("Hello world, this is a test")[:5]
+    expected = engine.generate([Request(prompt, 8, ignore_eos=True)])[0].token_ids
+
+    def uncompilable(token, cache):
+        raise torch._dynamo.exc.TorchDynamoException("data-dependent control flow")
+
+    engine._decode = uncompilable
+    with pytest.warns(UserWarning, match="decode step not compiled"):
+        got = engine.generate([Request(prompt, 8, ignore_eos=True)])[0].token_ids
+    assert got == expected and engine._decode == engine._decode_step

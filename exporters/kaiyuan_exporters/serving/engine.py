@@ -155,7 +155,7 @@ class GenerationEngine:
         try:
             return self._decode(token, cache)
         except torch._dynamo.exc.TorchDynamoException as err:
-            if self._decode is self._decode_step:
+            if self._decode == self._decode_step:  # already eager: a real error
                 raise
             warnings.warn(f"decode step not compiled ({type(err).__name__}); decoding eagerly", stacklevel=2)
             self._decode = self._decode_step
