@@ -102,3 +102,39 @@ def test_moe_roundtrip_through_torch_dist_and_kv_cache(tmp_path, megatron_parall
     assert set(ours) == set(theirs)
     for name, tensor in ours.items():
         assert torch.equal(tensor, theirs[name]), name
+
+
+def test_fast_spec_grouped_experts_compute_what_sequential_mlp_computes(megatron_parallel):
+    """The fast spec's experts: SequentialMLP's parameters and layout, one grouped GEMM per projection.
+    Same outputs and weight gradients as SequentialMLP's own loop, with an expert that gets no tokens."""
+    from megatron.core.transformer.moe.experts import SequentialMLP
+
+    from kaiyuan_recipes.models.grouped_experts import GroupedGemmSequentialMLP
+    from kaiyuan_recipes.models.providers import build_provider, provide_on_cpu
+
+    provider = build_provider(dict(SMALL_MOE, activation_func="silu"), "fast")
+    provider.params_dtype = torch.bfloat16
+    provider.moe_token_dispatcher_type = "allgather"
+    experts = provide_on_cpu(provider).decoder.layers[0].mlp.experts
+    assert isinstance(experts, GroupedGemmSequentialMLP) and experts._grouped()
+    assert "local_experts.7.linear_fc1.weight" in experts.state_dict()  # SequentialMLP's checkpoint layout
+    torch.manual_seed(0)
+    tokens_per_expert = torch.tensor([5, 0, 7, 3, 9, 1, 4, 11])
+    x = torch.randn(int(tokens_per_expert.sum()), 64, dtype=torch.bfloat16)
+    probs = torch.rand(x.shape[0])
+    upstream = SequentialMLP.forward
+    results = []
+    for forward in (experts.forward, lambda *a: upstream(experts, *a)):
+        experts.zero_grad(set_to_none=True)
+        xi = x.clone().requires_grad_(True)
+        out, bias = forward(xi, tokens_per_expert, probs)
+        (out.float() * torch.linspace(-1, 1, out.shape[-1])).sum().backward()
+        grads = [p.grad.float().clone() for p in experts.parameters()]
+        results.append((out.float(), xi.grad.float(), grads, bias))
+    (a, ax, ag, abias), (b, bx, bg, _) = results
+    assert abias is None and a.shape == (x.shape[0], 64)
+    torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(ax, bx, atol=2e-2, rtol=2e-2)
+    for ga, gb in zip(ag, bg):
+        torch.testing.assert_close(ga, gb, atol=5e-2, rtol=5e-2)
+    assert ag[2].abs().sum() == 0  # expert 1 received no tokens: no gradient

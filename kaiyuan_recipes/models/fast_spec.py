@@ -2,8 +2,8 @@
 attention through PyTorch's scaled-dot-product attention (flash / cuDNN / memory-efficient kernels: causal,
 GQA without materialising repeated K/V, no O(s²) score tensor), and turns back on the megatron-core fusions
 that need neither TE nor Apex (FAST_SPEC_SETTINGS: SwiGLU, bias-dropout-add and the vocab-parallel
-cross-entropy, each a torch.compile'd function in megatron.core.fusions). Selected with
-`kaiyuan.layer_spec=fast`.
+cross-entropy, each a torch.compile'd function in megatron.core.fusions); MoE experts run as grouped GEMMs
+(models/grouped_experts.py). Selected with `kaiyuan.layer_spec=fast`.
 
 Status: numerics tested on the CPU against an explicit softmax(QKᵀ)V; not yet measured on the GPU host,
 so it is opt-in (the local spec stays the default without TE) until benchmarks/train_throughput.py says so."""
@@ -58,9 +58,13 @@ class SDPADotProductAttention(DotProductAttention):
 
 
 def fast_layer_spec(config: Any) -> Any:
-    """Megatron's local GPT layer spec with SDPA core attention."""
+    """Megatron's local GPT layer spec with SDPA core attention (and grouped-GEMM experts for MoE)."""
     from megatron.bridge.models.gpt_provider import local_layer_spec
 
     spec = local_layer_spec(config)
     spec.submodules.self_attention.submodules.core_attention = SDPADotProductAttention
+    if config.num_moe_experts:
+        from kaiyuan_recipes.models.grouped_experts import with_grouped_experts
+
+        spec = with_grouped_experts(spec)
     return spec

@@ -4,7 +4,8 @@
 # laoyao_moe_2b scaled to one H200: 100 steps at global batch 4 (micro batch 2: 14 x 8192 tokens of
 # 154,880-way logits do not fit one GPU), everything else as the recipe (seq 8192, full recompute,
 # distributed optimizer with overlap, top-8 of 64 experts, aux loss) on the bundled sample corpus and
-# tokenizer, on the fast spec (SDPA attention: the local spec spent 7-9 s a step at seq 8192). Then `kaiyuan export hf` -> Qwen3MoeForCausalLM, Megatron-vs-HF parity on 32 prompts, and a
+# tokenizer, on the fast spec (SDPA attention, grouped-GEMM experts: the local spec's loop over 64 experts
+# took 7-9 s a step). Then `kaiyuan export hf` -> Qwen3MoeForCausalLM, Megatron-vs-HF parity on 32 prompts, and a
 # completion served by `kaiyuan serve` (PUT /api and POST /v1/completions), checked against HF generate
 # without a KV cache.
 set -euo pipefail
