@@ -9,7 +9,11 @@ set -euo pipefail
 source tests/gpu/env.sh
 root=/tmp/stop_resume; rm -rf "$root"
 trap 'cp "$root"/interrupted/logs/* "$root"/interrupted/run_state/*.json* "$out/" 2>/dev/null || true' EXIT  # even on a timeout
-common=(kaiyuan.run_root=$root kaiyuan.layer_spec=${LAYER_SPEC:-fast} train.train_iters=${ITERS:-45} train.global_batch_size=8 logger.log_interval=1
+# The local spec: two same-seed runs of it were bit-identical on the H200, while the fast spec's (SDPA
+# attention backward) differed from step 3 (benchmarks/results/2026-11-30_determinism_gpt_smoke.json). Micro batch 2
+# keeps three of them (27 GB each) on one GPU.
+common=(kaiyuan.run_root=$root kaiyuan.layer_spec=${LAYER_SPEC:-local} train.train_iters=${ITERS:-45}
+        train.global_batch_size=8 train.micro_batch_size=2 logger.log_interval=1
         scheduler.lr_warmup_iters=5 checkpoint.save_interval=1000)
 stop_at=$(python3 -c "import random; print(random.randint(8, 20))")
 # The two uninterrupted runs share the GPU with the interrupted one (gpt_smoke at batch 8 is small):

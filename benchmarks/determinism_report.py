@@ -1,0 +1,63 @@
+"""Run-to-run determinism from two same-seed training logs (Megatron's console lines): the loss at every
+iteration of each, where they first differ, and the largest difference. Used on the reference and control
+runs of tests/gpu/stop_resume.sh, which run the same command twice.
+
+usage: python benchmarks/determinism_report.py --pair NAME LOG_A LOG_B [--pair …] --command CMD --out FILE.json"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from provenance import provenance, write_json  # noqa: E402
+
+LINE = re.compile(r"iteration +(\d+)/ *\d+ \|.*?elapsed time per iteration \(ms\): ([0-9.]+).*?"
+                  r"throughput per GPU \(TFLOP/s/GPU\): ([0-9.]+).*?lm loss: ([0-9.E+-]+)")
+
+
+def losses(log: Path) -> dict[int, tuple[float, float, float]]:
+    """iteration -> (loss, ms per iteration, TFLOP/s)"""
+    return {int(m[1]): (float(m[4]), float(m[2]), float(m[3])) for m in LINE.finditer(log.read_text(errors="replace"))}
+
+
+def compare(a: Path, b: Path) -> dict:
+    la, lb = losses(a), losses(b)
+    common = sorted(set(la) & set(lb))
+    if not common:
+        raise SystemExit(f"{a} / {b}: no common iterations with an lm loss")
+    diffs = {i: abs(la[i][0] - lb[i][0]) for i in common}
+    first = next((i for i in common if diffs[i] != 0.0), None)
+    return {"iterations": len(common), "bit_identical_losses": first is None, "first_differing_iteration": first,
+            "max_abs_loss_diff": max(diffs.values()),
+            "max_rel_loss_diff": max(diffs[i] / abs(la[i][0]) for i in common),
+            "loss_a": [la[i][0] for i in common], "loss_b": [lb[i][0] for i in common],
+            "median_ms_per_iteration": sorted(v[1] for i, v in la.items() if i > 3)[len(la) // 2 - 2]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pair", nargs=3, action="append", metavar=("NAME", "LOG_A", "LOG_B"), required=True)
+    ap.add_argument("--command", required=True, help="the command that produced the logs")
+    ap.add_argument("--note", default="")
+    ap.add_argument("--revision", help="the git revision the logs were produced at (default: this checkout's)")
+    ap.add_argument("--log-host", help="where the logs were produced, when not on this host (e.g. '1x NVIDIA H200')")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    results = {name: compare(Path(a), Path(b)) for name, a, b in args.pair}
+    record = provenance(args.command)
+    if args.revision:
+        record["revision"] = args.revision
+    if args.log_host:
+        record["host"] = {"logs_from": args.log_host, "report_written_on": record["host"]}
+    write_json(args.out, {**record, "report_command": " ".join(["python", *sys.argv]), "note": args.note,
+                          "results": results})
+    for name, r in results.items():
+        print(name, {k: v for k, v in r.items() if not k.startswith("loss_")})
+
+
+if __name__ == "__main__":
+    main()
