@@ -63,6 +63,7 @@ def test_roundtrip_through_torch_dist_bit_exact(tmp_path, process_group, qk_norm
     assert torch.equal(hf.model.embed_tokens.weight, original.embedding.word_embeddings.weight)
     assert torch.equal(hf.model.layers[1].mlp.down_proj.weight, original.decoder.layers[1].mlp.linear_fc2.weight)
     assert AutoTokenizer.from_pretrained(str(out)).eos_token_id == 151643
+    assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == config["eos_token_id"] == 151643
 
     back = import_hf(out, tmp_path / "megatron_back", shape)
     assert not list(tmp_path.glob(".megatron_back.*"))
@@ -90,3 +91,21 @@ def test_export_names_an_fsdp_dtensor_checkpoint(tmp_path, process_group):
     with pytest.raises(ValueError, match=r"run_config.yaml: checkpoint.ckpt_format is 'fsdp_dtensor'"):
         export_hf(tmp_path / "run", tmp_path / "hf", SMALL)
     assert not (tmp_path / "hf").exists()
+
+
+def test_export_takes_eos_and_pad_from_the_tokenizer(tmp_path, process_group):
+    """A tokenizer whose end of text is not Qwen's (GLM-5.2's for laoyao_moe_2b): generation_config.json and
+    config.json carry its ids, so generation stops where the tokenizer says."""
+    import shutil
+
+    tok = tmp_path / "tok"
+    shutil.copytree(default_tokenizer_dir(), tok)
+    cfg = json.loads((tok / "tokenizer_config.json").read_text())
+    (tok / "tokenizer_config.json").write_text(json.dumps(cfg | {"eos_token": "<|im_end|>",
+                                                                 "pad_token": "<|endoftext|>"}))
+    model = build_cpu_model(SMALL, torch.bfloat16)
+    bridge_for(SMALL, tokenizer_vocab=151646).save_megatron_model([model], tmp_path / "megatron")
+    out = export_hf(tmp_path / "megatron", tmp_path / "hf", None, tok, show_progress=False)
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert (generation["eos_token_id"], generation["pad_token_id"]) == (151645, 151643)
+    assert json.loads((out / "config.json").read_text())["eos_token_id"] == 151645

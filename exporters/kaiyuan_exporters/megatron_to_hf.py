@@ -4,6 +4,7 @@ renamed when complete: an interrupted export leaves no half-written output."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -14,8 +15,9 @@ from typing import Any
 from kaiyuan_exporters.hf_config import hf_config_for
 from kaiyuan_recipes import compat
 from kaiyuan_recipes.atomic import atomic_directory
-from kaiyuan_recipes.data.tokenizer import tokenizer_vocab_size
+from kaiyuan_recipes.data.tokenizer import special_token_ids, tokenizer_vocab_size
 
+QWEN2_EOS = 151643  # <|endoftext|>: the eos of the bundled tokenizer, used when no tokenizer is given
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json")
 
 
@@ -132,11 +134,17 @@ def write_hf_dir(bridge: Any, model: Any, out: Path, tokenizer_dir: Path | None 
     models = model if isinstance(model, list) else [model]
     with atomic_directory(out) as tmp:
         bridge.save_hf_pretrained(models, tmp, show_progress=show_progress)
+        eos = pad = QWEN2_EOS
         if tokenizer_dir is not None:
             for name in TOKENIZER_FILES:
                 if (Path(tokenizer_dir) / name).is_file():
                     shutil.copy2(Path(tokenizer_dir) / name, tmp / name)
-        GenerationConfig(eos_token_id=151643, pad_token_id=151643, do_sample=False).save_pretrained(tmp)
+            ids = special_token_ids(Path(tokenizer_dir))  # e.g. GLM-5.2's for laoyao_moe_2b, not Qwen's
+            eos, pad = ids["eos"] if ids["eos"] is not None else eos, ids["pad"] if ids["pad"] is not None else pad
+            config = json.loads((tmp / "config.json").read_text())
+            config["eos_token_id"] = eos
+            (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        GenerationConfig(eos_token_id=eos, pad_token_id=pad, do_sample=False).save_pretrained(tmp)
     return Path(out)
 
 

@@ -113,6 +113,25 @@ def tokenizer_vocab_size(path: Path) -> int:
     return Tokenizer.from_file(str(Path(path) / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
 
 
+def special_token_ids(path: Path) -> dict[str, int | None]:
+    """eos / pad ids as the directory's tokenizer_config.json names them (pad defaults to eos)."""
+    import json
+
+    from tokenizers import Tokenizer
+
+    path = Path(path)
+    config_file = path / "tokenizer_config.json"
+    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+
+    def token_id(entry: object) -> int | None:
+        content = entry.get("content") if isinstance(entry, dict) else entry
+        return tokenizer.token_to_id(content) if isinstance(content, str) else None
+
+    eos = token_id(config.get("eos_token"))
+    return {"eos": eos, "pad": token_id(config.get("pad_token")) or eos}
+
+
 def tokenizer_fingerprint(path: Path) -> str:
     """sha256 of tokenizer.json: recorded in converter manifests to detect stale outputs."""
     return sha256_of(Path(path) / "tokenizer.json")
