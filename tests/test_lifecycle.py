@@ -136,6 +136,14 @@ def test_sigkill_only_after_grace(tmp_path, job):
                                    .split()[0] != "Z" for pid in ranks), timeout=10)
 
 
+def test_process_table_sees_this_process_and_its_parent():
+    from kaiyuan_recipes.launch.supervise import _processes
+
+    table = _processes()
+    assert table[os.getpid()][0] == os.getppid()
+    assert training_ranks(os.getpid()) == [os.getpid()]  # no torchrun below a test process
+
+
 def test_torchrun_is_recognised_by_its_argv_only():
     assert is_torchrun(["/usr/bin/python3", "-m", "torch.distributed.run", "--nproc-per-node=8", "train.py"])
     assert is_torchrun(["/venv/bin/torchrun", "--standalone", "train.py"])

@@ -30,11 +30,11 @@ def _processes() -> dict[int, tuple[int, list[str]]]:
         if not entry.name.isdigit():
             continue
         try:
-            stat = (entry / "stat").read_text()
+            stat = (entry / "stat").read_bytes().decode(errors="replace")  # comm may be any bytes
             argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:  # exited meanwhile
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])  # after "pid (comm) state"
+        except (OSError, ValueError, IndexError):  # exited meanwhile (empty or vanished files)
             continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])  # after "pid (comm) state"
         table[int(entry.name)] = (ppid, [a.decode(errors="replace") for a in argv if a])
     return table
 
