@@ -1,0 +1,99 @@
+"""GPU: the fast spec's pieces on CUDA at laoyao_moe_2b's shape, before any long run uses them —
+GroupedGemmSequentialMLP against SequentialMLP (64 experts of 320, hidden 1024, 8192 tokens routed top-8,
+bf16: outputs, input and weight gradients) and SDPA core attention against Megatron's local attention
+(causal, GQA 16/4, head 128, seq 4096). Prints the forward+backward times of both (information only).
+
+usage (GPU host): python -m pytest -q -s tests/gpu/test_fast_spec_gpu.py"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from kaiyuan_recipes.recipe_tree import load_model_file
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(DEVICE != "cuda", reason="needs CUDA (run through the device tool)")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _parallel(megatron_parallel):  # tests/conftest.py: NCCL process group + CUDA RNG tracker
+    yield
+
+
+def _timed(fn, reps: int = 5) -> float:
+    fn()
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) / reps
+
+
+def test_grouped_experts_match_sequential_mlp_on_cuda():
+    from megatron.core.transformer.moe.experts import SequentialMLP
+
+    from kaiyuan_recipes.models.providers import build_provider, provide_on_cpu
+
+    provider = build_provider(load_model_file("laoyao_moe_2b") | {"num_layers": 1}, "fast")
+    provider.params_dtype = torch.bfloat16
+    provider.moe_token_dispatcher_type = "allgather"
+    experts = provide_on_cpu(provider).decoder.layers[0].mlp.experts.to(DEVICE)
+    assert type(experts).__name__ == "GroupedGemmSequentialMLP" and experts._grouped()
+    torch.manual_seed(0)
+    routed = 8192 * 8
+    counts = torch.distributions.Multinomial(routed, torch.ones(64)).sample().long()
+    counts[5] += counts[3]
+    counts[3] = 0  # an expert without tokens
+    x = torch.randn(routed, 1024, dtype=torch.bfloat16, device=DEVICE)
+    probs = torch.rand(routed, device=DEVICE)
+    upstream = SequentialMLP.forward
+    outputs, times = [], {}
+    for name, forward in (("grouped", experts.forward), ("sequential", lambda *a: upstream(experts, *a))):
+        def step():
+            experts.zero_grad(set_to_none=True)
+            xi = x.clone().requires_grad_(True)
+            out, _ = forward(xi, counts, probs)
+            out.float().sum().backward()
+            return out, xi
+
+        times[name] = _timed(step)
+        out, xi = step()
+        outputs.append((out.float(), xi.grad.float(), [p.grad.float().clone() for p in experts.parameters()]))
+    (a, ax, ag), (b, bx, bg) = outputs
+    print(f"\nexperts fwd+bwd, {routed} routed tokens: grouped {times['grouped'] * 1e3:.1f} ms, "
+          f"sequential {times['sequential'] * 1e3:.1f} ms ({times['sequential'] / times['grouped']:.1f}x)")
+    torch.testing.assert_close(a, b, atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(ax, bx, atol=3e-2, rtol=3e-2)
+    for ga, gb in zip(ag, bg):
+        torch.testing.assert_close(ga, gb, atol=0.25, rtol=5e-2)  # sums over ~1k tokens in bf16
+    assert ag[6].abs().sum() == 0 and ag[7].abs().sum() == 0  # expert 3's fc1 and fc2 got no tokens
+
+
+def test_sdpa_attention_matches_local_attention_on_cuda():
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from kaiyuan_recipes.models.fast_spec import SDPADotProductAttention
+    from kaiyuan_recipes.models.providers import build_provider
+
+    provider = build_provider(load_model_file("laoyao_moe_2b") | {"num_layers": 1}, "fast")
+    provider.finalize()
+    kw = dict(layer_number=1, attn_mask_type=AttnMaskType.causal, attention_type="self")
+    fast, local = SDPADotProductAttention(provider, **kw).eval(), DotProductAttention(provider, **kw).eval()
+    s, b, h, g, d = 4096, 2, 16, 4, 128
+    torch.manual_seed(0)
+    q = torch.randn(s, b, h, d, dtype=torch.bfloat16, device=DEVICE)
+    k, v = (torch.randn(s, b, g, d, dtype=torch.bfloat16, device=DEVICE) for _ in range(2))
+    mask = torch.triu(torch.ones(1, 1, s, s, dtype=torch.bool, device=DEVICE), 1)
+    with torch.no_grad():
+        ours, theirs = fast(q, k, v, attention_mask=None), local(q, k, v, attention_mask=mask)
+        t_ours = _timed(lambda: fast(q, k, v, attention_mask=None))
+        t_theirs = _timed(lambda: local(q, k, v, attention_mask=mask))
+    print(f"\nattention fwd, seq {s}: SDPA {t_ours * 1e3:.2f} ms, local {t_theirs * 1e3:.2f} ms")
+    torch.testing.assert_close(ours.float(), theirs.float(), atol=2e-2, rtol=2e-2)
