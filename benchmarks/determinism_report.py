@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -35,7 +36,7 @@ def compare(a: Path, b: Path) -> dict:
             "max_abs_loss_diff": max(diffs.values()),
             "max_rel_loss_diff": max(diffs[i] / abs(la[i][0]) for i in common),
             "loss_a": [la[i][0] for i in common], "loss_b": [lb[i][0] for i in common],
-            "median_ms_per_iteration": sorted(v[1] for i, v in la.items() if i > 3)[len(la) // 2 - 2]}
+            "median_ms_per_iteration": [statistics.median(v[1] for i, v in run.items() if i > 3) for run in (la, lb)]}
 
 
 def main() -> None:

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# GPU proof for [perf] §1 (Megatron's parallelism keeps working with the fast spec), kind nvidia-h200-x2:
+#   bash tests/gpu/tp2_fast_spec.sh
+# gpt_smoke on the fast spec, same seed and data: TP=1 on one GPU, then TP=2 over two (sequence parallel on).
+# The report compares the two loss curves (they differ by TP's reduction order only) and the step times.
+set -euo pipefail
+source tests/gpu/env.sh
+root=/tmp/tp2; rm -rf "$root"
+common=(kaiyuan.run_root=$root kaiyuan.layer_spec=fast kaiyuan.data=sample train.train_iters=${ITERS:-40}
+        train.global_batch_size=8 train.micro_batch_size=2 logger.log_interval=1 scheduler.lr_warmup_iters=5
+        checkpoint.save_interval=1000)
+kaiyuan train gpt_smoke kaiyuan.run_name=tp1 "${common[@]}" > "$out/tp1.log" 2>&1
+kaiyuan train gpt_smoke --nproc-per-node=2 kaiyuan.run_name=tp2 model.tensor_model_parallel_size=2 \
+  model.sequence_parallel=true "${common[@]}" > "$out/tp2.log" 2>&1
+python3 benchmarks/determinism_report.py --pair tp1_vs_tp2 "$out/tp1.log" "$out/tp2.log" \
+  --command "bash tests/gpu/tp2_fast_spec.sh" --out "$out/tp2_fast_spec.json" \
+  --note "gpt_smoke, fast spec, same seed and data; TP=1 on one GPU vs TP=2 (sequence parallel) on two"
