@@ -123,3 +123,24 @@ def test_world_not_divisible_by_model_parallel():
     cfg, run = build_config("gpt_smoke", ["model.tensor_model_parallel_size=2"])
     with pytest.raises(ConfigError, match="world size 3 is not divisible by TP×PP×CP"):
         validate(cfg, 3, run.max_positions)
+
+
+def test_deterministic_knob(tmp_path, monkeypatch):
+    """kaiyuan.deterministic=true: Megatron's deterministic_mode with what upstream requires of it (unfused
+    cross-entropy, NCCL_ALGO, a fixed cuBLAS workspace), accepted by upstream's validation; the knob leaves
+    this process's torch determinism setting as it was."""
+    import torch
+
+    from kaiyuan_recipes.training.config import deterministic_env
+
+    for key in ("NCCL_ALGO", "CUBLAS_WORKSPACE_CONFIG"):
+        monkeypatch.delenv(key, raising=False)
+    cfg, run = build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", "kaiyuan.layer_spec=fast",
+                                          "kaiyuan.deterministic=true", "kaiyuan.data=mock"])
+    assert run.deterministic and cfg.model.deterministic_mode and not cfg.model.cross_entropy_loss_fusion
+    assert deterministic_env(cfg) == {"NCCL_ALGO": "Ring", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    before = torch.are_deterministic_algorithms_enabled()
+    resolve_with_upstream(cfg, world_size=2)
+    assert torch.are_deterministic_algorithms_enabled() == before
+    plain, _ = build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=mock"])
+    assert not plain.model.deterministic_mode and deterministic_env(plain) == {}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,7 @@ class RunSettings:
     heldout: str | None = None
     plan: str | None = None
     tokenizer_sha256: str | None = None
+    deterministic: bool = False
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -131,6 +133,7 @@ def resolve_run_settings(recipe: str, knobs: dict[str, Any]) -> RunSettings:
         heldout=knobs.get("heldout"),
         plan=knobs.get("plan"),
         tokenizer_sha256=knobs.get("tokenizer_sha256"),
+        deterministic=bool(knobs.get("deterministic", False)),
     )
 
 
@@ -143,6 +146,18 @@ def _apply_zero_stage(cfg: Any, stage: int) -> None:
         cfg.checkpoint.ckpt_format = "fsdp_dtensor"  # the only format Megatron-FSDP saves
     if stage == 0:
         cfg.ddp.overlap_param_gather = False  # only exists with the distributed optimizer
+
+
+# What deterministic training needs in the environment before CUDA / NCCL start (Megatron-Bridge checks
+# NCCL_ALGO; cuBLAS needs a fixed workspace under torch.use_deterministic_algorithms).
+DETERMINISTIC_ENV = {"NCCL_ALGO": "Ring", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+
+
+def deterministic_env(cfg: Any) -> dict[str, str]:
+    """The variables to set (where not already set) for `cfg`'s run."""
+    if not getattr(cfg.model, "deterministic_mode", False):
+        return {}
+    return {k: v for k, v in DETERMINISTIC_ENV.items() if k not in os.environ}
 
 
 def _apply_run_layout(cfg: Any, run: RunSettings) -> None:
@@ -239,6 +254,9 @@ def build_config(recipe: str, overrides: list[str] | None = None) -> tuple[Any, 
         model=build_provider(model_shape, run.layer_spec), mixed_precision=mixed_precision, **sections
     )
     _apply_zero_stage(cfg, run.zero_stage)
+    if run.deterministic:
+        cfg.model.deterministic_mode = True
+        cfg.model.cross_entropy_loss_fusion = False  # upstream: not deterministic
     _apply_run_layout(cfg, run)
     _apply_data_source(cfg, run)
     ov.apply_to_container(cfg, container_overrides)

@@ -7,7 +7,7 @@ import os
 import sys
 
 from kaiyuan_recipes import compat
-from kaiyuan_recipes.training.config import RunSettings, build_config
+from kaiyuan_recipes.training.config import RunSettings, build_config, deterministic_env
 from kaiyuan_recipes.training.validate import validate
 
 
@@ -22,6 +22,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("usage: python -m kaiyuan_recipes.training.entry RECIPE [section.field=value ...]")
     compat.apply()
     cfg, run = build_config(argv[0], argv[1:])
+    os.environ.update(deterministic_env(cfg))  # before CUDA and NCCL read them
     validate(cfg, int(os.environ.get("WORLD_SIZE", "1")), run.max_positions)
     prepare_run_dirs(run)
 

@@ -16,16 +16,22 @@ from kaiyuan_recipes.training.validate import ConfigError
 def resolve_with_upstream(cfg: Any, world_size: int) -> Any:
     """Run Megatron-Bridge's own runtime_config_update (mixed precision, DP size, scheduler steps,
     validation) on a copy, as `pretrain` will at start-up, so a dry run fails where a real run would."""
+    import torch
     from megatron.bridge.training.config import runtime_config_update
 
+    from kaiyuan_recipes.training.config import deterministic_env
+
     resolved = copy.deepcopy(cfg)
-    saved = {k: os.environ.get(k) for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
-    os.environ.update(WORLD_SIZE=str(world_size), RANK="0", LOCAL_RANK="0")
+    env = {"WORLD_SIZE": str(world_size), "RANK": "0", "LOCAL_RANK": "0", **deterministic_env(cfg)}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    deterministic = torch.are_deterministic_algorithms_enabled()  # upstream turns it on for deterministic_mode
     try:
         runtime_config_update(resolved)
     except (AssertionError, ValueError) as err:
         raise ConfigError(f"Megatron-Bridge rejected the configuration: {err}") from err
     finally:
+        torch.use_deterministic_algorithms(deterministic)
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
