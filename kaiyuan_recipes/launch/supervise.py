@@ -49,7 +49,8 @@ def is_torchrun(argv: list[str]) -> bool:
 
 
 def training_ranks(root: int) -> list[int]:
-    """The processes torchrun agents below `root` started (the ranks); `[root]` when there is no agent."""
+    """The processes torchrun agents below `root` started (the ranks); an agent itself while it has started
+    none yet (it then shuts down cleanly on SIGTERM); `[root]` when there is no agent."""
     table = _processes()
     children: dict[int, list[int]] = {}
     for pid, (ppid, _) in table.items():
@@ -58,7 +59,7 @@ def training_ranks(root: int) -> list[int]:
     while todo:
         pid = todo.pop()
         if is_torchrun(table.get(pid, (0, []))[1]):
-            ranks += children.get(pid, [])
+            ranks += children.get(pid, []) or [pid]
         else:
             todo += children.get(pid, [])
     return ranks or [root]
