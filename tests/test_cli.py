@@ -23,7 +23,14 @@ def test_train_dry_run_prints_the_plan(tmp_path):
     assert plan["checkpoint"]["dir"] == str(tmp_path / "gpt_smoke" / "checkpoints")
     assert plan["launch_command"].endswith("-m kaiyuan_recipes.training.entry gpt_smoke kaiyuan.run_root=" + str(tmp_path) + " train.train_iters=100")
     assert "--nproc-per-node=1" in plan["launch_command"]
+    assert plan["profiling"] == "off" and plan["model"]["deterministic"] is False
     assert not (tmp_path / "gpt_smoke").exists()  # a dry run writes nothing
+    out = kaiyuan("train", "gpt_smoke", "--dry-run", "--json", f"kaiyuan.run_root={tmp_path}", "profile.enabled=true",
+                  "profile.steps=[3,5]", "kaiyuan.deterministic=true")
+    assert out.returncode == 0, out.stderr[-3000:]
+    plan = json.loads(out.stdout)
+    assert plan["profiling"] == f"steps 3..5 on ranks [0] -> {tmp_path / 'gpt_smoke' / 'torch_profile'}"
+    assert plan["model"]["deterministic"] is True
 
 
 def test_train_dry_run_table_and_errors():

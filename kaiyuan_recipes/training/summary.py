@@ -56,6 +56,7 @@ def summarize(cfg: Any, run: RunSettings, layout: dict[str, int], launch_argv: l
             "heads/groups": f"{cfg.model.num_attention_heads}/{cfg.model.num_query_groups}",
             "layer_spec": getattr(cfg.model.transformer_layer_spec, "__name__", str(cfg.model.transformer_layer_spec)),
             "transformer_impl": cfg.model.transformer_impl,
+            "deterministic": bool(getattr(cfg.model, "deterministic_mode", False)),
         },
         "batch": {
             "global_batch_size": cfg.train.global_batch_size,
@@ -92,6 +93,9 @@ def summarize(cfg: Any, run: RunSettings, layout: dict[str, int], launch_argv: l
             "prefixes": list(cfg.dataset.blend[0]) if cfg.dataset.blend else None,
         },
         "tensorboard": cfg.logger.tensorboard_dir,
+        "profiling": (f"steps {cfg.profiling.profile_step_start}..{cfg.profiling.profile_step_end} on ranks "
+                      f"{cfg.profiling.profile_ranks} -> {run.run_dir / 'torch_profile'}"
+                      if cfg.profiling is not None and cfg.profiling.use_pytorch_profiler else "off"),
         "launch_command": shlex.join(launch_argv),
     }
 
