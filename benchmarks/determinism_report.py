@@ -2,7 +2,9 @@
 iteration of each, where they first differ, and the largest difference. Used on the reference and control
 runs of tests/gpu/stop_resume.sh, which run the same command twice.
 
-usage: python benchmarks/determinism_report.py --pair NAME LOG_A LOG_B [--pair …] --command CMD --out FILE.json"""
+Also compares two different set-ups (local vs fast spec: `--after` the warmup, `within_1_percent`).
+
+usage: python benchmarks/determinism_report.py --pair NAME LOG_A LOG_B [--pair …] [--after N] --command CMD --out FILE.json"""
 
 from __future__ import annotations
 
@@ -25,9 +27,9 @@ def losses(log: Path) -> dict[int, tuple[float, float, float]]:
     return {int(m[1]): (float(m[4]), float(m[2]), float(m[3])) for m in LINE.finditer(log.read_text(errors="replace"))}
 
 
-def compare(a: Path, b: Path) -> dict:
+def compare(a: Path, b: Path, after: int = 0) -> dict:
     la, lb = losses(a), losses(b)
-    common = sorted(set(la) & set(lb))
+    common = sorted(i for i in set(la) & set(lb) if i > after)
     if not common:
         raise SystemExit(f"{a} / {b}: no common iterations with an lm loss")
     diffs = {i: abs(la[i][0] - lb[i][0]) for i in common}
@@ -44,11 +46,14 @@ def main() -> None:
     ap.add_argument("--pair", nargs=3, action="append", metavar=("NAME", "LOG_A", "LOG_B"), required=True)
     ap.add_argument("--command", required=True, help="the command that produced the logs")
     ap.add_argument("--note", default="")
+    ap.add_argument("--after", type=int, default=0, help="compare only iterations after this one (e.g. warmup)")
     ap.add_argument("--revision", help="the git revision the logs were produced at (default: this checkout's)")
     ap.add_argument("--log-host", help="where the logs were produced, when not on this host (e.g. '1x NVIDIA H200')")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    results = {name: compare(Path(a), Path(b)) for name, a, b in args.pair}
+    results = {name: compare(Path(a), Path(b), args.after) for name, a, b in args.pair}
+    for r in results.values():
+        r["within_1_percent"] = r["max_rel_loss_diff"] <= 0.01
     record = provenance(args.command)
     if args.revision:
         record["revision"] = args.revision
