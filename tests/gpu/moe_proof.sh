@@ -20,8 +20,8 @@ fi
 grep -E "fwd|passed|failed" "$out/fast_spec_gpu.txt" 2>/dev/null || true
 args=(kaiyuan.run_root=$root kaiyuan.layer_spec=$spec kaiyuan.data=sample kaiyuan.tokenizer=null kaiyuan.tokenizer_sha256=null
       train.train_iters=${ITERS:-100} train.global_batch_size=4 train.micro_batch_size=2 logger.log_interval=1
-      scheduler.lr_warmup_iters=10 scheduler.lr_wsd_decay_iters=20 checkpoint.save_interval=${ITERS:-100}
-      checkpoint.save_optim=false)
+      scheduler.lr_warmup_iters=10 scheduler.lr_wsd_decay_iters=20 checkpoint.save_interval=25
+      checkpoint.save_optim=false)  # a checkpoint every 25 steps: a run cut by the time box still exports
 timeout ${TRAIN_TIMEOUT:-270} python3 -m kaiyuan_recipes.cli.main train laoyao_moe_2b "${args[@]}" \
   > "$out/moe_train.log" 2>&1 || { tail -40 "$out/moe_train.log"; echo "training did not finish"; }
 grep -E "iteration +[0-9]+/" "$out/moe_train.log" | sed -n '1p;$p'
