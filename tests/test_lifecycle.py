@@ -172,3 +172,25 @@ def test_cli_start_refuses_bad_config_before_launch(tmp_path):
                           f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=mock"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 2 and "use letters, digits" in out.stderr and "Traceback" not in out.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_foreground_train_hands_sigterm_to_the_ranks(tmp_path, job):
+    """`kaiyuan train` in the foreground (kaiyuan_recipes.launch.supervise.run_foreground) under `timeout` or a
+    scheduler: its SIGTERM reaches the ranks, which save and exit; torchrun and the launcher end cleanly."""
+    import signal
+    import subprocess
+
+    state = tmp_path / "state"
+    state.mkdir()
+    code = ("import sys; from pathlib import Path; from kaiyuan_recipes.launch.supervise import run_foreground; "
+            "sys.exit(run_foreground(sys.argv[2:], Path(sys.argv[1])))")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "train.log"), *job(state, 100000)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert wait_for(lambda: (state / "metrics.jsonl").is_file()
+                    and (state / "metrics.jsonl").read_text().count('"step"') >= 3)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out[-2000:]
+    assert "saved checkpoint at" in out and "death signal" not in out
+    assert '"checkpoint"' in (state / "metrics.jsonl").read_text()
+    assert "saved checkpoint at" in (tmp_path / "train.log").read_text()

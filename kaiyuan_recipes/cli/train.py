@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from kaiyuan_recipes.launch.supervise import run_foreground
 from kaiyuan_recipes.launch.torchrun import TorchrunSpec
 from kaiyuan_recipes.training.config import build_config
 from kaiyuan_recipes.training.entry import prepare_run_dirs
@@ -51,13 +50,7 @@ def run(args: Any) -> int:
     prepare_run_dirs(settings)
     log_path = settings.log_dir / f"train-{time.strftime('%Y%m%d-%H%M%S')}.log"
     print(f"launching: {summary['launch_command']}\nlog: {log_path}", flush=True)
-    with open(log_path, "w", encoding="utf-8") as log:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            log.write(line)
-        return proc.wait()
+    return run_foreground(argv, log_path)  # SIGTERM -> the ranks save a checkpoint and exit
 
 
 def plot(args: Any) -> int:

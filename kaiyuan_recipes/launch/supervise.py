@@ -6,7 +6,8 @@ A stop is SIGTERM to the supervisor, which hands it to the training ranks only â
 torchrun agent below it. Not to the whole group: torchrun answers SIGTERM by killing its ranks 30 s later
 (whether or not their checkpoint is written), and the ranks' DataLoader workers die on it, which fails the
 rank on its next batch. Megatron's exit-signal handler in each rank saves and exits; torchrun and the
-launcher then end on their own."""
+launcher then end on their own. `kaiyuan train` in the foreground does the same with a SIGTERM it gets
+(run_foreground)."""
 
 from __future__ import annotations
 
@@ -78,6 +79,24 @@ def forward_stop(child_pid: int) -> list[int]:
             pass
     print(f"kaiyuan supervisor: SIGTERM to rank process(es) {ranks}", file=sys.stderr, flush=True)
     return ranks
+
+
+def run_foreground(argv: list[str], log_path: Path) -> int:
+    """Run `argv` (torchrun) in the foreground, its output to stdout and `log_path`; a SIGTERM to this
+    process (a scheduler's, `timeout`'s) is handed to the ranks as `kaiyuan stop` would, so they save a
+    checkpoint and exit instead of being killed by torchrun."""
+    with open(log_path, "w", encoding="utf-8") as log:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        previous = signal.signal(signal.SIGTERM, lambda *_: forward_stop(proc.pid))
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+                log.write(line)
+            return proc.wait()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def kill_run(supervisor_pid: int) -> None:
