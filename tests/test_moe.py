@@ -138,3 +138,15 @@ def test_fast_spec_grouped_experts_compute_what_sequential_mlp_computes(megatron
     for ga, gb in zip(ag, bg):
         torch.testing.assert_close(ga, gb, atol=5e-2, rtol=5e-2)
     assert ag[2].abs().sum() == 0  # expert 1 received no tokens: no gradient
+
+
+def test_grouped_experts_leave_dense_layers_alone():
+    from megatron.bridge.models.gpt_provider import local_layer_spec
+
+    from kaiyuan_recipes.models.grouped_experts import with_grouped_experts
+    from kaiyuan_recipes.models.providers import build_provider
+
+    dense = build_provider(load_model_file("gpt_smoke"), "local")
+    spec = local_layer_spec(dense)
+    before = spec.submodules.mlp
+    assert with_grouped_experts(spec).submodules.mlp is before

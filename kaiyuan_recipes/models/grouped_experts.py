@@ -46,14 +46,20 @@ class GroupedGemmSequentialMLP(SequentialMLP):
         return _grouped_mm(h, fc2, offs=offsets).reshape(*shape[:-1], -1), None
 
 
-def with_grouped_experts(layer_spec: Any) -> Any:
-    """The same layer spec with the MoE experts built as GroupedGemmSequentialMLP."""
+def with_grouped_experts(spec: Any) -> Any:
+    """The same layer spec (or block spec of layer specs) with MoE experts built as GroupedGemmSequentialMLP;
+    dense layers are left as they are."""
     import dataclasses
     from functools import partial
 
-    mlp = layer_spec.submodules.mlp
-    moe = mlp.keywords["submodules"]
-    experts = partial(GroupedGemmSequentialMLP, *moe.experts.args, **moe.experts.keywords)
-    layer_spec.submodules.mlp = partial(mlp.func, *mlp.args, **{**mlp.keywords,
-                                                                 "submodules": dataclasses.replace(moe, experts=experts)})
-    return layer_spec
+    from megatron.core.transformer.moe.moe_layer import MoELayer
+
+    for layer in getattr(spec, "layer_specs", None) or [spec]:
+        mlp = layer.submodules.mlp
+        if getattr(mlp, "func", None) is not MoELayer:
+            continue
+        moe = mlp.keywords["submodules"]
+        experts = partial(GroupedGemmSequentialMLP, *moe.experts.args, **moe.experts.keywords)
+        layer.submodules.mlp = partial(mlp.func, *mlp.args,
+                                       **{**mlp.keywords, "submodules": dataclasses.replace(moe, experts=experts)})
+    return spec
