@@ -141,12 +141,13 @@ def test_fast_spec_grouped_experts_compute_what_sequential_mlp_computes(megatron
 
 
 def test_grouped_experts_leave_dense_layers_alone():
+    from kaiyuan_recipes.models.providers import build_provider
+
+    dense = build_provider(load_model_file("gpt_smoke"), "local")  # imports Megatron-Bridge through compat
     from megatron.bridge.models.gpt_provider import local_layer_spec
 
     from kaiyuan_recipes.models.grouped_experts import with_grouped_experts
-    from kaiyuan_recipes.models.providers import build_provider
 
-    dense = build_provider(load_model_file("gpt_smoke"), "local")
     spec = local_layer_spec(dense)
     before = spec.submodules.mlp
     assert with_grouped_experts(spec).submodules.mlp is before
