@@ -7,8 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 
-def hf_config_for(shape: dict[str, Any], tokenizer_vocab: int | None = None, dtype: str = "bfloat16"):
+def hf_config_for(shape: dict[str, Any], tokenizer_vocab: int | None = None, dtype: str = "bfloat16",
+                  eos_token_id: int | None = None, pad_token_id: int | None = None):
+    """eos / pad default to the bundled Qwen2 tokenizer's <|endoftext|>; pad defaults to eos."""
     from transformers import LlamaConfig, Qwen3Config, Qwen3MoeConfig
+
+    from kaiyuan_recipes.data.tokenizer import SPECIAL_TOKENS
+
+    eos = SPECIAL_TOKENS["<|endoftext|>"] if eos_token_id is None else eos_token_id
 
     if shape.get("add_bias_linear") or not shape.get("gated_linear_unit") or shape.get("normalization") != "RMSNorm":
         raise ValueError("model.yaml: only bias-free SwiGLU + RMSNorm models have a standard HF class here")
@@ -26,7 +32,8 @@ def hf_config_for(shape: dict[str, Any], tokenizer_vocab: int | None = None, dty
         tie_word_embeddings=bool(shape.get("share_embeddings_and_output_weights", False)),
         hidden_act="silu",
         bos_token_id=None,
-        eos_token_id=151643,
+        eos_token_id=eos,
+        pad_token_id=eos if pad_token_id is None else pad_token_id,
         dtype=dtype,
     )
     if shape.get("num_moe_experts"):

@@ -14,7 +14,6 @@ import torch
 
 from kaiyuan_exporters.megatron_to_hf import bridge_for, ensure_single_process_group, single_rank_overrides
 from kaiyuan_recipes.atomic import atomic_directory
-from kaiyuan_recipes.data.tokenizer import tokenizer_vocab_size
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -44,8 +43,7 @@ def import_hf(hf_dir: Path, out: Path, shape: dict[str, Any]) -> Path:
     if out.exists():
         raise FileExistsError(f"{out}: exists; choose a new output directory")
     ensure_single_process_group()
-    tokenizer_vocab = tokenizer_vocab_size(hf_dir) if (hf_dir / "tokenizer.json").is_file() else None
-    bridge = bridge_for(shape, tokenizer_vocab)
+    bridge = bridge_for(shape, tokenizer_dir=hf_dir if (hf_dir / "tokenizer.json").is_file() else None)
     model = build_cpu_model(shape, hf_dtype(hf_dir))
     bridge.load_hf_weights([model], str(hf_dir))
     with atomic_directory(out) as tmp:

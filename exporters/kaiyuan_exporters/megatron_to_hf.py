@@ -17,7 +17,6 @@ from kaiyuan_recipes import compat
 from kaiyuan_recipes.atomic import atomic_directory
 from kaiyuan_recipes.data.tokenizer import special_token_ids, tokenizer_vocab_size
 
-QWEN2_EOS = 151643  # <|endoftext|>: the eos of the bundled tokenizer, used when no tokenizer is given
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json")
 
 
@@ -70,14 +69,20 @@ SHAPE_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_h
                 "moe_aux_loss_coeff")
 
 
-def checkpoint_shape(checkpoint: Path) -> dict[str, Any]:
-    """The model shape a Megatron-Bridge checkpoint was trained with (its run_config.yaml)."""
+def run_config(checkpoint: Path) -> tuple[Path, dict[str, Any] | None]:
+    """The newest checkpoint's run_config.yaml (Megatron-Bridge writes one per save) and its contents."""
     import yaml
 
     config_file = newest_iteration_dir(checkpoint) / "run_config.yaml"
-    if not config_file.is_file():
+    return config_file, (yaml.safe_load(config_file.read_text()) or {}) if config_file.is_file() else None
+
+
+def checkpoint_shape(checkpoint: Path) -> dict[str, Any]:
+    """The model shape a Megatron-Bridge checkpoint was trained with (its run_config.yaml)."""
+    config_file, config = run_config(checkpoint)
+    if config is None:
         raise FileNotFoundError(f"{config_file}: missing; pass --recipe to say which model.yaml the checkpoint has")
-    model = (yaml.safe_load(config_file.read_text()) or {}).get("model") or {}
+    model = config.get("model") or {}
     missing = [k for k in ("num_layers", "hidden_size", "vocab_size") if model.get(k) is None]
     if missing:
         raise ValueError(f"{config_file}: model section lacks {missing}")
@@ -87,14 +92,11 @@ def checkpoint_shape(checkpoint: Path) -> dict[str, Any]:
 def require_torch_dist(checkpoint: Path) -> None:
     """The export reads torch_dist; say so plainly for a run saved otherwise (kaiyuan.zero_stage=2 saves
     Megatron-FSDP's fsdp_dtensor)."""
-    import yaml
-
-    config_file = newest_iteration_dir(checkpoint) / "run_config.yaml"
-    if config_file.is_file():
-        fmt = ((yaml.safe_load(config_file.read_text()) or {}).get("checkpoint") or {}).get("ckpt_format")
-        if fmt not in (None, "torch_dist"):
-            raise ValueError(f"{config_file}: checkpoint.ckpt_format is {fmt!r}; the export reads 'torch_dist' "
-                             "(train with kaiyuan.zero_stage 0 or 1, or convert the checkpoint first)")
+    config_file, config = run_config(checkpoint)
+    fmt = ((config or {}).get("checkpoint") or {}).get("ckpt_format")
+    if fmt not in (None, "torch_dist"):
+        raise ValueError(f"{config_file}: checkpoint.ckpt_format is {fmt!r}; the export reads 'torch_dist' "
+                         "(train with kaiyuan.zero_stage 0 or 1, or convert the checkpoint first)")
 
 
 def single_rank_overrides(shape: dict[str, Any]) -> dict[str, Any] | None:
@@ -103,11 +105,16 @@ def single_rank_overrides(shape: dict[str, Any]) -> dict[str, Any] | None:
     return {"moe_token_dispatcher_type": "allgather"} if shape.get("num_moe_experts") else None
 
 
-def bridge_for(shape: dict[str, Any], tokenizer_vocab: int | None = None):
+def bridge_for(shape: dict[str, Any], tokenizer_vocab: int | None = None, tokenizer_dir: Path | None = None):
+    """An AutoBridge for `shape`; with a tokenizer directory, its size and its eos / pad ids (e.g. GLM-5.2's
+    for laoyao_moe_2b) go into the HF config."""
     compat.import_megatron_bridge()
     from megatron.bridge import AutoBridge
 
-    return AutoBridge.from_hf_config(hf_config_for(shape, tokenizer_vocab))
+    if tokenizer_dir is not None:
+        tokenizer_vocab = tokenizer_vocab_size(tokenizer_dir)
+    special = special_token_ids(Path(tokenizer_dir)) if tokenizer_dir is not None else {}
+    return AutoBridge.from_hf_config(hf_config_for(shape, tokenizer_vocab, **special))
 
 
 def export_hf(checkpoint: Path, out: Path, shape: dict[str, Any] | None = None, tokenizer_dir: Path | None = None,
@@ -120,7 +127,7 @@ def export_hf(checkpoint: Path, out: Path, shape: dict[str, Any] | None = None, 
     require_torch_dist(checkpoint)
     ensure_single_process_group()
     shape = shape or checkpoint_shape(checkpoint)
-    bridge = bridge_for(shape, tokenizer_vocab_size(tokenizer_dir) if tokenizer_dir else None)
+    bridge = bridge_for(shape, tokenizer_dir=tokenizer_dir)
     model = bridge.load_megatron_model(str(newest_iteration_dir(checkpoint)), mp_overrides=single_rank_overrides(shape),
                                        wrap_with_ddp=False)
     return write_hf_dir(bridge, model, out, tokenizer_dir, show_progress)
@@ -134,17 +141,13 @@ def write_hf_dir(bridge: Any, model: Any, out: Path, tokenizer_dir: Path | None 
     models = model if isinstance(model, list) else [model]
     with atomic_directory(out) as tmp:
         bridge.save_hf_pretrained(models, tmp, show_progress=show_progress)
-        eos = pad = QWEN2_EOS
         if tokenizer_dir is not None:
             for name in TOKENIZER_FILES:
                 if (Path(tokenizer_dir) / name).is_file():
                     shutil.copy2(Path(tokenizer_dir) / name, tmp / name)
-            ids = special_token_ids(Path(tokenizer_dir))  # e.g. GLM-5.2's for laoyao_moe_2b, not Qwen's
-            eos, pad = ids["eos"] if ids["eos"] is not None else eos, ids["pad"] if ids["pad"] is not None else pad
-            config = json.loads((tmp / "config.json").read_text())
-            config["eos_token_id"] = eos
-            (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        GenerationConfig(eos_token_id=eos, pad_token_id=pad, do_sample=False).save_pretrained(tmp)
+        config = json.loads((tmp / "config.json").read_text())  # eos / pad as bridge_for decided them
+        GenerationConfig(eos_token_id=config["eos_token_id"], pad_token_id=config.get("pad_token_id"),
+                         do_sample=False).save_pretrained(tmp)
     return Path(out)
 
 

@@ -114,7 +114,8 @@ def tokenizer_vocab_size(path: Path) -> int:
 
 
 def special_token_ids(path: Path) -> dict[str, int | None]:
-    """eos / pad ids as the directory's tokenizer_config.json names them (pad defaults to eos)."""
+    """eos_token_id / pad_token_id as the directory's tokenizer_config.json names them (None where it names
+    none; pad then defaults to eos)."""
     import json
 
     from tokenizers import Tokenizer
@@ -129,7 +130,8 @@ def special_token_ids(path: Path) -> dict[str, int | None]:
         return tokenizer.token_to_id(content) if isinstance(content, str) else None
 
     eos = token_id(config.get("eos_token"))
-    return {"eos": eos, "pad": token_id(config.get("pad_token")) or eos}
+    pad = token_id(config.get("pad_token"))
+    return {"eos_token_id": eos, "pad_token_id": eos if pad is None else pad}
 
 
 def tokenizer_fingerprint(path: Path) -> str:
