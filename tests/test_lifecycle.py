@@ -10,7 +10,7 @@ import time
 import pytest
 
 from kaiyuan_recipes.launch.supervise import is_torchrun, training_ranks
-from kaiyuan_recipes.launch.lifecycle import RunStateError, follow_log, running_pid, RunPaths, start, status, stop
+from kaiyuan_recipes.launch.lifecycle import _alive, RunStateError, follow_log, running_pid, RunPaths, start, status, stop
 
 PROGRAM = textwrap.dedent('''
     import json, os, signal, sys, time
@@ -132,15 +132,14 @@ def test_sigkill_only_after_grace(tmp_path, job):
     assert result["sigkill_after_grace"] and time.monotonic() - t0 >= 2
     assert wait_for(lambda: running_pid(RunPaths(run)) is None, timeout=10)
     # torchrun puts each rank in its own session; the SIGKILL must reach them there too
-    assert wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split(")")[1]
-                                   .split()[0] != "Z" for pid in ranks), timeout=10)
+    assert wait_for(lambda: not any(_alive(pid) for pid in ranks), timeout=10)
 
 
 def test_process_table_sees_this_process_and_its_parent():
-    from kaiyuan_recipes.launch.supervise import _processes
+    from kaiyuan_recipes.launch.supervise import processes
 
-    table = _processes()
-    assert table[os.getpid()][0] == os.getppid()
+    table = processes()
+    assert table[os.getpid()].ppid == os.getppid() and table[os.getpid()].state in "RS"
     assert training_ranks(os.getpid()) == [os.getpid()]  # no torchrun below a test process
 
 

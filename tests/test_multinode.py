@@ -122,15 +122,9 @@ def test_cluster_up_and_down_command_lines():
 
 
 def _processes_with(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
-                if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
-                    found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
+    from kaiyuan_recipes.launch.supervise import processes
+
+    return [pid for pid, p in processes().items() if p.state != "Z" and any(marker in a for a in p.argv)]
 
 
 def test_sigkill_reaches_the_ranks_in_their_own_sessions(sshd, tmp_path):

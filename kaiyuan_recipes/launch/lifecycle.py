@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kaiyuan_recipes.launch.supervise import kill_run
+from kaiyuan_recipes.launch.supervise import kill_run, read_proc
 from kaiyuan_recipes.training.metrics_log import read_metrics
 
 # Environment variables recorded with a run (never tokens or keys).
@@ -51,11 +51,8 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    try:  # a zombie is not running
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split()[2] != "Z"
-    except OSError:
-        return True
+    proc = read_proc(pid)
+    return proc is None or proc.state != "Z"  # a zombie is not running
 
 
 def running_pid(paths: RunPaths) -> int | None:

@@ -18,26 +18,35 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from kaiyuan_recipes.atomic import write_text_atomic
 
 TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 
 
-def _processes() -> dict[int, tuple[int, list[str]]]:
-    """pid -> (parent pid, argv) of every process this user can see, from /proc."""
-    table = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_bytes().decode(errors="replace")  # comm may be any bytes
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])  # after "pid (comm) state"
-        except (OSError, ValueError, IndexError):  # exited meanwhile (empty or vanished files)
-            continue
-        table[int(entry.name)] = (ppid, [a.decode(errors="replace") for a in argv if a])
-    return table
+class Proc(NamedTuple):
+    ppid: int
+    state: str  # "Z": a zombie, not running
+    argv: list[str]
+
+
+def read_proc(pid: int) -> Proc | None:
+    """Parent, state and argv of `pid` from /proc; None once it is gone (or unreadable)."""
+    entry = Path(f"/proc/{pid}")
+    try:
+        stat = (entry / "stat").read_bytes().decode(errors="replace")  # comm may be any bytes
+        argv = (entry / "cmdline").read_bytes().split(b"\0")
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]  # after "pid (comm)"
+        return Proc(int(ppid), state, [a.decode(errors="replace") for a in argv if a])
+    except (OSError, ValueError, IndexError):  # exited meanwhile (empty or vanished files)
+        return None
+
+
+def processes() -> dict[int, Proc]:
+    """Every process this user can see."""
+    table = {int(e.name): read_proc(int(e.name)) for e in Path("/proc").iterdir() if e.name.isdigit()}
+    return {pid: proc for pid, proc in table.items() if proc is not None}
 
 
 def is_torchrun(argv: list[str]) -> bool:
@@ -52,14 +61,14 @@ def is_torchrun(argv: list[str]) -> bool:
 def training_ranks(root: int) -> list[int]:
     """The processes torchrun agents below `root` started (the ranks); an agent itself while it has started
     none yet (it then shuts down cleanly on SIGTERM); `[root]` when there is no agent."""
-    table = _processes()
+    table = processes()
     children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
+    for pid, proc in table.items():
+        children.setdefault(proc.ppid, []).append(pid)
     ranks, todo = [], [root]
     while todo:
         pid = todo.pop()
-        if is_torchrun(table.get(pid, (0, []))[1]):
+        if pid in table and is_torchrun(table[pid].argv):
             ranks += children.get(pid, []) or [pid]
         else:
             todo += children.get(pid, [])
