@@ -9,7 +9,6 @@ usage: python benchmarks/determinism_report.py --pair NAME LOG_A LOG_B [--pair â
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import sys
 from pathlib import Path
@@ -17,18 +16,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from provenance import provenance, write_json  # noqa: E402
-
-LINE = re.compile(r"iteration +(\d+)/ *\d+ \|.*?elapsed time per iteration \(ms\): ([0-9.]+).*?"
-                  r"throughput per GPU \(TFLOP/s/GPU\): ([0-9.]+).*?lm loss: ([0-9.E+-]+)")
-
-
-def losses(log: Path) -> dict[int, tuple[float, float, float]]:
-    """iteration -> (loss, ms per iteration, TFLOP/s)"""
-    return {int(m[1]): (float(m[4]), float(m[2]), float(m[3])) for m in LINE.finditer(log.read_text(errors="replace"))}
-
+from train_report import megatron_iterations  # noqa: E402
 
 def compare(a: Path, b: Path, after: int = 0) -> dict:
-    la, lb = losses(a), losses(b)
+    la, lb = megatron_iterations(a), megatron_iterations(b)
     common = sorted(i for i in set(la) & set(lb) if i > after)
     if not common:
         raise SystemExit(f"{a} / {b}: no common iterations with an lm loss")

@@ -29,7 +29,15 @@ def segments(records: list[dict]) -> list[list[dict]]:
     return out
 
 
-LOG_TFLOPS = re.compile(r"throughput per GPU \(TFLOP/s/GPU\): ([0-9.]+)")
+# Megatron's console line for a training iteration.
+ITERATION_LINE = re.compile(r"iteration +(\d+)/ *\d+ \|.*?elapsed time per iteration \(ms\): ([0-9.]+).*?"
+                            r"throughput per GPU \(TFLOP/s/GPU\): ([0-9.]+).*?lm loss: ([0-9.E+-]+)")
+
+
+def megatron_iterations(log: Path) -> dict[int, tuple[float, float, float]]:
+    """iteration -> (lm loss, ms per iteration, model TFLOP/s) from a Megatron console log."""
+    return {int(m[1]): (float(m[4]), float(m[2]), float(m[3]))
+            for m in ITERATION_LINE.finditer(log.read_text(errors="replace"))}
 
 
 def tflops_from_logs(logs: list[Path]) -> float | None:
@@ -37,8 +45,7 @@ def tflops_from_logs(logs: list[Path]) -> float | None:
     dropped: it includes warm-up)."""
     values = []
     for log in logs:
-        found = [float(v) for v in LOG_TFLOPS.findall(log.read_text(errors="replace"))]
-        values.extend(found[1:])
+        values.extend(v[2] for _, v in sorted(megatron_iterations(log).items())[1:])
     return statistics.median(values) if values else None
 
 
