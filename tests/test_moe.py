@@ -104,11 +104,22 @@ def test_moe_roundtrip_through_torch_dist_and_kv_cache(tmp_path, megatron_parall
         assert torch.equal(tensor, theirs[name]), name
 
 
+def experts_step(experts, grouped: bool, x, tokens_per_expert, probs):
+    """One forward + backward of `experts` (GroupedGemmSequentialMLP) through its grouped path or through
+    SequentialMLP's own loop: output, input gradient, weight gradients, output bias (also tests/gpu)."""
+    from megatron.core.transformer.moe.experts import SequentialMLP
+
+    experts.zero_grad(set_to_none=True)
+    xi = x.clone().requires_grad_(True)
+    out, bias = (experts.forward if grouped else lambda *a: SequentialMLP.forward(experts, *a))(
+        xi, tokens_per_expert, probs)
+    (out.float() * torch.linspace(-1, 1, out.shape[-1], device=out.device)).sum().backward()
+    return out.float(), xi.grad.float(), [p.grad.float().clone() for p in experts.parameters()], bias
+
+
 def test_fast_spec_grouped_experts_compute_what_sequential_mlp_computes(megatron_parallel):
     """The fast spec's experts: SequentialMLP's parameters and layout, one grouped GEMM per projection.
     Same outputs and weight gradients as SequentialMLP's own loop, with an expert that gets no tokens."""
-    from megatron.core.transformer.moe.experts import SequentialMLP
-
     from kaiyuan_recipes.models.grouped_experts import GroupedGemmSequentialMLP
     from kaiyuan_recipes.models.providers import build_provider, provide_on_cpu
 
@@ -122,16 +133,8 @@ def test_fast_spec_grouped_experts_compute_what_sequential_mlp_computes(megatron
     tokens_per_expert = torch.tensor([5, 0, 7, 3, 9, 1, 4, 11])
     x = torch.randn(int(tokens_per_expert.sum()), 64, dtype=torch.bfloat16)
     probs = torch.rand(x.shape[0])
-    upstream = SequentialMLP.forward
-    results = []
-    for forward in (experts.forward, lambda *a: upstream(experts, *a)):
-        experts.zero_grad(set_to_none=True)
-        xi = x.clone().requires_grad_(True)
-        out, bias = forward(xi, tokens_per_expert, probs)
-        (out.float() * torch.linspace(-1, 1, out.shape[-1])).sum().backward()
-        grads = [p.grad.float().clone() for p in experts.parameters()]
-        results.append((out.float(), xi.grad.float(), grads, bias))
-    (a, ax, ag, abias), (b, bx, bg, _) = results
+    (a, ax, ag, abias), (b, bx, bg, _) = (experts_step(experts, grouped, x, tokens_per_expert, probs)
+                                          for grouped in (True, False))
     assert abias is None and a.shape == (x.shape[0], 64)
     torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(ax, bx, atol=2e-2, rtol=2e-2)

@@ -36,7 +36,7 @@ def _timed(fn, reps: int = 5) -> float:
 
 
 def test_grouped_experts_match_sequential_mlp_on_cuda():
-    from megatron.core.transformer.moe.experts import SequentialMLP
+    from test_moe import experts_step  # tests/test_moe.py: one fwd+bwd either way
 
     from kaiyuan_recipes.models.providers import build_provider, provide_on_cpu
 
@@ -52,20 +52,11 @@ def test_grouped_experts_match_sequential_mlp_on_cuda():
     counts[3] = 0  # an expert without tokens
     x = torch.randn(routed, 1024, dtype=torch.bfloat16, device=DEVICE)
     probs = torch.rand(routed, device=DEVICE)
-    upstream = SequentialMLP.forward
     outputs, times = [], {}
-    for name, forward in (("grouped", experts.forward), ("sequential", lambda *a: upstream(experts, *a))):
-        def step():
-            experts.zero_grad(set_to_none=True)
-            xi = x.clone().requires_grad_(True)
-            out, _ = forward(xi, counts, probs)
-            out.float().sum().backward()
-            return out, xi
-
-        times[name] = _timed(step)
-        out, xi = step()
-        outputs.append((out.float(), xi.grad.float(), [p.grad.float().clone() for p in experts.parameters()]))
-    (a, ax, ag), (b, bx, bg) = outputs
+    for name, grouped in (("grouped", True), ("sequential", False)):
+        times[name] = _timed(lambda: experts_step(experts, grouped, x, counts, probs))
+        outputs.append(experts_step(experts, grouped, x, counts, probs))
+    (a, ax, ag, _), (b, bx, bg, _) = outputs
     print(f"\nexperts fwd+bwd, {routed} routed tokens: grouped {times['grouped'] * 1e3:.1f} ms, "
           f"sequential {times['sequential'] * 1e3:.1f} ms ({times['sequential'] / times['grouped']:.1f}x)")
     torch.testing.assert_close(a, b, atol=3e-2, rtol=3e-2)
