@@ -43,16 +43,20 @@ def wait_ready(url: str, seconds: float = 90) -> None:
             time.sleep(1)
 
 
-def hf_greedy(hf_dir: Path, use_cache: bool) -> list[int]:
+def hf_greedy(hf_dir: Path) -> dict[bool, list[int]]:
+    """transformers' greedy tokens for PROMPT, with (True) and without (False) the KV cache."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(hf_dir))
     model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.bfloat16).cuda().eval()
     ids = torch.tensor([tok(PROMPT, add_special_tokens=False)["input_ids"]], device="cuda")
+    tokens = {}
     with torch.inference_mode():
-        out = model.generate(input_ids=ids, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
-                             use_cache=use_cache, pad_token_id=tok.pad_token_id or 0)
-    return out[0, ids.shape[1]:].tolist()
+        for use_cache in (True, False):
+            out = model.generate(input_ids=ids, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                                 do_sample=False, use_cache=use_cache, pad_token_id=tok.pad_token_id or 0)
+            tokens[use_cache] = out[0, ids.shape[1]:].tolist()
+    return tokens
 
 
 def load(path: Path) -> dict | None:
@@ -76,7 +80,8 @@ def main() -> None:
     openai = call(f"{args.url}/v1/completions", "POST", {"prompt": PROMPT, "max_tokens": NEW_TOKENS,
                                                           "temperature": 0.0})
     tok = AutoTokenizer.from_pretrained(str(args.hf_dir))
-    cached, uncached = hf_greedy(args.hf_dir, True), hf_greedy(args.hf_dir, False)
+    greedy = hf_greedy(args.hf_dir)
+    cached, uncached = greedy[True], greedy[False]
     serving = {
         "prompt": PROMPT,
         "put_api_text": megatron_api["text"][0],
