@@ -130,6 +130,32 @@ def init_optimizer_state_before_load() -> bool:
     return True
 
 
+def keep_restored_adam_step() -> bool:
+    """megatron-core 0.19, distributed optimizer without Apex/TE (torch AdamW keeps a per-parameter
+    'step'): load_state_dict() restores 'step' from the checkpoint's param_groups, then the
+    dp_reshardable parameter-state load copies over it the template's stale 'step' (a non-persistent
+    entry, i.e. the value before loading). A resumed run restarts Adam's bias correction at step 1
+    and diverges from the uninterrupted run (seen on the H200: identical loss on the first step after
+    resume, different from the second). The step lives in param_groups, as upstream's own comment
+    says; keep it out of the per-parameter copy."""
+    from megatron.core.optimizer import distrib_optimizer
+
+    if distrib_optimizer.HAVE_APEX_OR_TE:
+        return False
+    cls = distrib_optimizer.DistributedOptimizer
+    original = cls._set_main_param_and_optimizer_states
+    if getattr(original, "_kaiyuan_patched", False):
+        return True
+
+    @functools.wraps(original)
+    def set_main_param_and_optimizer_states(self, model_param, tensors):
+        return original(self, model_param, {**tensors, "step": None} if "step" in tensors else tensors)
+
+    set_main_param_and_optimizer_states._kaiyuan_patched = True  # type: ignore[attr-defined]
+    cls._set_main_param_and_optimizer_states = set_main_param_and_optimizer_states
+    return True
+
+
 # Settings a model needs on Megatron's local (non-TE) layer spec where upstream's default fails
 # without Transformer Engine / Apex. Measured on an H200 (tests/gpu/test_local_spec_compat.py):
 # only the masked-softmax fusion; rope, bias-activation, bias-dropout and gradient-accumulation
@@ -232,6 +258,7 @@ def apply() -> None:
     install_lora_placeholder()
     skip_prebuilt_helpers_build()
     init_optimizer_state_before_load()
+    keep_restored_adam_step()
     cpu_checkpoint_save()
 
 

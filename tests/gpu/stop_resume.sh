@@ -45,4 +45,5 @@ while kaiyuan status interrupted --run-root "$root" | grep -q '"state": "running
 kaiyuan status interrupted --run-root "$root"
 wait "${pids[@]}"
 python3 tests/gpu/stop_resume_report.py "$root" --stop-requested-at "$stop_at" --out "$out/stop_resume.json" \
+  --stop-result "$out/stop.json" \
   --command "bash tests/gpu/stop_resume.sh"

@@ -27,12 +27,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--command", required=True)
     ap.add_argument("--window", type=int, default=20)
+    ap.add_argument("--stop-result", type=Path, help="what `kaiyuan stop` printed (JSON)")
     args = ap.parse_args()
     records = read_metrics(args.root / "interrupted" / "run_state")
     starts = [r["iteration"] for r in records if r["event"] == "train_start"]
     saved = [r["iteration"] for r in records if r["event"] == "checkpoint"]
-    stop = json.loads((args.root / "interrupted" / "run_state" / "stop.json").read_text()) \
-        if (args.root / "interrupted" / "run_state" / "stop.json").is_file() else None
+    stop = json.loads(args.stop_result.read_text()) if args.stop_result and args.stop_result.is_file() else None
     resumed_at = starts[1] if len(starts) > 1 else None
     ref, control, resumed = (losses(args.root / n) for n in ("reference", "control", "interrupted"))
     window = [i for i in range((resumed_at or 0) + 1, (resumed_at or 0) + 1 + args.window) if i in ref and i in resumed]
