@@ -130,29 +130,39 @@ def init_optimizer_state_before_load() -> bool:
     return True
 
 
-def keep_restored_adam_step() -> bool:
-    """megatron-core 0.19, distributed optimizer without Apex/TE (torch AdamW keeps a per-parameter
-    'step'): load_state_dict() restores 'step' from the checkpoint's param_groups, then the
-    dp_reshardable parameter-state load copies over it the template's stale 'step' (a non-persistent
-    entry, i.e. the value before loading). A resumed run restarts Adam's bias correction at step 1
-    and diverges from the uninterrupted run (seen on the H200: identical loss on the first step after
-    resume, different from the second). The step lives in param_groups, as upstream's own comment
-    says; keep it out of the per-parameter copy."""
+def restore_adam_step_per_parameter() -> bool:
+    """megatron-core 0.19, distributed optimizer without Apex/TE (torch AdamW keeps a 'step' tensor per
+    parameter), two defects in DistributedOptimizer.load_state_dict, both seen on the H200 as a resumed
+    run whose first step matches the uninterrupted run and whose second does not:
+    - it gives every parameter the *same* step tensor; torch's foreach/fused AdamW then adds 1 to that
+      one tensor once per parameter per step, so after one step Adam's bias correction is far off;
+    - the dp_reshardable parameter-state load then copies the template's stale step (a non-persistent
+      entry: the value before loading) over the restored one.
+    After upstream's load, give each parameter its own tensor holding the checkpoint's step (kept in
+    the param_groups, where upstream's state_dict() put it)."""
     from megatron.core.optimizer import distrib_optimizer
 
     if distrib_optimizer.HAVE_APEX_OR_TE:
         return False
     cls = distrib_optimizer.DistributedOptimizer
-    original = cls._set_main_param_and_optimizer_states
+    original = cls.load_state_dict
     if getattr(original, "_kaiyuan_patched", False):
         return True
 
     @functools.wraps(original)
-    def set_main_param_and_optimizer_states(self, model_param, tensors):
-        return original(self, model_param, {**tensors, "step": None} if "step" in tensors else tensors)
+    def load_state_dict(self, state_dict):
+        groups = (state_dict.get("optimizer") or {}).get("param_groups") or []
+        steps = {g["step"] for g in groups if g.get("step") is not None}
+        original(self, state_dict)
+        if self.ddp_config.use_megatron_fsdp or len(steps) != 1:
+            return
+        step = float(steps.pop())
+        for param_state in self.optimizer.state.values():
+            if "step" in param_state:
+                param_state["step"] = param_state["step"].new_full((), step)
 
-    set_main_param_and_optimizer_states._kaiyuan_patched = True  # type: ignore[attr-defined]
-    cls._set_main_param_and_optimizer_states = set_main_param_and_optimizer_states
+    load_state_dict._kaiyuan_patched = True  # type: ignore[attr-defined]
+    cls.load_state_dict = load_state_dict
     return True
 
 
@@ -258,7 +268,7 @@ def apply() -> None:
     install_lora_placeholder()
     skip_prebuilt_helpers_build()
     init_optimizer_state_before_load()
-    keep_restored_adam_step()
+    restore_adam_step_per_parameter()
     cpu_checkpoint_save()
 
 
