@@ -1,6 +1,7 @@
 """Generation throughput, side by side in one run: transformers' `generate` as people call it (dynamic
-cache, eager) against `kaiyuan serve`'s engine (static KV cache, compiled with CUDA graphs), same weights,
-greedy, prompt 128 tokens, 256 new tokens, batch 1 and 32; outputs compared token for token.
+cache, eager) against `kaiyuan serve`'s engine in each decoder mode (static KV cache; torch.compile with
+our CUDA graph, or with torch's reduce-overhead graphs), same weights, greedy, prompt 128 tokens, 256 new
+tokens, batch 1 and 32; outputs compared token for token (bf16), and in fp32 against generate.
 
 usage: python benchmarks/generation.py HF_DIR --out generation.json
        (HF_DIR: an exported model; --random-qwen3 DIR writes a random-weight qwen3_1p7b there first)"""
@@ -56,6 +57,21 @@ def write_random_qwen3(path: Path) -> Path:
     return path
 
 
+def fp32_agreement(hf_dir: Path, batch: list[list[int]], new_tokens: int) -> dict:
+    """In fp32 (no bf16 near-ties), the graph decoder against transformers' generate, same weights."""
+    from transformers import AutoModelForCausalLM
+
+    from kaiyuan_exporters.serving.decode import StaticDecoder
+
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).cuda().eval()
+    ref = hf_generate(model, batch, new_tokens)
+    ours = StaticDecoder(model, "cuda", "graph").greedy(torch.tensor(batch, device="cuda"), new_tokens, set(),
+                                                        stop_early=False).tolist()
+    del model
+    torch.cuda.empty_cache()
+    return {"rows": len(batch), "new_tokens": new_tokens, "identical_rows": sum(a == b for a, b in zip(ours, ref))}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("hf_dir", type=Path, nargs="?")
@@ -64,9 +80,11 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
+    ap.add_argument("--modes", nargs="+", default=["graph", "reduce-overhead"], help="decoder modes to measure")
     args = ap.parse_args()
     from transformers import AutoModelForCausalLM
 
+    from kaiyuan_exporters.serving.decode import StaticDecoder
     from kaiyuan_exporters.serving.engine import GenerationEngine, Request
 
     hf_dir = write_random_qwen3(args.random_qwen3) if args.random_qwen3 else args.hf_dir
@@ -78,25 +96,38 @@ def main() -> None:
         batch = all_prompts[:bs]
         requests = lambda: [Request(p, args.new_tokens, ignore_eos=True) for p in batch]  # noqa: E731
         with torch.inference_mode():
-            _, warm_s = timed(lambda: engine.generate(requests()))  # compiles the decode step for this shape
-            ours, ours_s = timed(lambda: engine.generate(requests()))
             ref, ref_s = timed(lambda: hf_generate(baseline, batch, args.new_tokens))
-        ours = [c.token_ids for c in ours]
-        first_diff = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) for x, y in zip(ours, ref)]
-        results[f"batch_{bs}"] = {
-            "ours_tokens_per_s": bs * args.new_tokens / ours_s,
-            "hf_generate_tokens_per_s": bs * args.new_tokens / ref_s,
-            "speedup": ref_s / ours_s,
-            "ours_first_call_s_incl_compile": warm_s,
-            "identical_rows": sum(a == b for a, b in zip(ours, ref)) / bs,
-            "mean_tokens_before_first_difference": sum(first_diff) / bs,
-        }
-        print(bs, results[f"batch_{bs}"], flush=True)
+        row = {"hf_generate_tokens_per_s": bs * args.new_tokens / ref_s}
+        for mode in args.modes:
+            engine.decoder = StaticDecoder(engine.model, "cuda", mode, engine.max_length)
+            torch._dynamo.utils.counters.clear()
+            _, warm_s = timed(lambda: engine.generate(requests()))  # compiles / captures for this shape
+            ours, ours_s = timed(lambda: engine.generate(requests()))
+            ours = [c.token_ids for c in ours]
+            first_diff = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) for x, y in zip(ours, ref)]
+            row[mode] = {
+                "tokens_per_s": bs * args.new_tokens / ours_s,
+                "speedup_vs_hf_generate": ref_s / ours_s,
+                "mode_in_use": engine.decoder.mode,  # differs from `mode` after a fallback
+                "first_call_s_incl_compile": warm_s,
+                "identical_rows_bf16": sum(a == b for a, b in zip(ours, ref)) / bs,
+                "mean_tokens_before_first_difference_bf16": sum(first_diff) / bs,
+                "inductor_counters": {k: v for k, v in torch._dynamo.utils.counters["inductor"].items()
+                                      if "cudagraph" in k},
+            }
+        print(bs, row, flush=True)
+        results[f"batch_{bs}"] = row
+    baseline = None  # frees the bf16 copy before the fp32 one is loaded
+    agreement = fp32_agreement(hf_dir, all_prompts[:4], 64)
+    print("fp32", agreement, flush=True)
     write_json(args.out, {**provenance(" ".join(["python", *sys.argv])), "model": str(hf_dir),
                           "prompt_tokens": args.prompt_len, "new_tokens": args.new_tokens, "greedy": True,
-                          "ours": "kaiyuan_exporters.serving.engine (transformers generate, static cache, "
-                                  "torch.compile reduce-overhead)",
-                          "baseline": "transformers generate, dynamic cache, eager, SDPA", "results": results})
+                          "ours": "kaiyuan_exporters.serving.decode.StaticDecoder per mode: graph = torch.compile "
+                                  "+ one CUDA graph per (batch, cache length); reduce-overhead = torch.compile's "
+                                  "own CUDA graphs",
+                          "baseline": "transformers generate, dynamic cache, eager, SDPA",
+                          "targets_tokens_per_s": {"batch_1": 300, "batch_32": 5000},
+                          "results": results, "fp32_agreement_with_hf_generate": agreement})
 
 
 if __name__ == "__main__":

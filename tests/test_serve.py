@@ -197,7 +197,7 @@ def test_engine_static_cache_greedy_path_matches_generate(tiny_model):
     for _ in range(2):  # the second call runs on the reused cache
         got = engine.generate([Request(p, 12, ignore_eos=True) for p in prompts])
         assert [c.token_ids for c in got] == ref
-    assert len(engine._caches) == 1
+    assert len(engine.decoder.slots) == 1
 
 
 def test_engine_decodes_eagerly_when_the_model_cannot_be_compiled(tiny_model):
@@ -212,7 +212,28 @@ def test_engine_decodes_eagerly_when_the_model_cannot_be_compiled(tiny_model):
     def uncompilable(token, cache):
         raise torch._dynamo.exc.TorchDynamoException("data-dependent control flow")
 
-    engine._decode = uncompilable
+    engine.decoder.step = uncompilable
+    engine.decoder.mode = "reduce-overhead"  # as on a GPU after a failed capture
     with pytest.warns(UserWarning, match="decode step not compiled"):
         got = engine.generate([Request(prompt, 8, ignore_eos=True)])[0].token_ids
-    assert got == expected and engine._decode == engine._decode_step
+    assert got == expected and engine.decoder.mode == "eager"
+
+
+def test_decoder_rounds_cache_lengths_and_refuses_gpu_modes_without_a_gpu(tiny_model):
+    """Cache lengths are bucketed (fewer shapes to compile / capture), never beyond the model's positions;
+    the compiled and graph modes need CUDA and say so."""
+    from kaiyuan_exporters.serving.decode import CACHE_LENGTH_MULTIPLE, StaticDecoder
+    from kaiyuan_exporters.serving.engine import GenerationEngine, Request
+
+    engine = GenerationEngine(tiny_model, "cpu", static_cache=True, max_length=CACHE_LENGTH_MULTIPLE + 10)
+    prompt = engine.encode("Hello world, this is a test")[:5]
+    engine.generate([Request(prompt, 3, ignore_eos=True)])
+    engine.generate([Request(prompt, 40, ignore_eos=True)])  # same bucket: no new cache
+    assert list(engine.decoder.slots) == [(1, CACHE_LENGTH_MULTIPLE)]
+    engine.generate([Request(prompt, CACHE_LENGTH_MULTIPLE, ignore_eos=True)])
+    assert (1, CACHE_LENGTH_MULTIPLE + 10) in engine.decoder.slots  # capped at max_length
+    for mode in ("graph", "reduce-overhead"):
+        with pytest.raises(ValueError, match="needs a CUDA device"):
+            StaticDecoder(engine.model, "cpu", mode)
+    with pytest.raises(ValueError, match="expected one of graph, reduce-overhead, eager"):
+        StaticDecoder(engine.model, "cpu", "fast")

@@ -15,6 +15,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--port", type=int, default=5000)
     p.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     p.add_argument("--max-batch-size", type=int, default=32)
+    p.add_argument("--decode-mode", choices=["graph", "reduce-overhead", "eager"],
+                   help="greedy decode step: graph (compiled, one CUDA graph per batch / cache length; the CUDA "
+                        "default), reduce-overhead (torch.compile's CUDA graphs), eager (the CPU default)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20)
     p.add_argument("--api-token-env", metavar="VAR",
                    help="require 'Authorization: Bearer <token>', the token read from environment variable VAR")
@@ -34,7 +37,7 @@ def serve(args: Any) -> int:
         if not token:
             raise ValueError(f"--api-token-env {args.api_token_env}: that environment variable is empty or unset")
     hf_dir = as_hf_dir(args.model)
-    engine = GenerationEngine(hf_dir, args.device, args.max_batch_size)
+    engine = GenerationEngine(hf_dir, args.device, args.max_batch_size, decode_mode=args.decode_mode)
     app = create_app(engine, token, args.max_body_bytes, model_name=hf_dir.name)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", access_log=False)
     return 0

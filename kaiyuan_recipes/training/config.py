@@ -53,6 +53,11 @@ class RunSettings:
     deterministic: bool = False
 
     @property
+    def fused_adamw(self) -> bool:
+        """The fast path's fused optimizer step (training/fused_adamw.py); not bit-for-bit the foreach step."""
+        return self.layer_spec == "fast" and not self.deterministic
+
+    @property
     def checkpoint_dir(self) -> Path:
         return self.run_dir / "checkpoints"
 

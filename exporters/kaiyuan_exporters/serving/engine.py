@@ -1,7 +1,8 @@
 """The generation engine behind `kaiyuan serve`: a HF causal LM with a KV cache, concurrent requests
 batched together. A worker thread drains the request queue, groups requests that share sampling settings,
-and runs each group as one left-padded batch through `model.generate` (on CUDA with a static KV cache,
-which transformers compiles with CUDA graphs). New tokens reach streaming callers as they are produced."""
+and runs each group as one batch: greedy equal-length batches through the static-cache decoder (decode.py:
+compiled, CUDA-graph-captured steps), anything else left-padded through `model.generate` (static KV cache
+on CUDA). New tokens reach streaming callers as they are produced."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ import math
 import queue
 import threading
 import time
-import warnings
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
+
+from .decode import StaticDecoder
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,8 @@ class _RowStreamer:
 
 class GenerationEngine:
     def __init__(self, model_dir: Path, device: str | None = None, max_batch_size: int = 32,
-                 max_length: int | None = None, batch_window_s: float = 0.005, static_cache: bool | None = None):
+                 max_length: int | None = None, batch_window_s: float = 0.005, static_cache: bool | None = None,
+                 decode_mode: str | None = None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -96,9 +99,7 @@ class GenerationEngine:
         eos = self.model.generation_config.eos_token_id
         self.eos = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos or {0})
-        self._caches: dict[tuple[int, int], Any] = {}  # (batch, length) -> a reusable StaticCache
-        self._decode = (torch.compile(self._decode_step, mode="reduce-overhead", fullgraph=True)
-                        if self.device.startswith("cuda") else self._decode_step)
+        self.decoder = StaticDecoder(self.model, self.device, decode_mode, self.max_length)
         self._queue: queue.Queue[Request] = queue.Queue()
         self._worker = threading.Thread(target=self._loop, name="generation", daemon=True)
         self._worker.start()
@@ -146,47 +147,11 @@ class GenerationEngine:
                 for req, res in zip(group, results):
                     req.future.set_result(res)
 
-    def _decode_step(self, token: torch.Tensor, cache: Any) -> torch.Tensor:
-        return self.model(input_ids=token, past_key_values=cache, use_cache=True).logits[:, -1].argmax(-1)
-
-    def _decode_compiled_or_eager(self, token: torch.Tensor, cache: Any) -> torch.Tensor:
-        """The compiled decode step; a model torch.compile cannot capture whole (e.g. a MoE block's
-        data-dependent expert loop) falls back to the eager step once, with a warning, instead of failing."""
-        try:
-            return self._decode(token, cache)
-        except torch._dynamo.exc.TorchDynamoException as err:
-            if self._decode == self._decode_step:  # already eager: a real error
-                raise
-            warnings.warn(f"decode step not compiled ({type(err).__name__}); decoding eagerly", stacklevel=2)
-            self._decode = self._decode_step
-            return self._decode(token, cache)
-
     def _greedy_static(self, requests: list[Request]) -> list[list[int]]:
-        """Greedy decoding of equal-length prompts without generate()'s per-step machinery: one prefill,
-        then a decode step compiled with CUDA graphs on a reused static KV cache; tokens stay on the device
-        and end-of-text is checked every 32 steps."""
-        from transformers import StaticCache
-
-        width, new = len(requests[0].prompt_ids), max(r.max_new_tokens for r in requests)
-        key = (len(requests), width + new)
-        ids = torch.tensor([r.prompt_ids for r in requests], device=self.device)
-        out = torch.empty((len(requests), new), dtype=torch.long, device=self.device)
-        stop_early = not all(r.ignore_eos for r in requests) and bool(self.eos)
-        eos = torch.tensor(sorted(self.eos), device=self.device) if stop_early else None
-        with torch.inference_mode():  # the cache's tensors are inference tensors: reset them in the mode too
-            cache = self._caches.get(key)
-            if cache is None:
-                cache = self._caches[key] = StaticCache(config=self.model.config, max_cache_len=key[1])
-            else:
-                cache.reset()
-            token = self.model(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1].argmax(-1)
-            out[:, 0] = token
-            for step in range(1, new):
-                token = self._decode_compiled_or_eager(token[:, None].clone(), cache)
-                out[:, step] = token
-                if stop_early and step % 32 == 0 and bool(torch.isin(out[:, : step + 1], eos).any(1).all()):
-                    return out[:, : step + 1].tolist()
-        return out.tolist()
+        new = max(r.max_new_tokens for r in requests)
+        prompts = torch.tensor([r.prompt_ids for r in requests], device=self.device)
+        stop_early = not all(r.ignore_eos for r in requests)
+        return self.decoder.greedy(prompts, new, self.eos, stop_early).tolist()
 
     def _generate_padded(self, requests: list[Request], sampling: Sampling, new_tokens: int,
                          streaming: bool) -> list[list[int]]:

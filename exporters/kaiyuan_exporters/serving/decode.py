@@ -1,0 +1,129 @@
+"""Greedy decoding against a static KV cache. One decode step (one token per row in, the next token per
+row out) is compiled by torch.compile and, on CUDA, captured into a CUDA graph per (batch, cache length):
+a step then costs one graph launch instead of hundreds of kernel launches, which is what bounds a 2B
+model at batch 1 (the approach of SGLang's CUDA-graph runner: inductor without its own graphs, captured
+by the caller). When capture fails the decoder falls back, with a warning, to torch.compile's own CUDA
+graphs (mode "reduce-overhead"), and to the eager step when compilation fails."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+DECODE_MODES = ("graph", "reduce-overhead", "eager")
+CACHE_LENGTH_MULTIPLE = 256  # cache lengths are rounded up to this: fewer shapes to compile and capture
+
+
+class CapturedStep:
+    """A decode step recorded into a torch.cuda.CUDAGraph against one static cache; calling it copies the
+    tokens into the graph's input buffer and replays. Its output buffer is overwritten by the next call."""
+
+    def __init__(self, step, cache: Any, batch: int, device: str, pool: Any, warmup: int = 2):
+        self.tokens = torch.zeros((batch, 1), dtype=torch.long, device=device)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # compiles, autotunes and allocates outside the capture
+            for _ in range(warmup):
+                step(self.tokens, cache)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.out = step(self.tokens, cache)
+
+    def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.tokens.copy_(tokens)
+        self.graph.replay()
+        return self.out
+
+
+@dataclass
+class Slot:
+    """A static KV cache for one (batch, cache length), and its captured step in graph mode."""
+
+    cache: Any
+    captured: CapturedStep | None = None
+
+
+class StaticDecoder:
+    def __init__(self, model: Any, device: str, mode: str | None = None, max_length: int | None = None):
+        self.model, self.device = model, device
+        self.mode = mode or ("graph" if device.startswith("cuda") else "eager")
+        if self.mode not in DECODE_MODES:
+            raise ValueError(f"decode mode {self.mode!r}: expected one of {', '.join(DECODE_MODES)}")
+        if self.mode != "eager" and not device.startswith("cuda"):
+            raise ValueError(f"decode mode {self.mode!r} needs a CUDA device, got {device!r}")
+        self.max_length = max_length
+        self.step = self._compiled(self.mode)
+        self.slots: dict[tuple[int, int], Slot] = {}
+        self._pool = torch.cuda.graph_pool_handle() if self.mode == "graph" else None
+
+    def eager_step(self, tokens: torch.Tensor, cache: Any) -> torch.Tensor:
+        return self.model(input_ids=tokens, past_key_values=cache, use_cache=True).logits[:, -1].argmax(-1)
+
+    def _compiled(self, mode: str):
+        if mode == "eager":
+            return self.eager_step
+        # graph mode: inductor's fused kernels, captured by CapturedStep (not by inductor's cudagraph trees)
+        return torch.compile(self.eager_step, mode=None if mode == "graph" else mode, fullgraph=True)
+
+    def _fall_back(self, mode: str, why: BaseException) -> None:
+        warnings.warn(f"decode step: {self.mode} failed ({type(why).__name__}: {str(why)[:200]}); using {mode}",
+                      stacklevel=3)
+        self.mode, self.step = mode, self._compiled(mode)
+        self.slots.clear()  # caches of a failed capture are not reused
+
+    def slot(self, batch: int, length: int) -> Slot:
+        from transformers import StaticCache
+
+        length = -(-length // CACHE_LENGTH_MULTIPLE) * CACHE_LENGTH_MULTIPLE
+        if self.max_length:
+            length = min(length, self.max_length)
+        key = (batch, length)
+        if key in self.slots:
+            return self.slots[key]
+        cache = StaticCache(config=self.model.config, max_cache_len=length)
+        slot = Slot(cache)
+        if self.mode == "graph":
+            try:  # a one-token prefill allocates the cache's tensors (lazily) before the capture records them
+                self.eager_step(torch.zeros((batch, 1), dtype=torch.long, device=self.device), cache)
+                slot.captured = CapturedStep(self.step, cache, batch, self.device, self._pool)
+            except Exception as err:  # noqa: BLE001  (capture or compilation failed: any of many error types)
+                self._fall_back("reduce-overhead", err)
+                return self.slot(batch, length)
+        self.slots[key] = slot
+        return slot
+
+    def advance(self, slot: Slot, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (batch,) -> the next token per row; the cache moves on by one position."""
+        if slot.captured is not None:
+            return slot.captured(tokens[:, None])
+        try:
+            return self.step(tokens[:, None].clone(), slot.cache)
+        except torch._dynamo.exc.TorchDynamoException as err:
+            if self.mode == "eager":
+                raise
+            # a model torch.compile cannot capture whole (e.g. a MoE block's data-dependent expert loop)
+            self.mode, self.step = "eager", self.eager_step
+            warnings.warn(f"decode step not compiled ({type(err).__name__}); decoding eagerly", stacklevel=2)
+            return self.step(tokens[:, None].clone(), slot.cache)
+
+    @torch.inference_mode()  # the cache's tensors are inference tensors: reset them in the mode too
+    def greedy(self, prompts: torch.Tensor, new_tokens: int, eos: set[int], stop_early: bool) -> torch.Tensor:
+        """Equal-length prompts (batch, width) -> (batch, <= new_tokens) greedy continuations. Tokens stay on
+        the device; end-of-text is checked every 32 steps when stop_early."""
+        batch, width = prompts.shape
+        slot = self.slot(batch, width + new_tokens)
+        slot.cache.reset()
+        out = torch.empty((batch, new_tokens), dtype=torch.long, device=self.device)
+        eos_ids = torch.tensor(sorted(eos), device=self.device) if stop_early and eos else None
+        tokens = self.eager_step(prompts, slot.cache)  # prefill
+        out[:, 0] = tokens
+        for step in range(1, new_tokens):
+            tokens = self.advance(slot, tokens)
+            out[:, step] = tokens
+            if eos_ids is not None and step % 32 == 0 and bool(torch.isin(out[:, : step + 1], eos_ids).any(1).all()):
+                return out[:, : step + 1]
+        return out
