@@ -10,7 +10,7 @@ import functools
 import importlib.util
 import sys
 import types
-from typing import Any
+from typing import Any, Callable
 
 _LORA_MODULE = "megatron.bridge.peft.lora_layers"
 _LORA_NAMES = (
@@ -97,6 +97,17 @@ def skip_prebuilt_helpers_build() -> bool:
     return True
 
 
+def patch_method(cls: type, name: str, wrap: Callable[[Any], Any]) -> bool:
+    """Replace cls.name by wrap(original) once (marked, so applying twice is a no-op); returns True."""
+    original = getattr(cls, name)
+    if getattr(original, "_kaiyuan_patched", False):
+        return True
+    patched = functools.wraps(original)(wrap(original))
+    patched._kaiyuan_patched = True
+    setattr(cls, name, patched)
+    return True
+
+
 def ensure_optimizer_state_for_load(dist_optimizer: Any, is_loading: bool) -> bool:
     """Give the inner optimizer its (dummy) state before a load, with upstream's own initialiser."""
     if not is_loading or dist_optimizer.optimizer.state:
@@ -115,19 +126,14 @@ def init_optimizer_state_before_load() -> bool:
 
     if distrib_optimizer.HAVE_APEX_OR_TE:
         return False
-    cls = distrib_optimizer.DistributedOptimizer
-    original = cls.sharded_state_dict
-    if getattr(original, "_kaiyuan_patched", False):
-        return True
 
-    @functools.wraps(original)
-    def sharded_state_dict(self, model_sharded_state_dict={}, is_loading=False, *args, **kwargs):  # noqa: B006
-        ensure_optimizer_state_for_load(self, is_loading)
-        return original(self, model_sharded_state_dict, is_loading, *args, **kwargs)
+    def wrap(original):
+        def sharded_state_dict(self, model_sharded_state_dict={}, is_loading=False, *args, **kwargs):  # noqa: B006
+            ensure_optimizer_state_for_load(self, is_loading)
+            return original(self, model_sharded_state_dict, is_loading, *args, **kwargs)
+        return sharded_state_dict
 
-    sharded_state_dict._kaiyuan_patched = True  # type: ignore[attr-defined]
-    cls.sharded_state_dict = sharded_state_dict
-    return True
+    return patch_method(distrib_optimizer.DistributedOptimizer, "sharded_state_dict", wrap)
 
 
 def restore_adam_step_per_parameter() -> bool:
@@ -144,26 +150,21 @@ def restore_adam_step_per_parameter() -> bool:
 
     if distrib_optimizer.HAVE_APEX_OR_TE:
         return False
-    cls = distrib_optimizer.DistributedOptimizer
-    original = cls.load_state_dict
-    if getattr(original, "_kaiyuan_patched", False):
-        return True
 
-    @functools.wraps(original)
-    def load_state_dict(self, state_dict):
-        groups = (state_dict.get("optimizer") or {}).get("param_groups") or []
-        steps = {g["step"] for g in groups if g.get("step") is not None}
-        original(self, state_dict)
-        if self.ddp_config.use_megatron_fsdp or len(steps) != 1:
-            return
-        step = float(steps.pop())
-        for param_state in self.optimizer.state.values():
-            if "step" in param_state:
-                param_state["step"] = param_state["step"].new_full((), step)
+    def wrap(original):
+        def load_state_dict(self, state_dict):
+            groups = (state_dict.get("optimizer") or {}).get("param_groups") or []
+            steps = {g["step"] for g in groups if g.get("step") is not None}
+            original(self, state_dict)
+            if self.ddp_config.use_megatron_fsdp or len(steps) != 1:
+                return
+            step = float(steps.pop())
+            for param_state in self.optimizer.state.values():
+                if "step" in param_state:
+                    param_state["step"] = param_state["step"].new_full((), step)
+        return load_state_dict
 
-    load_state_dict._kaiyuan_patched = True  # type: ignore[attr-defined]
-    cls.load_state_dict = load_state_dict
-    return True
+    return patch_method(distrib_optimizer.DistributedOptimizer, "load_state_dict", wrap)
 
 
 # Settings a model needs on Megatron's local (non-TE) layer spec where upstream's default fails
