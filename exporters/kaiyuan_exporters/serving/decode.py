@@ -15,6 +15,9 @@ import torch
 
 DECODE_MODES = ("graph", "reduce-overhead", "eager")
 CACHE_LENGTH_MULTIPLE = 256  # cache lengths are rounded up to this: fewer shapes to compile and capture
+# Each (batch, cache length) is one compilation of the same decode function; dynamo's default limit of 8
+# per function would silently turn a server that has seen 9 batch sizes back to eager decoding.
+RECOMPILE_LIMIT = 64
 
 
 class CapturedStep:
@@ -66,6 +69,7 @@ class StaticDecoder:
     def _compiled(self, mode: str):
         if mode == "eager":
             return self.eager_step
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         # graph mode: inductor's fused kernels, captured by CapturedStep (not by inductor's cudagraph trees)
         return torch.compile(self.eager_step, mode=None if mode == "graph" else mode, fullgraph=True)
 
