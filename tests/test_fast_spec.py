@@ -73,3 +73,28 @@ def test_fast_spec_fusions_compute_what_the_local_spec_computes(megatron_paralle
     logits, labels = torch.randn(16, 2, 512), torch.randint(0, 512, (2, 16))
     expected = torch.nn.functional.cross_entropy(logits.permute(1, 2, 0), labels, reduction="none")  # [b, s]
     torch.testing.assert_close(fast.compute_language_model_loss(labels, logits), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_fast_spec_rope_goes_through_megatrons_fused_hook_compiled(megatron_parallel):
+    """Without TE megatron-core refuses apply_rope_fusion; the fast spec fills its fused-RoPE hooks with a
+    compiled version of megatron-core's own RoPE math, so the fusion validates, and Megatron's
+    apply_rotary_pos_emb (what attention calls) computes what the unfused path computes."""
+    from megatron.core.models.common.embeddings import rope_utils
+
+    from kaiyuan_recipes.models.fast_spec import compiled_rope, rope_thd
+
+    shape = load_model_file("gpt_smoke") | {"num_layers": 1, "hidden_size": 64, "ffn_hidden_size": 128,
+                                            "num_attention_heads": 4, "num_query_groups": 2, "kv_channels": 16,
+                                            "vocab_size": 512}
+    provider = build_provider(shape, "fast")
+    assert provider.apply_rope_fusion
+    assert rope_utils.fused_apply_rotary_pos_emb is compiled_rope and rope_utils.fused_apply_rotary_pos_emb_thd is rope_thd
+    provider.finalize()  # upstream's validation of apply_rope_fusion passes
+    torch.manual_seed(0)
+    t, freqs = torch.randn(32, 2, 4, 16), torch.randn(32, 1, 1, 16)
+    fused = rope_utils.apply_rotary_pos_emb(t, freqs, provider)
+    unfused = rope_utils._apply_rotary_pos_emb_bshd(t, freqs)
+    torch.testing.assert_close(fused, unfused, atol=1e-5, rtol=1e-5)
+    assert not torch.equal(fused, t)
+    local = build_provider(shape, "local")
+    assert not local.apply_rope_fusion  # the local spec stays on the unfused path

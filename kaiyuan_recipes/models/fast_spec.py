@@ -2,8 +2,9 @@
 attention through PyTorch's scaled-dot-product attention (flash / cuDNN / memory-efficient kernels: causal,
 GQA without materialising repeated K/V, no O(s²) score tensor), and turns back on the megatron-core fusions
 that need neither TE nor Apex (FAST_SPEC_SETTINGS: SwiGLU, bias-dropout-add and the vocab-parallel
-cross-entropy, each a torch.compile'd function in megatron.core.fusions); MoE experts run as grouped GEMMs
-(models/grouped_experts.py). Selected with `kaiyuan.layer_spec=fast`.
+cross-entropy, each a torch.compile'd function in megatron.core.fusions); RoPE runs as one compiled
+elementwise kernel through Megatron's fused-RoPE hook (register_compiled_rope); MoE experts run as grouped
+GEMMs (models/grouped_experts.py). Selected with `kaiyuan.layer_spec=fast`.
 
 Status: numerics tested on the CPU against an explicit softmax(QKᵀ)V; not yet measured on the GPU host,
 so it is opt-in (the local spec stays the default without TE) until benchmarks/train_throughput.py says so."""
@@ -15,12 +16,42 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 from megatron.core import tensor_parallel
+from megatron.core.jit import jit_fuser
+from megatron.core.models.common.embeddings import rope_utils
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 
 # Fusions megatron-core implements with its jit_fuser (torch.compile); the local spec's settings turn them off.
 FAST_SPEC_SETTINGS = dict(bias_activation_fusion=True, bias_dropout_fusion=True, cross_entropy_loss_fusion=True,
-                          cross_entropy_fusion_impl="native")
+                          cross_entropy_fusion_impl="native", apply_rope_fusion=True)
+
+
+@jit_fuser
+def _rope_bshd(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    return rope_utils._apply_rotary_pos_emb_bshd(t, freqs, rotary_interleaved=interleaved)
+
+
+def compiled_rope(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
+    """TE's fused_apply_rotary_pos_emb interface on megatron-core's own unfused RoPE math, compiled."""
+    return _rope_bshd(t, freqs, interleaved)
+
+
+def rope_thd(t: torch.Tensor, cu_seqlens: torch.Tensor, freqs: torch.Tensor, cp_size: int = 1, cp_rank: int = 0,
+             interleaved: bool = False) -> torch.Tensor:
+    """TE's packed-sequence interface on megatron-core's unfused implementation (not compiled: ragged)."""
+    from megatron.core import parallel_state
+
+    return rope_utils._apply_rotary_pos_emb_thd(t, cu_seqlens, freqs, rotary_interleaved=interleaved,
+                                                cp_group=parallel_state.get_context_parallel_group())
+
+
+def register_compiled_rope() -> None:
+    """Without TE, megatron-core's fused-RoPE hooks are empty and apply_rope_fusion=True is refused; fill
+    them (only where empty: TE's kernels win) so the fast spec can turn the fusion on."""
+    if rope_utils.fused_apply_rotary_pos_emb is None:
+        rope_utils.fused_apply_rotary_pos_emb = compiled_rope
+    if rope_utils.fused_apply_rotary_pos_emb_thd is None:
+        rope_utils.fused_apply_rotary_pos_emb_thd = rope_thd
 
 
 class SDPADotProductAttention(DotProductAttention):
