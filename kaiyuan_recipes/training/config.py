@@ -51,6 +51,7 @@ class RunSettings:
     plan: str | None = None
     tokenizer_sha256: str | None = None
     deterministic: bool = False
+    chunked_loss: bool = True
 
     @property
     def fused_adamw(self) -> bool:
@@ -139,6 +140,7 @@ def resolve_run_settings(recipe: str, knobs: dict[str, Any]) -> RunSettings:
         plan=knobs.get("plan"),
         tokenizer_sha256=knobs.get("tokenizer_sha256"),
         deterministic=bool(knobs.get("deterministic", False)),
+        chunked_loss=bool(knobs.get("chunked_loss", True)),
     )
 
 
@@ -259,6 +261,10 @@ def build_config(recipe: str, overrides: list[str] | None = None) -> tuple[Any, 
         model=build_provider(model_shape, run.layer_spec), mixed_precision=mixed_precision, **sections
     )
     _apply_zero_stage(cfg, run.zero_stage)
+    if run.layer_spec == "fast" and run.chunked_loss:
+        from kaiyuan_recipes.models.chunked_loss import install_chunked_loss
+
+        cfg.model.register_pre_wrap_hook(install_chunked_loss)
     if run.deterministic:
         cfg.model.deterministic_mode = True
         cfg.model.cross_entropy_loss_fusion = False  # upstream: not deterministic

@@ -1,0 +1,115 @@
+"""Cross-entropy over a large vocabulary without materialising the logits (fast spec, tensor parallel 1).
+GPTModel's output layer hands its input and weight to the loss instead of computing [tokens, vocab]
+logits; the loss computes logits, log-sum-exp and gradients a chunk of tokens at a time and recomputes
+each chunk's logits in the backward (one extra lm-head GEMM). For qwen3_1p7b at micro batch 2 × 4096 the
+logits alone are 2.5 GB in bf16, 5 GB in fp32 for the softmax, and as much again for their gradient.
+
+Installed as a Megatron-Bridge pre-wrap hook (install_chunked_loss); the model's parameters, state dict and
+checkpoints are unchanged. Logits are still produced on request (no labels: inference, export checks)."""
+
+from __future__ import annotations
+
+import logging
+import types
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+CHUNK_BYTES = 1 << 30  # fp32 logits per chunk
+
+
+def chunk_tokens(vocab: int) -> int:
+    return max(256, CHUNK_BYTES // (4 * vocab))
+
+
+class ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """loss_i = logsumexp(h_i Wᵀ) - (h_i Wᵀ)[y_i] for hidden [N, h], weight [V, h], labels [N]; fp32 loss.
+    Logits are computed in the inputs' dtype and reduced in fp32, as Megatron's unfused path does."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int) -> torch.Tensor:
+        n = hidden.shape[0]
+        lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        loss = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        for start in range(0, n, chunk):
+            rows = slice(start, start + chunk)
+            logits = (hidden[rows] @ weight.t()).float()
+            lse[rows] = torch.logsumexp(logits, dim=-1)
+            loss[rows] = lse[rows] - logits.gather(1, labels[rows, None])[:, 0]
+        ctx.save_for_backward(hidden, weight, labels, lse)
+        ctx.chunk = chunk
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor):
+        hidden, weight, labels, lse = ctx.saved_tensors
+        want_hidden, want_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_hidden = torch.empty_like(hidden) if want_hidden else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_weight else None
+        for start in range(0, hidden.shape[0], ctx.chunk):
+            rows = slice(start, start + ctx.chunk)
+            probs = torch.exp((hidden[rows] @ weight.t()).float() - lse[rows, None])  # softmax, recomputed
+            probs.scatter_add_(1, labels[rows, None], torch.full_like(lse[rows, None], -1.0))  # minus one-hot
+            grad_logits = (probs * grad_loss[rows, None].float()).to(hidden.dtype)
+            if want_hidden:
+                grad_hidden[rows] = grad_logits @ weight
+            if want_weight:
+                grad_weight += (grad_logits.t() @ hidden[rows]).float()
+        return grad_hidden, grad_weight.to(weight.dtype) if want_weight else None, None, None
+
+
+class DeferredLogits:
+    """What the patched output layer returns: its input and weight. The loss consumes them chunk by chunk;
+    anything else that asks for logits (GPTModel without labels) gets them materialised."""
+
+    def __init__(self, hidden: torch.Tensor, weight: torch.Tensor):
+        self.hidden, self.weight = hidden, weight
+
+    def materialize(self) -> torch.Tensor:
+        return self.hidden @ self.weight.t()
+
+    def transpose(self, *dims: int) -> torch.Tensor:
+        return self.materialize().transpose(*dims)
+
+
+def _deferred_output(self, input_: torch.Tensor, weight: torch.Tensor | None = None,
+                     runtime_gather_output: bool | None = None):
+    return DeferredLogits(input_, self.weight if weight is None else weight), None
+
+
+def _chunked_language_model_loss(self, labels: torch.Tensor, logits: Any) -> torch.Tensor:
+    if not isinstance(logits, DeferredLogits):
+        return type(self).compute_language_model_loss(self, labels, logits)
+    hidden = logits.hidden  # [s, b, h]; labels [b, s]; Megatron's loss is [b, s]
+    s, b, h = hidden.shape
+    loss = ChunkedLinearCrossEntropy.apply(hidden.reshape(s * b, h), logits.weight,
+                                           labels.transpose(0, 1).reshape(s * b), chunk_tokens(logits.weight.shape[0]))
+    return loss.view(s, b).transpose(0, 1).contiguous()
+
+
+def unsupported_reason(model: Any) -> str | None:
+    """Why the chunked loss cannot replace this model chunk's output layer, or None."""
+    config = model.config
+    layer = getattr(model, "output_layer", None)
+    if layer is None or not getattr(model, "post_process", False):
+        return "no output layer on this pipeline stage"
+    if config.tensor_model_parallel_size != 1 or config.sequence_parallel:
+        return "tensor parallel (the output layer is vocab-parallel)"
+    if getattr(layer, "bias", None) is not None:
+        return "output layer has a bias"
+    if getattr(config, "use_mup", False) or getattr(config, "mtp_num_layers", None):
+        return "MuP output scaling or multi-token prediction"
+    return None
+
+
+def install_chunked_loss(model: list[Any]) -> list[Any]:
+    """Megatron-Bridge pre-wrap hook: patch each eligible GPTModel chunk in place (instance attributes only)."""
+    for chunk in model:
+        reason = unsupported_reason(chunk)
+        if reason:
+            log.info("chunked cross-entropy not used: %s", reason)
+            continue
+        chunk.output_layer.forward = types.MethodType(_deferred_output, chunk.output_layer)
+        chunk.compute_language_model_loss = types.MethodType(_chunked_language_model_loss, chunk)
+    return model

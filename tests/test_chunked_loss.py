@@ -1,0 +1,89 @@
+"""The fast spec's chunked cross-entropy (kaiyuan_recipes/models/chunked_loss.py): same loss and gradients
+as logits + cross-entropy, on its own and inside a real megatron-core GPTModel's output layer and loss."""
+
+import pytest
+import torch
+
+from kaiyuan_recipes.models.chunked_loss import ChunkedLinearCrossEntropy, DeferredLogits, install_chunked_loss
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_loss_and_gradients_match_full_logits(dtype, tol):
+    torch.manual_seed(0)
+    hidden = torch.randn(37, 16, dtype=dtype, requires_grad=True)  # 37 tokens: the last chunk is partial
+    weight = (torch.randn(300, 16) * 0.3).to(dtype).requires_grad_()
+    labels = torch.randint(0, 300, (37,))
+    upstream = torch.rand(37)  # per-token weights, as a loss mask / token count gives them
+    loss = ChunkedLinearCrossEntropy.apply(hidden, weight, labels, 8)
+    (loss * upstream).sum().backward()
+    got = (loss.detach(), hidden.grad, weight.grad)
+    hidden.grad = weight.grad = None
+    ref = torch.nn.functional.cross_entropy((hidden @ weight.t()).float(), labels, reduction="none")
+    (ref * upstream).sum().backward()
+    assert loss.dtype == torch.float32
+    for a, b in zip(got, (ref.detach(), hidden.grad, weight.grad)):
+        torch.testing.assert_close(a.float(), b.float(), atol=tol, rtol=tol)
+
+
+def test_gpt_model_output_layer_and_loss(megatron_parallel):
+    """A tiny gpt_smoke-shaped GPTModel (fast spec) with the pre-wrap hook against an identical one on
+    Megatron's exact (unfused) vocab-parallel cross-entropy: same [b, s] loss and gradients from the output
+    layer + loss that GPTModel._postprocess runs, the state dict unchanged, and logits still materialised
+    when asked for. (Megatron's compiled fused cross-entropy differs from exact by ~1e-4 in the gradient.)"""
+    from kaiyuan_recipes.models.providers import build_provider, provide_on_cpu
+    from kaiyuan_recipes.recipe_tree import load_model_file
+
+    shape = load_model_file("gpt_smoke") | {"num_layers": 1, "hidden_size": 64, "ffn_hidden_size": 128,
+                                            "num_attention_heads": 4, "num_query_groups": 2, "kv_channels": 16,
+                                            "vocab_size": 512, "share_embeddings_and_output_weights": False}
+    plain, chunked = (provide_on_cpu(build_provider(shape, "fast")) for _ in range(2))
+    chunked.load_state_dict(plain.state_dict())
+    plain.config.cross_entropy_loss_fusion = False
+    keys = sorted(chunked.state_dict())
+    assert install_chunked_loss([chunked]) == [chunked]
+    assert sorted(chunked.state_dict()) == keys
+    torch.manual_seed(0)
+    hidden = torch.randn(16, 2, 64)  # [s, b, h]
+    labels = torch.randint(0, 512, (2, 16))  # [b, s]
+    results = []
+    for model in (plain, chunked):
+        h = hidden.clone().requires_grad_()
+        logits, _ = model.output_layer(h)
+        loss = model.compute_language_model_loss(labels, logits)
+        loss.sum().backward()
+        results.append((loss.detach(), h.grad, model.output_layer.weight.grad))
+    assert isinstance(chunked.output_layer(hidden)[0], DeferredLogits)
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert results[1][0].shape == (2, 16)
+    full, _ = plain.output_layer(hidden)
+    torch.testing.assert_close(chunked.output_layer(hidden)[0].transpose(0, 1), full.transpose(0, 1))
+
+
+def test_not_installed_where_the_output_layer_is_vocab_parallel(megatron_parallel):
+    from kaiyuan_recipes.models.chunked_loss import unsupported_reason
+    from kaiyuan_recipes.models.providers import build_provider, provide_on_cpu
+    from kaiyuan_recipes.recipe_tree import load_model_file
+
+    shape = load_model_file("gpt_smoke") | {"num_layers": 1, "hidden_size": 64, "ffn_hidden_size": 128,
+                                            "num_attention_heads": 4, "num_query_groups": 2, "kv_channels": 16,
+                                            "vocab_size": 512}
+    model = provide_on_cpu(build_provider(shape, "fast"))
+    assert unsupported_reason(model) is None
+    model.config.tensor_model_parallel_size = 2
+    assert "tensor parallel" in unsupported_reason(model)
+    install_chunked_loss([model])
+    assert "forward" not in vars(model.output_layer)
+
+
+def test_fast_spec_runs_register_the_hook(tmp_path):
+    from kaiyuan_recipes.models.chunked_loss import install_chunked_loss as hook
+    from kaiyuan_recipes.training.config import build_config
+
+    def hooks(*knobs):
+        cfg = build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", *knobs])[0]
+        return getattr(cfg.model, "_pre_wrap_hooks", [])
+
+    assert hook in hooks("kaiyuan.layer_spec=fast")
+    assert hook not in hooks("kaiyuan.layer_spec=fast", "kaiyuan.chunked_loss=false")
+    assert hook not in hooks("kaiyuan.layer_spec=local")
