@@ -1,7 +1,9 @@
 """GPU: the fast spec's pieces on CUDA at laoyao_moe_2b's shape, before any long run uses them —
 GroupedGemmSequentialMLP against SequentialMLP (64 experts of 320, hidden 1024, 8192 tokens routed top-8,
 bf16: outputs, input and weight gradients) and SDPA core attention against Megatron's local attention
-(causal, GQA 16/4, head 128, seq 4096). Prints the forward+backward times of both (information only).
+(causal, GQA 16/4, head 128, seq 4096); at qwen3_1p7b's shape the chunked linear + cross-entropy against
+full logits (and its peak memory) and the compiled RoPE against the unfused one. Prints the times of both
+sides (information only).
 
 usage (GPU host): python -m pytest -q -s tests/gpu/test_fast_spec_gpu.py"""
 
@@ -88,3 +90,60 @@ def test_sdpa_attention_matches_local_attention_on_cuda():
         t_theirs = _timed(lambda: local(q, k, v, attention_mask=mask))
     print(f"\nattention fwd, seq {s}: SDPA {t_ours * 1e3:.2f} ms, local {t_theirs * 1e3:.2f} ms")
     torch.testing.assert_close(ours.float(), theirs.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_chunked_cross_entropy_matches_full_logits_on_cuda():
+    """qwen3_1p7b's lm head (vocab 151,936, hidden 2048), 8192 tokens in bf16: the chunked loss against
+    full logits + cross-entropy — loss, both gradients — and the peak memory of each."""
+    from kaiyuan_recipes.models.chunked_loss import ChunkedLinearCrossEntropy, chunk_tokens
+
+    torch.manual_seed(0)
+    vocab, hidden_size, tokens = 151936, 2048, 8192
+    weight = (torch.randn(vocab, hidden_size, device=DEVICE) * 0.02).bfloat16().requires_grad_()
+    hidden = torch.randn(tokens, hidden_size, device=DEVICE).bfloat16().requires_grad_()
+    labels = torch.randint(0, vocab, (tokens,), device=DEVICE)
+    mask = (torch.rand(tokens, device=DEVICE) > 0.1).float() / tokens
+
+    def chunked():
+        return ChunkedLinearCrossEntropy.apply(hidden, weight, labels, chunk_tokens(vocab))
+
+    def full():
+        return torch.nn.functional.cross_entropy((hidden @ weight.t()).float(), labels, reduction="none")
+
+    results, peaks, times = [], {}, {}
+    for name, fn in (("chunked", chunked), ("full", full)):
+        hidden.grad = weight.grad = None
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        loss = fn()
+        (loss * mask).sum().backward()
+        torch.cuda.synchronize()
+        peaks[name] = (torch.cuda.max_memory_allocated() - base) / 2**30
+        results.append((loss.detach(), hidden.grad.clone(), weight.grad.clone()))
+        times[name] = _timed(lambda: (fn() * mask).sum().backward(), reps=3)
+    print(f"\nlm head + CE fwd+bwd, {tokens} tokens: chunked {times['chunked'] * 1e3:.1f} ms, "
+          f"{peaks['chunked']:.2f} GiB; full {times['full'] * 1e3:.1f} ms, {peaks['full']:.2f} GiB")
+    (a, ah, aw), (b, bh, bw) = results
+    torch.testing.assert_close(a, b, atol=2e-2, rtol=1e-3)
+    for got, ref in ((ah, bh), (aw, bw)):  # tolerance relative to the gradient's scale (~1e-6 here)
+        torch.testing.assert_close(got.float(), ref.float(), atol=1e-2 * ref.abs().max().item(), rtol=5e-2)
+    assert peaks["chunked"] < peaks["full"] / 2
+
+
+def test_compiled_rope_matches_unfused_on_cuda():
+    from megatron.core.models.common.embeddings import rope_utils
+
+    from kaiyuan_recipes.models.providers import build_provider
+
+    provider = build_provider(load_model_file("qwen3_1p7b") | {"num_layers": 1}, "fast")
+    assert provider.apply_rope_fusion
+    torch.manual_seed(0)
+    t = torch.randn(4096, 2, 16, 128, dtype=torch.bfloat16, device=DEVICE)
+    freqs = torch.randn(4096, 1, 1, 128, device=DEVICE)
+    fused = rope_utils.apply_rotary_pos_emb(t, freqs, provider)
+    unfused = rope_utils._apply_rotary_pos_emb_bshd(t, freqs)
+    torch.testing.assert_close(fused.float(), unfused.float(), atol=2e-2, rtol=2e-2)
+    t_fused = _timed(lambda: rope_utils.apply_rotary_pos_emb(t, freqs, provider))
+    t_unfused = _timed(lambda: rope_utils._apply_rotary_pos_emb_bshd(t, freqs))
+    print(f"\nRoPE, [4096, 2, 16, 128] bf16: compiled {t_fused * 1e3:.3f} ms, unfused {t_unfused * 1e3:.3f} ms")
