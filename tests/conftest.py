@@ -16,6 +16,15 @@ os.environ.setdefault("KAIYUAN_CACHE", tempfile.mkdtemp(prefix="kaiyuan-test-cac
 os.environ["NEMORUN_HOME"] = tempfile.mkdtemp(prefix="kaiyuan-test-nemo-run-")
 
 
+def tiny_gpt_shape(**changes) -> dict:
+    """gpt_smoke's model file at a size a CPU test builds in a second (one layer, hidden 64, vocab 512)."""
+    from kaiyuan_recipes.recipe_tree import load_model_file
+
+    return load_model_file("gpt_smoke") | {"num_layers": 1, "hidden_size": 64, "ffn_hidden_size": 128,
+                                          "num_attention_heads": 4, "num_query_groups": 2, "kv_channels": 16,
+                                          "vocab_size": 512, **changes}
+
+
 @pytest.fixture(scope="module")
 def megatron_parallel():
     """megatron-core's parallel state in this one process (gloo on the CPU, NCCL on a GPU), for real

@@ -3,6 +3,7 @@ as logits + cross-entropy, on its own and inside a real megatron-core GPTModel's
 
 import pytest
 import torch
+from conftest import tiny_gpt_shape
 
 from kaiyuan_recipes.models.chunked_loss import ChunkedLinearCrossEntropy, DeferredLogits, install_chunked_loss
 
@@ -31,11 +32,8 @@ def test_gpt_model_output_layer_and_loss(megatron_parallel):
     layer + loss that GPTModel._postprocess runs, the state dict unchanged, and logits still materialised
     when asked for. (Megatron's compiled fused cross-entropy differs from exact by ~1e-4 in the gradient.)"""
     from kaiyuan_recipes.models.providers import build_provider, provide_on_cpu
-    from kaiyuan_recipes.recipe_tree import load_model_file
 
-    shape = load_model_file("gpt_smoke") | {"num_layers": 1, "hidden_size": 64, "ffn_hidden_size": 128,
-                                            "num_attention_heads": 4, "num_query_groups": 2, "kv_channels": 16,
-                                            "vocab_size": 512, "share_embeddings_and_output_weights": False}
+    shape = tiny_gpt_shape(share_embeddings_and_output_weights=False)
     plain, chunked = (provide_on_cpu(build_provider(shape, "fast")) for _ in range(2))
     chunked.load_state_dict(plain.state_dict())
     plain.config.cross_entropy_loss_fusion = False
@@ -63,11 +61,8 @@ def test_gpt_model_output_layer_and_loss(megatron_parallel):
 def test_not_installed_where_the_output_layer_is_vocab_parallel(megatron_parallel):
     from kaiyuan_recipes.models.chunked_loss import unsupported_reason
     from kaiyuan_recipes.models.providers import build_provider, provide_on_cpu
-    from kaiyuan_recipes.recipe_tree import load_model_file
 
-    shape = load_model_file("gpt_smoke") | {"num_layers": 1, "hidden_size": 64, "ffn_hidden_size": 128,
-                                            "num_attention_heads": 4, "num_query_groups": 2, "kv_channels": 16,
-                                            "vocab_size": 512}
+    shape = tiny_gpt_shape()
     model = provide_on_cpu(build_provider(shape, "fast"))
     assert unsupported_reason(model) is None
     model.config.tensor_model_parallel_size = 2

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from conftest import tiny_gpt_shape
 
 from kaiyuan_recipes.models.providers import build_provider
 from kaiyuan_recipes.recipe_tree import load_model_file
@@ -57,9 +58,7 @@ def test_fast_spec_fusions_compute_what_the_local_spec_computes(megatron_paralle
     the same weights, and the fused vocab-parallel cross-entropy against torch's, on the CPU."""
     from kaiyuan_recipes.models.providers import provide_on_cpu
 
-    shape = load_model_file("gpt_smoke") | {"num_layers": 1, "hidden_size": 64, "ffn_hidden_size": 128,
-                                            "num_attention_heads": 4, "num_query_groups": 2, "kv_channels": 16,
-                                            "vocab_size": 512}
+    shape = tiny_gpt_shape()
     fast_provider, local_provider = build_provider(shape, "fast"), build_provider(shape, "local")
     assert fast_provider.bias_activation_fusion and fast_provider.cross_entropy_loss_fusion
     assert not local_provider.bias_activation_fusion
@@ -83,9 +82,7 @@ def test_fast_spec_rope_goes_through_megatrons_fused_hook_compiled(megatron_para
 
     from kaiyuan_recipes.models.fast_spec import compiled_rope, rope_thd
 
-    shape = load_model_file("gpt_smoke") | {"num_layers": 1, "hidden_size": 64, "ffn_hidden_size": 128,
-                                            "num_attention_heads": 4, "num_query_groups": 2, "kv_channels": 16,
-                                            "vocab_size": 512}
+    shape = tiny_gpt_shape()
     provider = build_provider(shape, "fast")
     assert provider.apply_rope_fusion
     assert rope_utils.fused_apply_rotary_pos_emb is compiled_rope and rope_utils.fused_apply_rotary_pos_emb_thd is rope_thd
