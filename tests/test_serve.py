@@ -200,6 +200,30 @@ def test_engine_static_cache_greedy_path_matches_generate(tiny_model):
     assert len(engine.decoder.slots) == 1
 
 
+def test_engine_greedy_decoder_left_pads_prompts_of_different_lengths(tiny_model):
+    """Greedy requests of different prompt lengths go through the static-cache decoder too (left padding,
+    a padding mask over the cache, per-row positions): the same tokens as transformers' generate on the
+    same left-padded batch, and as each prompt decoded alone."""
+    from transformers import AutoModelForCausalLM
+
+    from kaiyuan_exporters.serving.engine import GenerationEngine, Request
+
+    engine = GenerationEngine(tiny_model, "cpu", static_cache=True)
+    prompts = [engine.encode(t)[:n] for t, n in (("Hello world, this is a test", 3), ("另一个提示，用来测试批处理", 7),
+                                                 ("x = [1, 2, 3] + [4, 5, 6]", 5))]
+    assert sorted(len(p) for p in prompts) == [3, 5, 7]
+    width = 7
+    ids = torch.tensor([[engine.pad_id] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ref_model = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32).eval()
+    ref = ref_model.generate(ids, attention_mask=mask, max_new_tokens=10, min_new_tokens=10, do_sample=False,
+                             pad_token_id=engine.pad_id)[:, width:].tolist()
+    got = [c.token_ids for c in engine.generate([Request(p, 10, ignore_eos=True) for p in prompts])]
+    assert got == ref
+    alone = [engine.generate([Request(p, 10, ignore_eos=True)])[0].token_ids for p in prompts]
+    assert alone == ref
+
+
 def test_engine_decodes_eagerly_when_the_model_cannot_be_compiled(tiny_model):
     """A decode step torch.compile cannot capture (a MoE block's data-dependent expert loop, say) falls back
     to the eager step once, with a warning, and gives the same tokens."""
@@ -209,7 +233,7 @@ def test_engine_decodes_eagerly_when_the_model_cannot_be_compiled(tiny_model):
     prompt = engine.encode("Hello world, this is a test")[:5]
     expected = engine.generate([Request(prompt, 8, ignore_eos=True)])[0].token_ids
 
-    def uncompilable(token, cache):
+    def uncompilable(*inputs):
         raise torch._dynamo.exc.TorchDynamoException("data-dependent control flow")
 
     engine.decoder.step = uncompilable

@@ -1,6 +1,7 @@
 """The serving decoder's CUDA modes compute what its eager step computes (run through the device tool):
     python3 -m pytest -q -s tests/gpu/test_decode_gpu.py
-A small random Qwen3 in fp32 with a 512-token vocabulary, so that greedy choices are not near-ties."""
+A small random Qwen3 in fp32 with a 512-token vocabulary, so that greedy choices are not near-ties; prompts
+of different lengths (left-padded by the decoder)."""
 
 import warnings
 
@@ -24,7 +25,8 @@ def model():
 
 @pytest.mark.parametrize("mode", ["graph", "reduce-overhead"])
 def test_compiled_modes_match_eager(model, mode):
-    prompts = torch.randint(0, 512, (4, 16), generator=torch.Generator().manual_seed(1)).cuda()
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(1, 512, (n,), generator=gen).tolist() for n in (16, 9, 12, 16)]
     expected = StaticDecoder(model, "cuda", "eager").greedy(prompts, 64, set(), stop_early=False)
     decoder = StaticDecoder(model, "cuda", mode)
     with warnings.catch_warnings():

@@ -21,20 +21,22 @@ RECOMPILE_LIMIT = 64
 
 
 class CapturedStep:
-    """A decode step recorded into a torch.cuda.CUDAGraph against one static cache; calling it copies the
-    tokens into the graph's input buffer and replays. Its output buffer is overwritten by the next call."""
+    """A decode step recorded into a torch.cuda.CUDAGraph against one slot's static cache and inputs;
+    calling it copies the tokens into the graph's input buffer and replays (the step, then the positions'
+    increment). Its output buffer is overwritten by the next call."""
 
-    def __init__(self, step, cache: Any, batch: int, device: str, pool: Any, warmup: int = 2):
-        self.tokens = torch.zeros((batch, 1), dtype=torch.long, device=device)
+    def __init__(self, step, slot: "Slot", device: str, pool: Any, warmup: int = 2):
+        self.tokens = torch.zeros((slot.mask.shape[0], 1), dtype=torch.long, device=device)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # compiles, autotunes and allocates outside the capture
             for _ in range(warmup):
-                step(self.tokens, cache)
+                step(self.tokens, slot.cache, slot.mask, slot.positions)
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
-            self.out = step(self.tokens, cache)
+            self.out = step(self.tokens, slot.cache, slot.mask, slot.positions)
+            slot.positions.add_(1)
 
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
         self.tokens.copy_(tokens)
@@ -44,15 +46,19 @@ class CapturedStep:
 
 @dataclass
 class Slot:
-    """A static KV cache for one (batch, cache length), and its captured step in graph mode."""
+    """One (batch, cache length): a static KV cache, the static inputs every decode step reads (the padding
+    mask over the whole cache, each row's next position) and, in graph mode, the captured step."""
 
     cache: Any
+    mask: torch.Tensor  # [batch, cache length], 0 at left padding
+    positions: torch.Tensor  # [batch, 1]
     captured: CapturedStep | None = None
 
 
 class StaticDecoder:
-    def __init__(self, model: Any, device: str, mode: str | None = None, max_length: int | None = None):
-        self.model, self.device = model, device
+    def __init__(self, model: Any, device: str, mode: str | None = None, max_length: int | None = None,
+                 pad_id: int = 0):
+        self.model, self.device, self.pad_id = model, device, pad_id
         self.mode = mode or ("graph" if device.startswith("cuda") else "eager")
         if self.mode not in DECODE_MODES:
             raise ValueError(f"decode mode {self.mode!r}: expected one of {', '.join(DECODE_MODES)}")
@@ -63,8 +69,9 @@ class StaticDecoder:
         self.slots: dict[tuple[int, int], Slot] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.mode == "graph" else None
 
-    def eager_step(self, tokens: torch.Tensor, cache: Any) -> torch.Tensor:
-        return self.model(input_ids=tokens, past_key_values=cache, use_cache=True).logits[:, -1].argmax(-1)
+    def eager_step(self, tokens: torch.Tensor, cache: Any, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                          use_cache=True).logits[:, -1].argmax(-1)
 
     def _compiled(self, mode: str):
         if mode == "eager":
@@ -88,12 +95,14 @@ class StaticDecoder:
         key = (batch, length)
         if key in self.slots:
             return self.slots[key]
-        cache = StaticCache(config=self.model.config, max_cache_len=length)
-        slot = Slot(cache)
+        slot = Slot(StaticCache(config=self.model.config, max_cache_len=length),
+                    torch.ones((batch, length), dtype=torch.long, device=self.device),
+                    torch.zeros((batch, 1), dtype=torch.long, device=self.device))
         if self.mode == "graph":
             try:  # a one-token prefill allocates the cache's tensors (lazily) before the capture records them
-                self.eager_step(torch.zeros((batch, 1), dtype=torch.long, device=self.device), cache)
-                slot.captured = CapturedStep(self.step, cache, batch, self.device, self._pool)
+                self.eager_step(torch.zeros((batch, 1), dtype=torch.long, device=self.device), slot.cache,
+                                slot.mask, slot.positions)
+                slot.captured = CapturedStep(self.step, slot, self.device, self._pool)
             except Exception as err:  # noqa: BLE001  (capture or compilation failed: any of many error types)
                 self._fall_back("reduce-overhead", err)
                 return self.slot(batch, length)
@@ -101,29 +110,40 @@ class StaticDecoder:
         return slot
 
     def advance(self, slot: Slot, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens (batch,) -> the next token per row; the cache moves on by one position."""
+        """tokens (batch,) -> the next token per row; the cache and the positions move on by one."""
         if slot.captured is not None:
             return slot.captured(tokens[:, None])
         try:
-            return self.step(tokens[:, None].clone(), slot.cache)
+            tokens = self.step(tokens[:, None].clone(), slot.cache, slot.mask, slot.positions)
         except torch._dynamo.exc.TorchDynamoException as err:
             if self.mode == "eager":
                 raise
             # a model torch.compile cannot capture whole (e.g. a MoE block's data-dependent expert loop)
             self.mode, self.step = "eager", self.eager_step
             warnings.warn(f"decode step not compiled ({type(err).__name__}); decoding eagerly", stacklevel=2)
-            return self.step(tokens[:, None].clone(), slot.cache)
+            return self.advance(slot, tokens)
+        slot.positions.add_(1)
+        return tokens
 
     @torch.inference_mode()  # the cache's tensors are inference tensors: reset them in the mode too
-    def greedy(self, prompts: torch.Tensor, new_tokens: int, eos: set[int], stop_early: bool) -> torch.Tensor:
-        """Equal-length prompts (batch, width) -> (batch, <= new_tokens) greedy continuations. Tokens stay on
-        the device; end-of-text is checked every 32 steps when stop_early."""
-        batch, width = prompts.shape
+    def greedy(self, prompts: list[list[int]], new_tokens: int, eos: set[int], stop_early: bool) -> torch.Tensor:
+        """Prompts of any lengths (left-padded here) -> (batch, <= new_tokens) greedy continuations. Tokens
+        stay on the device; end-of-text is checked every 32 steps when stop_early."""
+        batch, width = len(prompts), max(len(p) for p in prompts)
         slot = self.slot(batch, width + new_tokens)
         slot.cache.reset()
+        pads = torch.tensor([width - len(p) for p in prompts])
+        ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
+        mask = torch.ones(slot.mask.shape, dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            ids[row, pads[row]:] = torch.tensor(prompt, dtype=torch.long)
+            mask[row, : pads[row]] = 0
+        slot.mask.copy_(mask)  # in place: a captured graph reads these addresses
+        positions = (torch.arange(width)[None] - pads[:, None]).clamp(min=0).to(self.device)
+        slot.positions.copy_(positions[:, -1:] + 1)
         out = torch.empty((batch, new_tokens), dtype=torch.long, device=self.device)
         eos_ids = torch.tensor(sorted(eos), device=self.device) if stop_early and eos else None
-        tokens = self.eager_step(prompts, slot.cache)  # prefill
+        tokens = self.eager_step(ids.to(self.device), slot.cache, slot.mask, positions)  # prefill
         out[:, 0] = tokens
         for step in range(1, new_tokens):
             tokens = self.advance(slot, tokens)

@@ -1,7 +1,7 @@
 """The generation engine behind `kaiyuan serve`: a HF causal LM with a KV cache, concurrent requests
 batched together. A worker thread drains the request queue, groups requests that share sampling settings,
-and runs each group as one batch: greedy equal-length batches through the static-cache decoder (decode.py:
-compiled, CUDA-graph-captured steps), anything else left-padded through `model.generate` (static KV cache
+and runs each group as one left-padded batch: greedy batches through the static-cache decoder (decode.py:
+compiled, CUDA-graph-captured steps), sampled or streamed ones through `model.generate` (static KV cache
 on CUDA). New tokens reach streaming callers as they are produced."""
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ class GenerationEngine:
         eos = self.model.generation_config.eos_token_id
         self.eos = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos or {0})
-        self.decoder = StaticDecoder(self.model, self.device, decode_mode, self.max_length)
+        self.decoder = StaticDecoder(self.model, self.device, decode_mode, self.max_length, self.pad_id)
         self._queue: queue.Queue[Request] = queue.Queue()
         self._worker = threading.Thread(target=self._loop, name="generation", daemon=True)
         self._worker.start()
@@ -149,9 +149,8 @@ class GenerationEngine:
 
     def _greedy_static(self, requests: list[Request]) -> list[list[int]]:
         new = max(r.max_new_tokens for r in requests)
-        prompts = torch.tensor([r.prompt_ids for r in requests], device=self.device)
         stop_early = not all(r.ignore_eos for r in requests)
-        return self.decoder.greedy(prompts, new, self.eos, stop_early).tolist()
+        return self.decoder.greedy([r.prompt_ids for r in requests], new, self.eos, stop_early).tolist()
 
     def _generate_padded(self, requests: list[Request], sampling: Sampling, new_tokens: int,
                          streaming: bool) -> list[list[int]]:
@@ -185,8 +184,7 @@ class GenerationEngine:
         streaming = any(r.on_token for r in requests)
         if new_tokens == 0:
             generated = [[] for _ in requests]
-        elif (self.static_cache and sampling.greedy and not streaming
-                and len({len(r.prompt_ids) for r in requests}) == 1):
+        elif self.static_cache and sampling.greedy and not streaming:
             generated = self._greedy_static(requests)
         else:
             generated = self._generate_padded(requests, sampling, new_tokens, streaming)
