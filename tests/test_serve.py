@@ -224,6 +224,24 @@ def test_engine_greedy_decoder_left_pads_prompts_of_different_lengths(tiny_model
     assert alone == ref
 
 
+def test_engine_streams_greedy_tokens_from_the_decoder(tiny_model):
+    """A streamed greedy request decodes through the static-cache decoder too: the tokens its callback
+    receives, in order, are the completion's tokens, cut at max_new_tokens for each row."""
+    from kaiyuan_exporters.serving.engine import GenerationEngine, Request
+
+    engine = GenerationEngine(tiny_model, "cpu", static_cache=True)
+    prompts = [engine.encode("Hello world, this is a test")[:4], engine.encode("另一个提示，用来测试批处理")[:6]]
+    received: list[list[int]] = [[], []]
+    requests = [Request(p, n, ignore_eos=True, on_token=received[i].append)
+                for i, (p, n) in enumerate(zip(prompts, (11, 6)))]
+    done = engine.generate(requests)
+    assert [c.token_ids for c in done] == received
+    assert [len(r) for r in received] == [11, 6]
+    assert engine.decoder.slots  # decoded by the decoder, not generate()
+    plain = engine.generate([Request(p, n, ignore_eos=True) for p, n in zip(prompts, (11, 6))])
+    assert [c.token_ids for c in plain] == received
+
+
 def test_engine_decodes_eagerly_when_the_model_cannot_be_compiled(tiny_model):
     """A decode step torch.compile cannot capture (a MoE block's data-dependent expert loop, say) falls back
     to the eager step once, with a warning, and gives the same tokens."""

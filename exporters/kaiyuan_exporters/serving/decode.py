@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -18,6 +18,7 @@ CACHE_LENGTH_MULTIPLE = 256  # cache lengths are rounded up to this: fewer shape
 # Each (batch, cache length) is one compilation of the same decode function; dynamo's default limit of 8
 # per function would silently turn a server that has seen 9 batch sizes back to eager decoding.
 RECOMPILE_LIMIT = 64
+STREAM_EVERY = 4  # streaming: new tokens go to the host every this many steps (one sync each time)
 
 
 class CapturedStep:
@@ -126,9 +127,11 @@ class StaticDecoder:
         return tokens
 
     @torch.inference_mode()  # the cache's tensors are inference tensors: reset them in the mode too
-    def greedy(self, prompts: list[list[int]], new_tokens: int, eos: set[int], stop_early: bool) -> torch.Tensor:
+    def greedy(self, prompts: list[list[int]], new_tokens: int, eos: set[int], stop_early: bool,
+               on_tokens: Callable[[list[list[int]]], None] | None = None) -> torch.Tensor:
         """Prompts of any lengths (left-padded here) -> (batch, <= new_tokens) greedy continuations. Tokens
-        stay on the device; end-of-text is checked every 32 steps when stop_early."""
+        stay on the device; end-of-text is checked every 32 steps when stop_early. on_tokens, if given,
+        receives the new tokens (a list per row) every STREAM_EVERY steps and at the end."""
         batch, width = len(prompts), max(len(p) for p in prompts)
         slot = self.slot(batch, width + new_tokens)
         slot.cache.reset()
@@ -145,9 +148,16 @@ class StaticDecoder:
         eos_ids = torch.tensor(sorted(eos), device=self.device) if stop_early and eos else None
         tokens = self.eager_step(ids.to(self.device), slot.cache, slot.mask, positions)  # prefill
         out[:, 0] = tokens
+        streamed = 0
         for step in range(1, new_tokens):
             tokens = self.advance(slot, tokens)
             out[:, step] = tokens
+            if on_tokens is not None and (step + 1) % STREAM_EVERY == 0:
+                on_tokens(out[:, streamed: step + 1].tolist())
+                streamed = step + 1
             if eos_ids is not None and step % 32 == 0 and bool(torch.isin(out[:, : step + 1], eos_ids).any(1).all()):
-                return out[:, : step + 1]
+                out = out[:, : step + 1]
+                break
+        if on_tokens is not None and streamed < out.shape[1]:
+            on_tokens(out[:, streamed:].tolist())
         return out

@@ -1,8 +1,7 @@
 """The generation engine behind `kaiyuan serve`: a HF causal LM with a KV cache, concurrent requests
 batched together. A worker thread drains the request queue, groups requests that share sampling settings,
 and runs each group as one left-padded batch: greedy batches through the static-cache decoder (decode.py:
-compiled, CUDA-graph-captured steps), sampled or streamed ones through `model.generate` (static KV cache
-on CUDA). New tokens reach streaming callers as they are produced."""
+compiled, CUDA-graph-captured steps), sampled ones through `model.generate` (static KV cache on CUDA). New tokens reach streaming callers as they are produced."""
 
 from __future__ import annotations
 
@@ -147,10 +146,22 @@ class GenerationEngine:
                 for req, res in zip(group, results):
                     req.future.set_result(res)
 
-    def _greedy_static(self, requests: list[Request]) -> list[list[int]]:
+    def _greedy_static(self, requests: list[Request], streaming: bool) -> list[list[int]]:
         new = max(r.max_new_tokens for r in requests)
         stop_early = not all(r.ignore_eos for r in requests)
-        return self.decoder.greedy([r.prompt_ids for r in requests], new, self.eos, stop_early).tolist()
+        on_tokens = self._stream_columns(requests) if streaming else None
+        return self.decoder.greedy([r.prompt_ids for r in requests], new, self.eos, stop_early, on_tokens).tolist()
+
+    def _stream_columns(self, requests: list[Request]) -> Callable[[list[list[int]]], None]:
+        """The decoder's streaming callback (new tokens, a list per row) feeding each request's on_token."""
+        streamer = _RowStreamer(requests, self.eos)
+        streamer.first = False  # the decoder hands over new tokens only, never the prompt
+
+        def on_tokens(rows: list[list[int]]) -> None:
+            for column in zip(*rows):
+                streamer.put(torch.tensor(column))
+
+        return on_tokens
 
     def _generate_padded(self, requests: list[Request], sampling: Sampling, new_tokens: int,
                          streaming: bool) -> list[list[int]]:
@@ -184,8 +195,8 @@ class GenerationEngine:
         streaming = any(r.on_token for r in requests)
         if new_tokens == 0:
             generated = [[] for _ in requests]
-        elif self.static_cache and sampling.greedy and not streaming:
-            generated = self._greedy_static(requests)
+        elif self.static_cache and sampling.greedy:
+            generated = self._greedy_static(requests, streaming)
         else:
             generated = self._generate_padded(requests, sampling, new_tokens, streaming)
         self.stats["batches"] += 1
