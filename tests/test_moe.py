@@ -90,9 +90,15 @@ def test_moe_roundtrip_through_torch_dist_and_kv_cache(tmp_path, megatron_parall
     down = experts[3].down_proj.weight if isinstance(experts, torch.nn.ModuleList) else experts.down_proj[3]
     assert torch.equal(down.to(torch.bfloat16), mine)
     ids = torch.tensor([[9707, 11, 1879, 0, 358, 1079]])
-    cached = hf.generate(ids, max_new_tokens=12, do_sample=False, use_cache=True, pad_token_id=151643)
-    uncached = hf.generate(ids, max_new_tokens=12, do_sample=False, use_cache=False, pad_token_id=151643)
+    kw = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=151643)
+    cached = hf.generate(ids, use_cache=True, **kw)
+    uncached = hf.generate(ids, use_cache=False, **kw)
     assert torch.equal(cached, uncached)
+    from kaiyuan_exporters.serving.engine import GenerationEngine, Request  # what `kaiyuan serve` runs
+
+    engine = GenerationEngine(out, "cpu", static_cache=True)
+    served = engine.generate([Request(ids[0].tolist(), 12, ignore_eos=True)])[0].token_ids
+    assert served == cached[0, ids.shape[1]:].tolist() and engine.decoder.slots
 
     back = import_hf(out, tmp_path / "megatron_back", SMALL_MOE)
     loaded = load_megatron_model(str(next(back.glob("iter_*"))), use_cpu_init=True)
