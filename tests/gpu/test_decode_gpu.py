@@ -29,11 +29,12 @@ def test_compiled_modes_match_eager(model, mode):
     prompts = [torch.randint(1, 512, (n,), generator=gen).tolist() for n in (16, 9, 12, 16)]
     expected = StaticDecoder(model, "cuda", "eager").greedy(prompts, 64, set(), stop_early=False)
     decoder = StaticDecoder(model, "cuda", mode)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", UserWarning)  # a fallback to another mode fails the test
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         first = decoder.greedy(prompts, 64, set(), stop_early=False).clone()
         again = decoder.greedy(prompts, 64, set(), stop_early=False)  # the reused cache (and graph)
-    assert decoder.mode == mode
+    fallbacks = [str(w.message) for w in caught if str(w.message).startswith("decode step")]
+    assert decoder.mode == mode and not fallbacks, fallbacks
     assert torch.equal(first, expected) and torch.equal(again, expected)
     if mode == "graph":
         assert all(slot.captured is not None for slot in decoder.slots.values())
