@@ -59,6 +59,11 @@ class RunSettings:
         return self.layer_spec == "fast" and not self.deterministic
 
     @property
+    def uses_chunked_loss(self) -> bool:
+        """The fast path's chunked linear + cross-entropy (models/chunked_loss.py; installed where TP is 1)."""
+        return self.layer_spec == "fast" and self.chunked_loss
+
+    @property
     def checkpoint_dir(self) -> Path:
         return self.run_dir / "checkpoints"
 
@@ -261,7 +266,7 @@ def build_config(recipe: str, overrides: list[str] | None = None) -> tuple[Any, 
         model=build_provider(model_shape, run.layer_spec), mixed_precision=mixed_precision, **sections
     )
     _apply_zero_stage(cfg, run.zero_stage)
-    if run.layer_spec == "fast" and run.chunked_loss:
+    if run.uses_chunked_loss:
         from kaiyuan_recipes.models.chunked_loss import install_chunked_loss
 
         cfg.model.register_pre_wrap_hook(install_chunked_loss)

@@ -58,7 +58,7 @@ def summarize(cfg: Any, run: RunSettings, layout: dict[str, int], launch_argv: l
             "transformer_impl": cfg.model.transformer_impl,
             "deterministic": bool(getattr(cfg.model, "deterministic_mode", False)),
             "fused_adamw": run.fused_adamw,
-            "chunked_loss": run.layer_spec == "fast" and run.chunked_loss,
+            "chunked_loss": run.uses_chunked_loss,
         },
         "batch": {
             "global_batch_size": cfg.train.global_batch_size,
