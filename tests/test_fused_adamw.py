@@ -58,3 +58,14 @@ def test_only_fast_path_runs_that_need_not_be_deterministic_use_it(tmp_path):
     assert run("kaiyuan.layer_spec=fast").fused_adamw
     assert not run("kaiyuan.layer_spec=fast", "kaiyuan.deterministic=true").fused_adamw
     assert not run("kaiyuan.layer_spec=local").fused_adamw
+
+
+def test_megatron_fsdp_dtensor_params_are_left_alone(megatron_parallel):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (1,))
+    param = torch.nn.Parameter(distribute_tensor(torch.randn(8), mesh, [Shard(0)]))
+    opt = torch.optim.AdamW([param], lr=1e-2)
+    assert fuse_adamw(types.SimpleNamespace(optimizer=opt)) == 0
+    assert not opt.param_groups[0].get("fused")

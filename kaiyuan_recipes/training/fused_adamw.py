@@ -10,6 +10,7 @@ import logging
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
 from kaiyuan_recipes import compat
@@ -40,8 +41,9 @@ def fuse_adamw(optimizer: Any) -> int:
             params = group["params"]
             if group.get("fused") or group.get("differentiable") or not params:
                 continue
-            if any(p.device.type not in devices or not torch.is_floating_point(p) for p in params):
-                continue
+            if any(p.device.type not in devices or not torch.is_floating_point(p) or isinstance(p, DTensor)
+                   for p in params):
+                continue  # Megatron-FSDP (ZeRO 2) shards into DTensors: left to upstream's step
             group["fused"], group["foreach"] = True, False
             for p in params:
                 state = inner.state.get(p)
