@@ -81,4 +81,5 @@ def test_fast_spec_runs_register_the_hook(tmp_path):
 
     assert hook in hooks("kaiyuan.layer_spec=fast")
     assert hook not in hooks("kaiyuan.layer_spec=fast", "kaiyuan.chunked_loss=false")
+    assert hook not in hooks("kaiyuan.layer_spec=fast", "kaiyuan.zero_stage=2")
     assert hook not in hooks("kaiyuan.layer_spec=local")
