@@ -18,6 +18,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from provenance import provenance, write_json  # noqa: E402
 from train_report import megatron_iterations  # noqa: E402
 
+
 def compare(a: Path, b: Path, after: int = 0) -> dict:
     la, lb = megatron_iterations(a), megatron_iterations(b)
     common = sorted(i for i in set(la) & set(lb) if i > after)

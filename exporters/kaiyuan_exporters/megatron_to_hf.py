@@ -111,9 +111,9 @@ def bridge_for(shape: dict[str, Any], tokenizer_vocab: int | None = None, tokeni
     compat.import_megatron_bridge()
     from megatron.bridge import AutoBridge
 
+    special: dict[str, int | None] = {}
     if tokenizer_dir is not None:
-        tokenizer_vocab = tokenizer_vocab_size(tokenizer_dir)
-    special = special_token_ids(Path(tokenizer_dir)) if tokenizer_dir is not None else {}
+        tokenizer_vocab, special = tokenizer_vocab_size(tokenizer_dir), special_token_ids(Path(tokenizer_dir))
     return AutoBridge.from_hf_config(hf_config_for(shape, tokenizer_vocab, **special))
 
 

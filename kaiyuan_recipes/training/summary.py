@@ -41,6 +41,8 @@ def resolve_with_upstream(cfg: Any, world_size: int) -> Any:
 
 
 def summarize(cfg: Any, run: RunSettings, layout: dict[str, int], launch_argv: list[str]) -> dict[str, Any]:
+    from kaiyuan_recipes.training.profiling import PROFILE_DIR
+
     shape = {f.name: getattr(cfg.model, f.name) for f in dataclasses.fields(cfg.model)}
     params = count_parameters(shape)
     tokens_per_step = cfg.train.global_batch_size * cfg.dataset.seq_length
@@ -96,7 +98,7 @@ def summarize(cfg: Any, run: RunSettings, layout: dict[str, int], launch_argv: l
         },
         "tensorboard": cfg.logger.tensorboard_dir,
         "profiling": (f"steps {cfg.profiling.profile_step_start}..{cfg.profiling.profile_step_end} on ranks "
-                      f"{cfg.profiling.profile_ranks} -> {run.run_dir / 'torch_profile'}"
+                      f"{cfg.profiling.profile_ranks} -> {run.run_dir / PROFILE_DIR}"
                       if cfg.profiling is not None and cfg.profiling.use_pytorch_profiler else "off"),
         "launch_command": shlex.join(launch_argv),
     }

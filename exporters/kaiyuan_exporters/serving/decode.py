@@ -21,6 +21,18 @@ RECOMPILE_LIMIT = 64
 STREAM_EVERY = 4  # streaming: new tokens go to the host every this many steps (one sync each time)
 
 
+def left_pad(prompts: list[list[int]], pad_id: int, mask_length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts of any lengths as one left-padded batch (every row's next token at the same place): ids
+    [batch, width] and the attention mask over `mask_length` positions (default width), 0 at the padding."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.ones((len(prompts), mask_length or width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+        mask[row, : width - len(prompt)] = 0
+    return ids, mask
+
+
 class CapturedStep:
     """A decode step recorded into a torch.cuda.CUDAGraph against one slot's static cache and inputs;
     calling it copies the tokens into the graph's input buffer and replays (the step, then the positions'
@@ -135,12 +147,8 @@ class StaticDecoder:
         batch, width = len(prompts), max(len(p) for p in prompts)
         slot = self.slot(batch, width + new_tokens)
         slot.cache.reset()
+        ids, mask = left_pad(prompts, self.pad_id, slot.mask.shape[1])
         pads = torch.tensor([width - len(p) for p in prompts])
-        ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
-        mask = torch.ones(slot.mask.shape, dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            ids[row, pads[row]:] = torch.tensor(prompt, dtype=torch.long)
-            mask[row, : pads[row]] = 0
         slot.mask.copy_(mask)  # in place: a captured graph reads these addresses
         positions = (torch.arange(width)[None] - pads[:, None]).clamp(min=0).to(self.device)
         slot.positions.copy_(positions[:, -1:] + 1)

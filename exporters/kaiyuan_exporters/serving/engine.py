@@ -1,7 +1,8 @@
 """The generation engine behind `kaiyuan serve`: a HF causal LM with a KV cache, concurrent requests
 batched together. A worker thread drains the request queue, groups requests that share sampling settings,
 and runs each group as one left-padded batch: greedy batches through the static-cache decoder (decode.py:
-compiled, CUDA-graph-captured steps), sampled ones through `model.generate` (static KV cache on CUDA). New tokens reach streaming callers as they are produced."""
+compiled, CUDA-graph-captured steps), sampled ones through `model.generate` (static KV cache on CUDA).
+New tokens reach streaming callers as they are produced."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-from .decode import StaticDecoder
+from .decode import StaticDecoder, left_pad
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,8 @@ class Completion:
 
 
 class _RowStreamer:
-    """transformers' streamer protocol (put/end) for a batch: routes each row's new token to its request."""
+    """Routes each row's new token to its request: transformers' streamer protocol (put/end) for generate(),
+    push for the static-cache decoder's columns."""
 
     def __init__(self, requests: list[Request], eos: set[int]):
         self.requests, self.eos = requests, eos
@@ -65,7 +67,11 @@ class _RowStreamer:
         if self.first:  # generate() first hands over the prompt
             self.first = False
             return
-        for row, token in enumerate(value.reshape(-1).tolist()):
+        self.push(value.reshape(-1).tolist())
+
+    def push(self, column: list[int] | tuple[int, ...]) -> None:
+        """One new token per row."""
+        for row, token in enumerate(column):
             req = self.requests[row]
             if self.done[row]:
                 continue
@@ -155,23 +161,18 @@ class GenerationEngine:
     def _stream_columns(self, requests: list[Request]) -> Callable[[list[list[int]]], None]:
         """The decoder's streaming callback (new tokens, a list per row) feeding each request's on_token."""
         streamer = _RowStreamer(requests, self.eos)
-        streamer.first = False  # the decoder hands over new tokens only, never the prompt
 
         def on_tokens(rows: list[list[int]]) -> None:
             for column in zip(*rows):
-                streamer.put(torch.tensor(column))
+                streamer.push(column)
 
         return on_tokens
 
     def _generate_padded(self, requests: list[Request], sampling: Sampling, new_tokens: int,
                          streaming: bool) -> list[list[int]]:
         """Any batch: left-padded through transformers' generate (static cache on CUDA), streamed if asked."""
-        width = max(len(r.prompt_ids) for r in requests)
-        ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(requests), width), dtype=torch.long)
-        for row, req in enumerate(requests):  # left padding: every row's next token is at the same place
-            ids[row, width - len(req.prompt_ids):] = torch.tensor(req.prompt_ids)
-            mask[row, width - len(req.prompt_ids):] = 1
+        ids, mask = left_pad([r.prompt_ids for r in requests], self.pad_id)
+        width = ids.shape[1]
         kwargs: dict[str, Any] = dict(max_new_tokens=new_tokens, pad_token_id=self.pad_id,
                                       do_sample=not sampling.greedy)
         if all(r.ignore_eos for r in requests):
