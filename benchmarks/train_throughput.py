@@ -94,6 +94,12 @@ def hf_run(model: str, compiled: bool, mbs: int, micro: int, seq: int, steps: in
     return out
 
 
+def write_results(args: argparse.Namespace, results: dict) -> None:
+    write_json(args.out, {**provenance(" ".join(["python", *sys.argv])), "seq_length": args.seq,
+                          "batch": {m: {"micro_batch": BATCH[m][0], "micro_batches": BATCH[m][1]} for m in args.models},
+                          "results": results})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", nargs="+", default=["qwen3_1p7b", "gpt_smoke"])
@@ -117,6 +123,7 @@ def main() -> None:
             else:
                 row[impl] = hf_run(model, impl == "hf_compile", mbs, micro, seq, args.steps, args.device, args.tiny)
             print(model, impl, row[impl], flush=True)
+            write_results(args, results)  # after every run: a call cut short keeps what it measured
         flops_per_token = next((r["tflops"] * 1e12 / r["tokens_per_s"] for r in row.values()
                                 if r.get("tflops") and r.get("tokens_per_s")), None)
         for r in row.values():
@@ -126,9 +133,7 @@ def main() -> None:
             row["ours_vs_hf_compile"] = row["ours"]["tokens_per_s"] / row["hf_compile"]["tokens_per_s"]
         if row.get("ours", {}).get("tokens_per_s") and row.get("megatron_local", {}).get("tokens_per_s"):
             row["ours_vs_megatron_local"] = row["ours"]["tokens_per_s"] / row["megatron_local"]["tokens_per_s"]
-    write_json(args.out, {**provenance(" ".join(["python", *sys.argv])), "seq_length": args.seq,
-                          "batch": {m: {"micro_batch": BATCH[m][0], "micro_batches": BATCH[m][1]} for m in args.models},
-                          "results": results})
+    write_results(args, results)
     print(json.dumps(results, indent=1))
 
 
