@@ -160,3 +160,31 @@ def test_grouped_experts_leave_dense_layers_alone():
     spec = local_layer_spec(dense)
     before = spec.submodules.mlp
     assert with_grouped_experts(spec).submodules.mlp is before
+
+
+def test_grouped_experts_finish_megatron_ddp_overlapped_param_gather(megatron_parallel, monkeypatch):
+    """Megatron DDP with the distributed optimizer's overlapped all-gather waits for each bucket in a forward
+    pre-hook of the module owning its parameters. The grouped path never calls the experts' modules, so it
+    runs their hooks itself: every bucket finished after a forward, and the next step's all-gather can start
+    (without that: `assert self.param_gather_handle is None` on the third step, H200 run of moe_proof.sh)."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    from kaiyuan_recipes.models.providers import build_provider, provide_on_cpu
+
+    provider = build_provider(dict(SMALL_MOE, activation_func="silu"), "fast")
+    provider.moe_token_dispatcher_type = "allgather"
+    experts = provide_on_cpu(provider).decoder.layers[0].mlp.experts
+    if not torch.cuda.is_available():
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")  # DDP's buffers name CUDA's device
+    ddp = DistributedDataParallel(
+        provider, DistributedDataParallelConfig(use_distributed_optimizer=True, overlap_param_gather=True,
+                                                overlap_grad_reduce=True, bucket_size=4096), experts)
+    groups = ddp.bucket_groups
+    assert len(groups) > 2  # several buckets, chained by the hooks
+    tokens_per_expert = torch.tensor([5, 0, 7, 3, 9, 1, 4, 11])
+    x = torch.randn(int(tokens_per_expert.sum()), 64)
+    for _ in range(3):
+        ddp.start_param_sync()  # what the optimizer step does with overlap_param_gather
+        assert groups[0].param_gather_handle is not None or groups[0].param_gather_dispatched
+        experts(x, tokens_per_expert, torch.rand(x.shape[0]))
+        assert all(g.param_gather_handle is None for g in groups)

@@ -25,10 +25,23 @@ class GroupedGemmSequentialMLP(SequentialMLP):
                 and not (c.fp8 or c.fp4) and not c.moe_apply_probs_on_input and self.tp_group.size() == 1
                 and c.activation_func_clamp_value is None and not c.glu_linear_offset)
 
+    def _run_expert_forward_pre_hooks(self) -> None:
+        """The experts' modules are not called, their weights go to the grouped GEMMs; hooks that expect the
+        calls still run, in SequentialMLP's order. Megatron DDP's overlapped parameter all-gather waits for a
+        bucket in such a hook and starts the next one: skipped, the next step fails `param_gather_handle is
+        None` (seen on the H200 at step 3)."""
+        for module in self.local_experts.modules():
+            for key, hook in list(module._forward_pre_hooks.items()):
+                if key in module._forward_pre_hooks_with_kwargs:
+                    hook(module, (), {})
+                else:
+                    hook(module, ())
+
     def forward(self, permuted_local_hidden_states: torch.Tensor, tokens_per_expert: torch.Tensor,
                 permuted_probs: torch.Tensor) -> tuple[torch.Tensor, Any]:
         if not self._grouped():
             return super().forward(permuted_local_hidden_states, tokens_per_expert, permuted_probs)
+        self._run_expert_forward_pre_hooks()
         x = permuted_local_hidden_states
         shape = x.shape
         x = x.reshape(-1, shape[-1])
