@@ -21,9 +21,9 @@ fi
 grep -E "fwd|passed|failed" "$out/fast_spec_gpu.txt" 2>/dev/null || true
 args=(kaiyuan.run_root=$root kaiyuan.layer_spec=$spec kaiyuan.data=sample kaiyuan.tokenizer=null kaiyuan.tokenizer_sha256=null
       train.train_iters=${ITERS:-100} train.global_batch_size=4 train.micro_batch_size=2 logger.log_interval=1
-      scheduler.lr_warmup_iters=10 scheduler.lr_wsd_decay_iters=20 checkpoint.save_interval=25
-      checkpoint.save_optim=false)  # a checkpoint every 25 steps: a run cut by the time box still exports
-timeout ${TRAIN_TIMEOUT:-270} python3 -m kaiyuan_recipes.cli.main train laoyao_moe_2b "${args[@]}" \
+      scheduler.lr_warmup_iters=10 scheduler.lr_wsd_decay_iters=20 checkpoint.save_interval=50
+      checkpoint.save_optim=false)  # a checkpoint at 50 (~20 s a save): a run cut by the time box still exports
+timeout ${TRAIN_TIMEOUT:-330} python3 -m kaiyuan_recipes.cli.main train laoyao_moe_2b "${args[@]}" \
   > "$out/moe_train.log" 2>&1 || { tail -40 "$out/moe_train.log"; echo "training did not finish"; }
 grep -E "iteration +[0-9]+/" "$out/moe_train.log" | sed -n '1p;$p'
 python3 benchmarks/train_report.py $root/laoyao_moe_2b --name laoyao_moe_2b_scaled \
