@@ -26,10 +26,12 @@ from provenance import provenance, write_json  # noqa: E402
 
 # The baseline settings of ../shared/gpu-host/README.md: micro batch and micro batches per step.
 BATCH = {"qwen3_1p7b": (2, 4), "gpt_smoke": (4, 4)}
-# Megatron variants: layer spec and extra overrides. ours_full_logits (not run by default) is the fast spec
-# without the chunked cross-entropy: what the chunked loss saves in memory and costs in time.
+# Megatron variants: layer spec and extra overrides. Not run by default (A/B of the fast spec's parts):
+# ours_full_logits, without the chunked cross-entropy (what it saves in memory and costs in time);
+# ours_cudnn_attention, SDPA's cuDNN kernels first.
 MEGATRON_IMPLS = {"ours": ("fast", ()), "megatron_local": ("local", ()),
-                  "ours_full_logits": ("fast", ("kaiyuan.chunked_loss=false",))}
+                  "ours_full_logits": ("fast", ("kaiyuan.chunked_loss=false",)),
+                  "ours_cudnn_attention": ("fast", ("kaiyuan.sdpa_backend=cudnn",))}
 TINY = dict(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,
             kv_channels=16)
 

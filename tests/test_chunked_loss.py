@@ -83,3 +83,10 @@ def test_fast_spec_runs_register_the_hook(tmp_path):
     assert hook not in hooks("kaiyuan.layer_spec=fast", "kaiyuan.chunked_loss=false")
     assert hook not in hooks("kaiyuan.layer_spec=fast", "kaiyuan.zero_stage=2")
     assert hook not in hooks("kaiyuan.layer_spec=local")
+    from kaiyuan_recipes.models import fast_spec
+
+    try:  # the SDPA kernel order is set with the rest of the fast spec's run settings
+        hooks("kaiyuan.layer_spec=fast", "kaiyuan.sdpa_backend=cudnn")
+        assert fast_spec._sdpa_priority[0].name == "CUDNN_ATTENTION"
+    finally:
+        fast_spec.set_sdpa_backend("auto")

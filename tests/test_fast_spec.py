@@ -23,7 +23,8 @@ def reference(q, k, v, scale):
     return out.reshape(s, q.shape[1], -1)
 
 
-def test_sdpa_core_attention_matches_explicit_attention(megatron_parallel):
+def _attention_case():
+    """The fast spec's core attention at gpt_smoke's head layout, and random q, k, v (64 tokens, batch 2)."""
     from megatron.core.transformer.enums import AttnMaskType
 
     from kaiyuan_recipes.models.fast_spec import SDPADotProductAttention
@@ -34,7 +35,12 @@ def test_sdpa_core_attention_matches_explicit_attention(megatron_parallel):
                                    attention_type="self").eval()
     torch.manual_seed(0)
     s, b, h, g, d = 64, 2, provider.num_attention_heads, provider.num_query_groups, provider.kv_channels
-    q, k, v = torch.randn(s, b, h, d), torch.randn(s, b, g, d), torch.randn(s, b, g, d)
+    return attn, torch.randn(s, b, h, d), torch.randn(s, b, g, d), torch.randn(s, b, g, d)
+
+
+def test_sdpa_core_attention_matches_explicit_attention(megatron_parallel):
+    attn, q, k, v = _attention_case()
+    s, b, h, d = q.shape
     out = attn(q, k, v, attention_mask=None)
     assert out.shape == (s, b, h * d)
     torch.testing.assert_close(out, reference(q, k, v, 1 / math.sqrt(d)), atol=1e-5, rtol=1e-5)
@@ -95,3 +101,22 @@ def test_fast_spec_rope_goes_through_megatrons_fused_hook_compiled(megatron_para
     assert not torch.equal(fused, t)
     local = build_provider(shape, "local")
     assert not local.apply_rope_fusion  # the local spec stays on the unfused path
+
+
+@pytest.mark.parametrize("backend", ["cudnn", "flash", "efficient"])
+def test_sdpa_backend_priority_keeps_the_result(megatron_parallel, backend):
+    """kaiyuan.sdpa_backend only reorders SDPA's kernels (the others stay as fallbacks: on this CPU host
+    every order ends at the same kernel), so attention's output is unchanged; unknown names are refused."""
+    from kaiyuan_recipes.models import fast_spec
+
+    attention, q, k, v = _attention_case()
+    try:
+        fast_spec.set_sdpa_backend(backend)
+        assert fast_spec._sdpa_priority[0].name.startswith(backend.upper()) and len(fast_spec._sdpa_priority) == 4
+        torch.testing.assert_close(attention(q, k, v, attention_mask=None),
+                                   reference(q, k, v, 1 / math.sqrt(q.shape[-1])), atol=1e-5, rtol=1e-5)
+    finally:
+        fast_spec.set_sdpa_backend("auto")
+    assert fast_spec._sdpa_priority is None
+    with pytest.raises(ValueError, match="kaiyuan.sdpa_backend"):
+        fast_spec.set_sdpa_backend("triton")

@@ -89,9 +89,11 @@ def test_overlap_and_recompute_knobs(tmp_path):
     assert resolve_with_upstream(cfg, world_size=8).model.recompute_num_layers == 1
 
 
-def test_invalid_zero_stage():
+def test_invalid_zero_stage_and_sdpa_backend():
     with pytest.raises(ValueError, match="kaiyuan.zero_stage: expected 0, 1 or 2, got 3"):
         build_config("gpt_smoke", ["kaiyuan.zero_stage=3"])
+    with pytest.raises(ValueError, match=r"kaiyuan.sdpa_backend: expected one of .*'cudnn'.*, got 'triton'"):
+        build_config("gpt_smoke", ["kaiyuan.sdpa_backend=triton"])
 
 
 def test_global_batch_not_divisible():

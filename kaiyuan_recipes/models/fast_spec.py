@@ -22,6 +22,27 @@ from megatron.core.models.common.embeddings import rope_utils
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 
+from kaiyuan_recipes.models.providers import SDPA_BACKENDS
+
+# kaiyuan.sdpa_backend: which SDPA kernels to try first, the rest kept as fallbacks. cuDNN's attention is
+# the faster one on Hopper in NVIDIA's numbers, but below flash in torch's default priority.
+_sdpa_priority: list | None = None
+
+
+def set_sdpa_backend(name: str) -> None:
+    """Process-wide, like Megatron's fused-RoPE hook below: set while the run's config is built."""
+    from torch.nn.attention import SDPBackend
+
+    global _sdpa_priority
+    if name not in SDPA_BACKENDS:
+        raise ValueError(f"kaiyuan.sdpa_backend: expected one of {SDPA_BACKENDS}, got {name!r}")
+    order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+             SDPBackend.MATH]
+    first = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+             "efficient": SDPBackend.EFFICIENT_ATTENTION}.get(name)
+    _sdpa_priority = None if first is None else [first, *(b for b in order if b != first)]
+
+
 # Fusions megatron-core implements with its jit_fuser (torch.compile); the local spec's settings turn them off.
 FAST_SPEC_SETTINGS = dict(bias_activation_fusion=True, bias_dropout_fusion=True, cross_entropy_loss_fusion=True,
                           cross_entropy_fusion_impl="native", apply_rope_fusion=True)
@@ -78,8 +99,14 @@ class SDPADotProductAttention(DotProductAttention):
         gqa = self.num_attention_heads_per_partition != self.num_query_groups_per_partition
 
         def attend() -> torch.Tensor:
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True,
-                                                  scale=self.softmax_scale, enable_gqa=gqa)
+            if _sdpa_priority is None:
+                return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True,
+                                                      scale=self.softmax_scale, enable_gqa=gqa)
+            from torch.nn.attention import sdpa_kernel
+
+            with sdpa_kernel(_sdpa_priority, set_priority=True):
+                return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True,
+                                                      scale=self.softmax_scale, enable_gqa=gqa)
 
         if dropout > 0.0 and not self.config.sequence_parallel:
             with tensor_parallel.get_cuda_rng_tracker().fork():

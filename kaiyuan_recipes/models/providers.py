@@ -11,6 +11,8 @@ from kaiyuan_recipes.recipe_tree import load_model_file
 
 ACTIVATIONS = ("silu", "gelu", "relu")
 LAYER_SPECS = ("auto", "local", "fast", "transformer_engine")
+# kaiyuan.sdpa_backend (fast spec): the SDPA kernels tried first; auto leaves the order to torch.
+SDPA_BACKENDS = ("auto", "cudnn", "flash", "efficient")
 # Stated in model.yaml for validation and HF export; RoPE models have no position table.
 NOT_PROVIDER_FIELDS = ("max_position_embeddings",)
 

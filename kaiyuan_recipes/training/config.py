@@ -15,7 +15,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from kaiyuan_recipes import compat
-from kaiyuan_recipes.models.providers import build_provider
+from kaiyuan_recipes.models.providers import SDPA_BACKENDS, build_provider
 from kaiyuan_recipes.recipe_tree import load_recipe_tree
 from kaiyuan_recipes.training import overrides as ov
 
@@ -52,6 +52,7 @@ class RunSettings:
     tokenizer_sha256: str | None = None
     deterministic: bool = False
     chunked_loss: bool = True
+    sdpa_backend: str = "auto"
 
     @property
     def fused_adamw(self) -> bool:
@@ -130,6 +131,8 @@ def resolve_run_settings(recipe: str, knobs: dict[str, Any]) -> RunSettings:
         raise ValueError(f"kaiyuan.zero_stage: expected 0, 1 or 2, got {stage!r}")
     if knobs.get("data", "sample") not in DATA_SOURCES:
         raise ValueError(f"kaiyuan.data: expected one of {DATA_SOURCES}, got {knobs.get('data')!r}")
+    if knobs.get("sdpa_backend", "auto") not in SDPA_BACKENDS:
+        raise ValueError(f"kaiyuan.sdpa_backend: expected one of {SDPA_BACKENDS}, got {knobs.get('sdpa_backend')!r}")
     run_name = knobs.get("run_name") or recipe
     if "/" in run_name or run_name in {".", ".."}:
         raise ValueError(f"kaiyuan.run_name: {run_name!r} must be a plain directory name")
@@ -148,6 +151,7 @@ def resolve_run_settings(recipe: str, knobs: dict[str, Any]) -> RunSettings:
         tokenizer_sha256=knobs.get("tokenizer_sha256"),
         deterministic=bool(knobs.get("deterministic", False)),
         chunked_loss=bool(knobs.get("chunked_loss", True)),
+        sdpa_backend=knobs.get("sdpa_backend", "auto"),
     )
 
 
@@ -268,6 +272,10 @@ def build_config(recipe: str, overrides: list[str] | None = None) -> tuple[Any, 
         model=build_provider(model_shape, run.layer_spec), mixed_precision=mixed_precision, **sections
     )
     _apply_zero_stage(cfg, run.zero_stage)
+    if run.layer_spec == "fast":
+        from kaiyuan_recipes.models.fast_spec import set_sdpa_backend
+
+        set_sdpa_backend(run.sdpa_backend)
     if run.uses_chunked_loss:
         from kaiyuan_recipes.models.chunked_loss import install_chunked_loss
 

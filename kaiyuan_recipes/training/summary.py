@@ -61,6 +61,7 @@ def summarize(cfg: Any, run: RunSettings, layout: dict[str, int], launch_argv: l
             "deterministic": bool(getattr(cfg.model, "deterministic_mode", False)),
             "fused_adamw": run.fused_adamw,
             "chunked_loss": run.uses_chunked_loss,
+            "sdpa_backend": run.sdpa_backend if run.layer_spec == "fast" else None,
         },
         "batch": {
             "global_batch_size": cfg.train.global_batch_size,

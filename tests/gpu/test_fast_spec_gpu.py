@@ -69,27 +69,40 @@ def test_grouped_experts_match_sequential_mlp_on_cuda():
 
 
 def test_sdpa_attention_matches_local_attention_on_cuda():
+    """SDPA attention (each kaiyuan.sdpa_backend order) against the local spec's, at seq 4096; forward and
+    forward + backward times per order."""
     from megatron.core.transformer.dot_product_attention import DotProductAttention
     from megatron.core.transformer.enums import AttnMaskType
 
-    from kaiyuan_recipes.models.fast_spec import SDPADotProductAttention
+    from kaiyuan_recipes.models import fast_spec
     from kaiyuan_recipes.models.providers import build_provider
 
     provider = build_provider(load_model_file("laoyao_moe_2b") | {"num_layers": 1}, "fast")
     provider.finalize()
     kw = dict(layer_number=1, attn_mask_type=AttnMaskType.causal, attention_type="self")
-    fast, local = SDPADotProductAttention(provider, **kw).eval(), DotProductAttention(provider, **kw).eval()
+    fast, local = fast_spec.SDPADotProductAttention(provider, **kw).eval(), DotProductAttention(provider, **kw).eval()
     s, b, h, g, d = 4096, 2, 16, 4, 128
     torch.manual_seed(0)
-    q = torch.randn(s, b, h, d, dtype=torch.bfloat16, device=DEVICE)
-    k, v = (torch.randn(s, b, g, d, dtype=torch.bfloat16, device=DEVICE) for _ in range(2))
+    q = torch.randn(s, b, h, d, dtype=torch.bfloat16, device=DEVICE, requires_grad=True)
+    k, v = (torch.randn(s, b, g, d, dtype=torch.bfloat16, device=DEVICE, requires_grad=True) for _ in range(2))
     mask = torch.triu(torch.ones(1, 1, s, s, dtype=torch.bool, device=DEVICE), 1)
     with torch.no_grad():
-        ours, theirs = fast(q, k, v, attention_mask=None), local(q, k, v, attention_mask=mask)
-        t_ours = _timed(lambda: fast(q, k, v, attention_mask=None))
+        theirs = local(q, k, v, attention_mask=mask)
         t_theirs = _timed(lambda: local(q, k, v, attention_mask=mask))
-    print(f"\nattention fwd, seq {s}: SDPA {t_ours * 1e3:.2f} ms, local {t_theirs * 1e3:.2f} ms")
-    torch.testing.assert_close(ours.float(), theirs.float(), atol=2e-2, rtol=2e-2)
+    times = {}
+    try:
+        for backend in ("auto", "cudnn", "flash"):
+            fast_spec.set_sdpa_backend(backend)
+            with torch.no_grad():
+                ours = fast(q, k, v, attention_mask=None)
+                forward = _timed(lambda: fast(q, k, v, attention_mask=None))
+            both = _timed(lambda: fast(q, k, v, attention_mask=None).sum().backward())
+            times[backend] = (forward, both)
+            torch.testing.assert_close(ours.float(), theirs.float(), atol=2e-2, rtol=2e-2)
+    finally:
+        fast_spec.set_sdpa_backend("auto")
+    print(f"\nattention seq {s}, 16/4 heads: local fwd {t_theirs * 1e3:.2f} ms; SDPA fwd / fwd+bwd: "
+          + ", ".join(f"{name} {f * 1e3:.2f} / {fb * 1e3:.2f} ms" for name, (f, fb) in times.items()))
 
 
 def test_chunked_cross_entropy_matches_full_logits_on_cuda():
