@@ -60,13 +60,27 @@ def test_trace_written_in_run_dir_with_the_ops_that_ran(tmp_path, megatron_paral
 def test_summary_prefers_gpu_kernels(tmp_path):
     from kaiyuan_recipes.training.profiling import summarize_trace
 
-    events = [{"ph": "X", "cat": "kernel", "name": "sm90_xmma_gemm", "dur": 300.0},
-              {"ph": "X", "cat": "kernel", "name": "sm90_xmma_gemm", "dur": 100.0},
-              {"ph": "X", "cat": "kernel", "name": "flash_fwd_kernel", "dur": 100.0},
-              {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "dur": 9000.0}]
+    # kernels at 0-300, 350-450 and 400-500 us (overlapping streams): busy 450 of 500 us
+    events = [{"ph": "X", "cat": "kernel", "name": "sm90_xmma_gemm", "ts": 0.0, "dur": 300.0},
+              {"ph": "X", "cat": "kernel", "name": "sm90_xmma_gemm", "ts": 350.0, "dur": 100.0},
+              {"ph": "X", "cat": "kernel", "name": "flash_fwd_kernel", "ts": 400.0, "dur": 100.0},
+              {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0.0, "dur": 9000.0}]
     trace = tmp_path / "rank-0.json"
     trace.write_text(json.dumps({"traceEvents": events}))
     lines = summarize_trace(trace).splitlines()
     assert "GPU kernels" in lines[0] and "0.5 ms in 3 events" in lines[0]
     assert lines[2].split() == ["0.40", "80.0%", "2", "sm90_xmma_gemm"]
     assert "aten::mm" not in "\n".join(lines)
+    assert lines[4] == "by family (GPU busy 90.0% of the profiled window):"
+    assert lines[5].split() == ["0.40", "80.0%", "gemm"] and lines[6].split() == ["0.10", "20.0%", "attention"]
+
+
+def test_kernel_families():
+    from kaiyuan_recipes.training.profiling import kernel_family
+
+    assert kernel_family("nvjet_tst_128x256_64x4_2x1_v_bz_coopB_TNT") == "gemm"
+    assert kernel_family("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel") == "attention"
+    assert kernel_family("ncclDevKernel_AllReduce_Sum_bf16_RING_LL") == "communication"
+    assert kernel_family("void at::native::(anonymous namespace)::fused_adamw_kernel") == "optimizer"
+    assert kernel_family("triton_poi_fused_mul_silu_0") == "compiled (triton)"
+    assert kernel_family("void at::native::vectorized_elementwise_kernel<4, add>") == "other element-wise"

@@ -33,9 +33,38 @@ def profiling_config(section: dict[str, Any]) -> Any | None:
                            pytorch_profiler_collect_shapes=bool(section.get("record_shapes", False)))
 
 
+# Kernel families by name (first match wins), for the summary's breakdown: where a step's GPU time goes.
+KERNEL_FAMILIES = (("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "grouped_mm")),
+                   ("attention", ("flash", "fmha", "cudnn", "attention", "sdpa")),
+                   ("communication", ("nccl",)),
+                   ("optimizer", ("adam", "multi_tensor")),
+                   ("compiled (triton)", ("triton",)),
+                   ("copy / memset", ("memcpy", "memset", "copy")),
+                   ("other element-wise", ("",)))
+
+
+def kernel_family(name: str) -> str:
+    lowered = name.lower()
+    return next(family for family, keys in KERNEL_FAMILIES if any(key in lowered for key in keys))
+
+
+def _busy_share(kernels: list[dict]) -> float:
+    """Share of the window from the first kernel's start to the last one's end in which a kernel ran."""
+    spans = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in kernels)
+    busy, (start, end) = 0.0, spans[0]
+    for a, b in spans[1:]:
+        if a > end:
+            busy, start = busy + end - start, a
+        end = max(end, b)
+    busy += end - start
+    window = max(b for _, b in spans) - spans[0][0]
+    return busy / window if window > 0 else 1.0
+
+
 def summarize_trace(trace: Path, top: int = 15) -> str:
     """Total time per name over the trace's GPU kernels (CPU operators when it has no kernels), largest
-    first, with the share of the total and the call count."""
+    first, with the share of the total and the call count; for kernels also the time per kernel family and
+    how busy the GPU was (a low share means launch- or host-bound steps)."""
     opener = gzip.open if str(trace).endswith(".gz") else open
     with opener(trace, "rt", encoding="utf-8") as fh:
         events = json.load(fh).get("traceEvents", [])
@@ -53,6 +82,13 @@ def summarize_trace(trace: Path, top: int = 15) -> str:
              f"{'total ms':>10} {'share':>6} {'calls':>7}  name"]
     for name, us in sorted(total_us.items(), key=lambda kv: -kv[1])[:top]:
         lines.append(f"{us / 1e3:10.2f} {100 * us / grand:5.1f}% {calls[name]:7d}  {name[:110]}")
+    if kernels and all("ts" in e for e in kernels):
+        families: dict[str, float] = defaultdict(float)
+        for name, us in total_us.items():
+            families[kernel_family(name)] += us
+        lines.append(f"by family (GPU busy {100 * _busy_share(kernels):.1f}% of the profiled window):")
+        lines += [f"{us / 1e3:10.2f} {100 * us / grand:5.1f}%  {family}"
+                  for family, us in sorted(families.items(), key=lambda kv: -kv[1])]
     return "\n".join(lines) + "\n"
 
 
