@@ -30,7 +30,9 @@ python3 benchmarks/train_report.py $root/laoyao_moe_2b --name laoyao_moe_2b_scal
   --command "bash tests/gpu/moe_proof.sh" --out "$out/moe_train.json" --log "$out/moe_train.log" | tail -3 || true
 timeout 130 bash tests/gpu/export_proof.sh $root/laoyao_moe_2b laoyao_moe_2b || echo "export/parity did not finish"
 hf=/tmp/export/laoyao_moe_2b
-python3 -m kaiyuan_recipes.cli.main serve "$hf" --port 5055 > "$out/moe_serve.log" 2>&1 &
+# Eager decoding: transformers' Qwen3-MoE block loops over 64 experts in Python, which torch.compile would
+# unroll for minutes before the first answer (the graph mode falls back to eager on failure, but slowly).
+python3 -m kaiyuan_recipes.cli.main serve "$hf" --port 5055 --decode-mode eager > "$out/moe_serve.log" 2>&1 &
 server=$!
 timeout 100 python3 tests/gpu/moe_report.py "$hf" --url http://127.0.0.1:5055 --out-dir "$out" \
   --command "bash tests/gpu/moe_proof.sh" || echo "report did not finish"
