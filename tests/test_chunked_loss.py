@@ -8,22 +8,46 @@ from conftest import tiny_gpt_shape
 from kaiyuan_recipes.models.chunked_loss import ChunkedLinearCrossEntropy, DeferredLogits, install_chunked_loss
 
 
+@pytest.mark.parametrize("grads_in_forward", [False, True])
+@pytest.mark.parametrize("upstream_kind", ["per-token", "uniform"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_loss_and_gradients_match_full_logits(dtype, tol):
+def test_loss_and_gradients_match_full_logits(dtype, tol, upstream_kind, grads_in_forward):
+    """Per-token upstream weights (a loss mask dropping tokens) and uniform ones (Megatron's 1 / tokens),
+    with the gradients computed in the backward or in the forward (scaled, or recomputed when not uniform)."""
     torch.manual_seed(0)
     hidden = torch.randn(37, 16, dtype=dtype, requires_grad=True)  # 37 tokens: the last chunk is partial
     weight = (torch.randn(300, 16) * 0.3).to(dtype).requires_grad_()
     labels = torch.randint(0, 300, (37,))
-    upstream = torch.rand(37)  # per-token weights, as a loss mask / token count gives them
-    loss = ChunkedLinearCrossEntropy.apply(hidden, weight, labels, 8)
+    upstream = torch.rand(37) if upstream_kind == "per-token" else torch.full((37,), 1 / 37)
+    loss = ChunkedLinearCrossEntropy.apply(hidden, weight, labels, 8, grads_in_forward)
     (loss * upstream).sum().backward()
     got = (loss.detach(), hidden.grad, weight.grad)
     hidden.grad = weight.grad = None
     ref = torch.nn.functional.cross_entropy((hidden @ weight.t()).float(), labels, reduction="none")
     (ref * upstream).sum().backward()
-    assert loss.dtype == torch.float32
+    assert loss.dtype == torch.float32 and got[1].dtype == got[2].dtype == dtype
     for a, b in zip(got, (ref.detach(), hidden.grad, weight.grad)):
         torch.testing.assert_close(a.float(), b.float(), atol=tol, rtol=tol)
+
+
+def test_uniform_upstream_gradient_uses_the_forwards_gradients(monkeypatch):
+    """With gradients from the forward and a uniform upstream gradient the backward recomputes nothing (no
+    fourth lm-head GEMM); a second backward through the same graph recomputes."""
+    from kaiyuan_recipes.models import chunked_loss
+
+    hidden = torch.randn(20, 8, requires_grad=True)
+    weight = torch.randn(50, 8, requires_grad=True)
+    loss = ChunkedLinearCrossEntropy.apply(hidden, weight, torch.randint(0, 50, (20,)), 8, True)
+    recomputed = []
+    real = chunked_loss._grad_logits
+    monkeypatch.setattr(chunked_loss, "_grad_logits", lambda *a: recomputed.append(1) or real(*a))
+    (loss.mean() * 3).backward(retain_graph=True)
+    assert not recomputed
+    first = weight.grad.clone()
+    weight.grad = None
+    (loss.mean() * 3).backward()
+    assert recomputed
+    torch.testing.assert_close(weight.grad, first)
 
 
 def test_gpt_model_output_layer_and_loss(megatron_parallel):

@@ -1,8 +1,9 @@
 """Cross-entropy over a large vocabulary without materialising the logits (fast spec, tensor parallel 1).
 GPTModel's output layer hands its input and weight to the loss instead of computing [tokens, vocab]
-logits; the loss computes logits, log-sum-exp and gradients a chunk of tokens at a time and recomputes
-each chunk's logits in the backward (one extra lm-head GEMM). For qwen3_1p7b at micro batch 2 × 4096 the
-logits alone are 2.5 GB in bf16, 5 GB in fp32 for the softmax, and as much again for their gradient.
+logits; the loss computes logits, log-sum-exp and both gradients a chunk of tokens at a time in the forward
+(the backward scales them, or recomputes when tokens carry different weights). For qwen3_1p7b at micro
+batch 2 × 4096 the logits alone are 2.5 GB in bf16, 5 GB in fp32 for the softmax, and as much again for
+their gradient.
 
 Installed as a Megatron-Bridge pre-wrap hook (install_chunked_loss); the model's parameters, state dict and
 checkpoints are unchanged. Logits are still produced on request (no labels: inference, export checks)."""
@@ -25,36 +26,68 @@ def chunk_tokens(vocab: int) -> int:
 
 
 @jit_fuser
+def _loss_and_softmax_grad(logits: torch.Tensor, labels: torch.Tensor
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A chunk's fp32 log-sum-exp and loss, and d loss / d logits = softmax - one-hot in the logits' dtype."""
+    x = logits.float()
+    lse = torch.logsumexp(x, dim=-1)
+    one_hot = labels[:, None] == torch.arange(x.shape[1], device=x.device)[None, :]
+    grad = (torch.exp(x - lse[:, None]) - one_hot.float()).to(logits.dtype)
+    return lse, lse - x.gather(1, labels[:, None])[:, 0], grad
+
+
+@jit_fuser
 def _lse_and_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One pass over a chunk's logits (in the GEMM's dtype): fp32 log-sum-exp and loss."""
-    logits = logits.float()
-    lse = torch.logsumexp(logits, dim=-1)
-    return lse, lse - logits.gather(1, labels[:, None])[:, 0]
+    x = logits.float()
+    lse = torch.logsumexp(x, dim=-1)
+    return lse, lse - x.gather(1, labels[:, None])[:, 0]
 
 
 @jit_fuser
 def _grad_logits(logits: torch.Tensor, lse: torch.Tensor, labels: torch.Tensor,
                  grad_loss: torch.Tensor) -> torch.Tensor:
-    """(softmax - one-hot) · dloss in one pass, written in the logits' dtype for the two gradient GEMMs."""
+    """(softmax - one-hot) · dloss per token, in the logits' dtype."""
     probs = torch.exp(logits.float() - lse[:, None])
     one_hot = labels[:, None] == torch.arange(logits.shape[1], device=logits.device)[None, :]
     return ((probs - one_hot.float()) * grad_loss[:, None].float()).to(logits.dtype)
 
 
+def _uniform(grad_loss: torch.Tensor) -> bool:
+    """Whether every token's loss has the same upstream gradient (one host sync)."""
+    return bool(torch.equal(grad_loss, grad_loss[:1].expand_as(grad_loss)))
+
+
 class ChunkedLinearCrossEntropy(torch.autograd.Function):
     """loss_i = logsumexp(h_i Wᵀ) - (h_i Wᵀ)[y_i] for hidden [N, h], weight [V, h], labels [N]; fp32 loss.
-    Logits are computed in the inputs' dtype and reduced in fp32, as Megatron's unfused path does; the
-    element-wise work of a chunk is one compiled kernel each way (the GPU run of the unfused version spent
-    as long in it as in the four lm-head GEMMs)."""
+    Logits are computed in the inputs' dtype and reduced in fp32, as Megatron's unfused path does; a chunk's
+    element-wise work is one compiled kernel.
+
+    With `grads_in_forward` the forward also computes both gradients for a unit upstream gradient (three
+    lm-head GEMMs in all, as with whole logits). Megatron's loss gives every token the same upstream gradient
+    unless its loss mask drops tokens, so the backward only scales them; when the gradients are not uniform it
+    recomputes each chunk's logits (a fourth GEMM) and weighs every token."""
 
     @staticmethod
-    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int) -> torch.Tensor:
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int,
+                grads_in_forward: bool = False) -> torch.Tensor:
         n = hidden.shape[0]
         lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
         loss = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        ctx.unit_grads = None
+        if grads_in_forward:
+            grad_hidden, grad_weight = torch.empty_like(hidden), torch.zeros_like(weight)
         for start in range(0, n, chunk):
             rows = slice(start, start + chunk)
-            lse[rows], loss[rows] = _lse_and_loss(hidden[rows] @ weight.t(), labels[rows])
+            logits = hidden[rows] @ weight.t()
+            if not grads_in_forward:
+                lse[rows], loss[rows] = _lse_and_loss(logits, labels[rows])
+                continue
+            lse[rows], loss[rows], grad_logits = _loss_and_softmax_grad(logits, labels[rows])
+            torch.mm(grad_logits, weight, out=grad_hidden[rows])
+            # accumulated by the GEMM (fp32 inside, one rounding to the weight's dtype per chunk)
+            grad_weight.addmm_(grad_logits.t(), hidden[rows])
+        if grads_in_forward:
+            ctx.unit_grads = grad_hidden, grad_weight
         ctx.save_for_backward(hidden, weight, labels, lse)
         ctx.chunk = chunk
         return loss
@@ -62,9 +95,13 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor):
         hidden, weight, labels, lse = ctx.saved_tensors
+        unit_grads, ctx.unit_grads = ctx.unit_grads, None
         want_hidden, want_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        if unit_grads is not None and _uniform(grad_loss):
+            scale = grad_loss[0]
+            return (unit_grads[0].mul_(scale) if want_hidden else None,
+                    unit_grads[1].mul_(scale) if want_weight else None, None, None, None)
         grad_hidden = torch.empty_like(hidden) if want_hidden else None
-        # accumulated by the GEMMs themselves (fp32 inside, one rounding to the weight's dtype per chunk)
         grad_weight = torch.zeros_like(weight) if want_weight else None
         for start in range(0, hidden.shape[0], ctx.chunk):
             rows = slice(start, start + ctx.chunk)
@@ -73,7 +110,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
                 torch.mm(grad_logits, weight, out=grad_hidden[rows])
             if want_weight:
                 grad_weight.addmm_(grad_logits.t(), hidden[rows])
-        return grad_hidden, grad_weight, None, None
+        return grad_hidden, grad_weight, None, None, None
 
 
 class DeferredLogits:
@@ -100,8 +137,10 @@ def _chunked_language_model_loss(self, labels: torch.Tensor, logits: Any) -> tor
         return type(self).compute_language_model_loss(self, labels, logits)
     hidden = logits.hidden  # [s, b, h]; labels [b, s]; Megatron's loss is [b, s]
     s, b, h = hidden.shape
+    training = torch.is_grad_enabled() and (hidden.requires_grad or logits.weight.requires_grad)
     loss = ChunkedLinearCrossEntropy.apply(hidden.reshape(s * b, h), logits.weight,
-                                           labels.transpose(0, 1).reshape(s * b), chunk_tokens(logits.weight.shape[0]))
+                                           labels.transpose(0, 1).reshape(s * b), chunk_tokens(logits.weight.shape[0]),
+                                           training)
     return loss.view(s, b).transpose(0, 1).contiguous()
 
 
