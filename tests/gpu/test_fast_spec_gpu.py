@@ -107,7 +107,9 @@ def test_sdpa_attention_matches_local_attention_on_cuda():
 
 def test_chunked_cross_entropy_matches_full_logits_on_cuda():
     """qwen3_1p7b's lm head (vocab 151,936, hidden 2048), 8192 tokens in bf16: the chunked loss against
-    full logits + cross-entropy — loss, both gradients — and the peak memory of each."""
+    full logits + cross-entropy — loss, both gradients — and the time and peak memory of each. Uniform
+    upstream gradients (Megatron's training loss: gradients from the forward, scaled) and per-token ones (a
+    loss mask: recomputed in the backward)."""
     from kaiyuan_recipes.models.chunked_loss import ChunkedLinearCrossEntropy, chunk_tokens
 
     torch.manual_seed(0)
@@ -115,33 +117,36 @@ def test_chunked_cross_entropy_matches_full_logits_on_cuda():
     weight = (torch.randn(vocab, hidden_size, device=DEVICE) * 0.02).bfloat16().requires_grad_()
     hidden = torch.randn(tokens, hidden_size, device=DEVICE).bfloat16().requires_grad_()
     labels = torch.randint(0, vocab, (tokens,), device=DEVICE)
-    mask = (torch.rand(tokens, device=DEVICE) > 0.1).float() / tokens
+    uniform = torch.full((tokens,), 1 / tokens, device=DEVICE)
+    masked = (torch.rand(tokens, device=DEVICE) > 0.1).float() / tokens
 
     def chunked():
-        return ChunkedLinearCrossEntropy.apply(hidden, weight, labels, chunk_tokens(vocab))
+        return ChunkedLinearCrossEntropy.apply(hidden, weight, labels, chunk_tokens(vocab), True)
 
     def full():
         return torch.nn.functional.cross_entropy((hidden @ weight.t()).float(), labels, reduction="none")
 
-    results, peaks, times = [], {}, {}
-    for name, fn in (("chunked", chunked), ("full", full)):
+    results, peaks, times = {}, {}, {}
+    for name, fn, upstream in (("chunked", chunked, uniform), ("chunked_masked", chunked, masked),
+                               ("full", full, uniform), ("full_masked", full, masked)):
         hidden.grad = weight.grad = None
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         loss = fn()
-        (loss * mask).sum().backward()
+        (loss * upstream).sum().backward()
         torch.cuda.synchronize()
         peaks[name] = (torch.cuda.max_memory_allocated() - base) / 2**30
-        results.append((loss.detach(), hidden.grad.clone(), weight.grad.clone()))
-        times[name] = _timed(lambda: (fn() * mask).sum().backward(), reps=3)
-    print(f"\nlm head + CE fwd+bwd, {tokens} tokens: chunked {times['chunked'] * 1e3:.1f} ms, "
-          f"{peaks['chunked']:.2f} GiB; full {times['full'] * 1e3:.1f} ms, {peaks['full']:.2f} GiB")
-    (a, ah, aw), (b, bh, bw) = results
-    torch.testing.assert_close(a, b, atol=2e-2, rtol=1e-3)
-    for got, ref in ((ah, bh), (aw, bw)):  # tolerance relative to the gradient's scale (~1e-6 here)
-        torch.testing.assert_close(got.float(), ref.float(), atol=1e-2 * ref.abs().max().item(), rtol=5e-2)
-    assert peaks["chunked"] < peaks["full"] / 2
+        results[name] = (loss.detach(), hidden.grad.clone(), weight.grad.clone())
+        times[name] = _timed(lambda: (fn() * upstream).sum().backward(), reps=3)
+    print(f"\nlm head + CE fwd+bwd, {tokens} tokens: " + ", ".join(
+        f"{name} {times[name] * 1e3:.1f} ms {peaks[name]:.2f} GiB" for name in times))
+    for ours, ref in (("chunked", "full"), ("chunked_masked", "full_masked")):
+        (a, ah, aw), (b, bh, bw) = results[ours], results[ref]
+        torch.testing.assert_close(a, b, atol=2e-2, rtol=1e-3)
+        for got, want in ((ah, bh), (aw, bw)):  # tolerance relative to the gradient's scale (~1e-6 here)
+            torch.testing.assert_close(got.float(), want.float(), atol=1e-2 * want.abs().max().item(), rtol=5e-2)
+        assert peaks[ours] < peaks[ref] / 2
 
 
 def test_compiled_rope_matches_unfused_on_cuda():
