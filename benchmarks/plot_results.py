@@ -1,7 +1,9 @@
 """PNGs of committed GPU results, one figure per call:
 - training results (benchmarks/results/*_train.json): loss and LR curves;
 - stop/resume proofs (*_stop_resume*.json, tests/gpu/stop_resume.sh): the resumed and the uninterrupted
-  run's losses after the restart, and |difference|.
+  run's losses after the restart, and |difference|;
+- training throughput (*_train_throughput*.json, benchmarks/train_throughput.py): tokens/s/GPU and peak
+  memory per implementation, models side by side.
 usage: python benchmarks/plot_results.py benchmarks/results/*_train.json --out benchmarks/results/train_curves.png
        python benchmarks/plot_results.py benchmarks/results/*_stop_resume*.json --out PNG"""
 
@@ -44,20 +46,42 @@ def plot_stop_resume(results: list[tuple[Path, dict]], loss_ax, diff_ax) -> None
     diff_ax.set(title="|resumed - uninterrupted| (1e-9 = identical)", xlabel="iteration", yscale="log")
 
 
+def plot_throughput(results: list[tuple[Path, dict]], tok_ax, mem_ax) -> None:
+    rows = [(f"{model}\n{impl}", r) for _, res in results for model, impls in res["results"].items()
+            for impl, r in impls.items() if isinstance(r, dict) and "tokens_per_s" in r]
+    names = [name for name, _ in rows]
+    tok_ax.barh(names, [r["tokens_per_s"] / 1e3 for _, r in rows], color="tab:blue")
+    for i, (_, r) in enumerate(rows):
+        tok_ax.annotate(f" {r['tokens_per_s'] / 1e3:.1f}k", (r["tokens_per_s"] / 1e3, i), va="center", fontsize=8)
+    mem_ax.barh(names, [r.get("peak_mem_gb") or 0 for _, r in rows], color="tab:orange")
+    tok_ax.set(title="training throughput (1 GPU, seq 4096)", xlabel="thousand tokens/s per GPU")
+    mem_ax.set(title="peak memory", xlabel="GB")
+    tok_ax.invert_yaxis()
+    mem_ax.invert_yaxis()
+
+
+def kind_of(res: dict) -> str:
+    if "compared_iterations" in res:
+        return "stop_resume"
+    return "throughput" if isinstance(res.get("results"), dict) and "seq_length" in res else "training"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("results", nargs="+", type=Path)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     results = [(path, json.loads(path.read_text())) for path in args.results]
-    stop_resume = ["compared_iterations" in res for _, res in results]
-    if any(stop_resume) and not all(stop_resume):
-        raise SystemExit("give either training results or stop/resume results, not both")
+    kinds = {kind_of(res) for _, res in results}
+    if len(kinds) > 1:
+        raise SystemExit(f"give results of one kind, not {sorted(kinds)}")
+    kind = kinds.pop()
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
-    (plot_stop_resume if all(stop_resume) else plot_training)(results, *axes)
+    {"stop_resume": plot_stop_resume, "throughput": plot_throughput, "training": plot_training}[kind](results, *axes)
     for ax in axes:
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if kind != "throughput":
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)
     print(args.out)

@@ -1,0 +1,44 @@
+"""The benchmark scripts' CPU-side parts: the plots of committed GPU results and the commands the 2-GPU
+ZeRO benchmark runs."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("pattern", ["*_train.json", "*_stop_resume*.json", "*_train_throughput*.json"])
+def test_plot_results_draws_each_kind_of_result(tmp_path, pattern):
+    files = sorted(str(p) for p in RESULTS.glob(pattern))
+    assert files, pattern
+    out = tmp_path / "plot.png"
+    proc = run("benchmarks/plot_results.py", *files, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_results_refuses_mixed_kinds(tmp_path):
+    files = [str(next(RESULTS.glob("*_train.json"))), str(next(RESULTS.glob("*_train_throughput*.json")))]
+    proc = run("benchmarks/plot_results.py", *files, "--out", str(tmp_path / "x.png"))
+    assert proc.returncode != 0 and "one kind" in proc.stderr
+
+
+def test_zero_stages_compares_like_for_like():
+    """Every configuration, the 1-GPU baseline included, computes the loss the same way (the chunked loss
+    does not apply under ZeRO 2), and each names its stage and GPU count."""
+    proc = run("benchmarks/zero_stages.py", "--out", "unused.json", "--layer-spec", "fast", "--print-commands")
+    assert proc.returncode == 0, proc.stderr
+    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
+    assert set(lines) == {"1gpu", "2gpu_zero0", "2gpu_zero1", "2gpu_zero2"}
+    for name, command in lines.items():
+        assert "kaiyuan.chunked_loss=false" in command and "kaiyuan.layer_spec=fast" in command
+        assert f"--nproc-per-node={1 if name == '1gpu' else 2}" in command
+        assert f"kaiyuan.zero_stage={name[-1] if name != '1gpu' else 1}" in command
