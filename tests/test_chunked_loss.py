@@ -82,6 +82,43 @@ def test_gpt_model_output_layer_and_loss(megatron_parallel):
     torch.testing.assert_close(chunked.output_layer(hidden)[0].transpose(0, 1), full.transpose(0, 1))
 
 
+@pytest.mark.parametrize("masked", [False, True])
+def test_through_megatron_bridges_loss_function(megatron_parallel, monkeypatch, masked):
+    """The upstream gradient the chunked loss sees in training: Megatron-Bridge's masked_next_token_loss, then
+    the schedule's division by the token count. An all-ones loss mask gives every token the same gradient
+    (the forward's gradients are scaled, nothing recomputed); a mask that drops tokens does not (recomputed).
+    Both equal the plain model's gradients."""
+    from megatron.bridge.training.losses import masked_next_token_loss
+
+    from kaiyuan_recipes.models import chunked_loss
+    from kaiyuan_recipes.models.providers import build_provider, provide_on_cpu
+
+    shape = tiny_gpt_shape(share_embeddings_and_output_weights=False)
+    plain, chunked = (provide_on_cpu(build_provider(shape, "fast")) for _ in range(2))
+    chunked.load_state_dict(plain.state_dict())
+    plain.config.cross_entropy_loss_fusion = False
+    install_chunked_loss([chunked])
+    recomputed = []
+    real = chunked_loss._grad_logits
+    monkeypatch.setattr(chunked_loss, "_grad_logits", lambda *a: recomputed.append(1) or real(*a))
+    torch.manual_seed(1)
+    hidden = torch.randn(16, 2, 64)
+    labels = torch.randint(0, 512, (2, 16))
+    loss_mask = torch.ones(2, 16)
+    if masked:
+        loss_mask[:, -3:] = 0  # e.g. padding at the end of a packed sequence
+    grads = []
+    for model in (plain, chunked):
+        h = hidden.clone().requires_grad_()
+        per_token = model.compute_language_model_loss(labels, model.output_layer(h)[0])
+        loss, num_tokens, _ = masked_next_token_loss(loss_mask, per_token)
+        (loss / num_tokens).backward()  # what forward_step_calc_loss does without per-token loss
+        grads.append((h.grad, model.output_layer.weight.grad))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert bool(recomputed) == masked
+
+
 def test_not_installed_where_the_output_layer_is_vocab_parallel(megatron_parallel):
     from kaiyuan_recipes.models.chunked_loss import unsupported_reason
     from kaiyuan_recipes.models.providers import build_provider, provide_on_cpu
