@@ -5,12 +5,15 @@ TFLOP/s with Megatron's formula; the HF loops use the same FLOPs per token (take
 the same model in this process), so the columns compare.
 
 usage (GPU host): python benchmarks/train_throughput.py --models qwen3_1p7b gpt_smoke --out train_throughput.json
+      [--impl-timeout 300]  (a slow implementation, e.g. HF's compile, records a timeout; the rest still run)
       (CPU smoke of the HF loop: --impls hf_eager --device cpu --tiny)"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -46,20 +49,56 @@ def megatron_command(model: str, layer_spec: str, mbs: int, micro: int, seq: int
             f"checkpoint.save_interval={steps * 10}", "checkpoint.save=null", *extra]
 
 
+def run_bounded(command: list[str], timeout: float | None) -> tuple[int | None, str]:
+    """Run `command` in its own process group and return (exit code, output); past `timeout` the whole group
+    (torchrun's ranks too, which would otherwise keep the GPU) gets SIGTERM, then SIGKILL: (None, reason)."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        output = proc.communicate(timeout=timeout)[0]
+        return proc.returncode, output
+    except subprocess.TimeoutExpired:
+        pass
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.communicate(timeout=30)
+            break
+        except ProcessLookupError:
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    return None, f"timed out after {timeout} s"
+
+
 def megatron_run(model: str, layer_spec: str, mbs: int, micro: int, seq: int, steps: int, nproc: int = 1,
-                 extra: tuple[str, ...] = ()) -> dict:
+                 extra: tuple[str, ...] = (), timeout: float | None = None) -> dict:
     """The median of the steady steps from the run's metrics.jsonl."""
     from kaiyuan_recipes.training.metrics_log import read_metrics
 
     root = Path(tempfile.mkdtemp(prefix="throughput-"))
-    proc = subprocess.run(megatron_command(model, layer_spec, mbs, micro, seq, steps, root, nproc, extra),
-                          capture_output=True, text=True)
+    code, output = run_bounded(megatron_command(model, layer_spec, mbs, micro, seq, steps, root, nproc, extra),
+                               timeout)
     steps_done = [r for r in read_metrics(root / model / "run_state") if r["event"] == "step"][3:]
-    if proc.returncode != 0 or not steps_done:
-        return {"error": (proc.stderr or proc.stdout)[-1500:]}
+    if code != 0 or not steps_done:
+        return {"error": output[-1500:]}
     return {"tokens_per_s": statistics.median(r["tokens_per_s_per_gpu"] for r in steps_done),
             "tflops": statistics.median(r["model_tflops_per_gpu"] or 0 for r in steps_done),
             "peak_mem_gb": max(r["peak_mem_gb"] or 0 for r in steps_done)}
+
+
+def hf_run_bounded(args: argparse.Namespace, model: str, impl: str) -> dict:
+    """hf_run in a child process of this script, so a compile that outlasts --impl-timeout cannot take the
+    rest of the benchmark with it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "one.json"
+        command = [sys.executable, __file__, "--models", model, "--impls", impl, "--seq", str(args.seq),
+                   "--steps", str(args.steps), "--device", args.device, "--out", str(out),
+                   *(["--tiny"] if args.tiny else [])]
+        code, output = run_bounded(command, args.impl_timeout)
+        if code != 0 or not out.exists():
+            return {"error": output[-1500:]}
+        return json.loads(out.read_text())["results"][model][impl]
 
 
 def hf_run(model: str, compiled: bool, mbs: int, micro: int, seq: int, steps: int, device: str, tiny: bool) -> dict:
@@ -111,6 +150,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="a 2-layer model of the same vocabulary (CPU smoke)")
+    ap.add_argument("--impl-timeout", type=float, default=None,
+                    help="seconds per implementation (each then runs in its own process group); past it, "
+                         "that row records the timeout and the others still run")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     results: dict = {}
@@ -121,7 +163,10 @@ def main() -> None:
         for impl in args.impls:
             if impl in MEGATRON_IMPLS:
                 spec, extra = MEGATRON_IMPLS[impl]
-                row[impl] = megatron_run(model, spec, mbs, micro, seq, args.steps, extra=extra)
+                row[impl] = megatron_run(model, spec, mbs, micro, seq, args.steps, extra=extra,
+                                         timeout=args.impl_timeout)
+            elif args.impl_timeout:
+                row[impl] = hf_run_bounded(args, model, impl)
             else:
                 row[impl] = hf_run(model, impl == "hf_compile", mbs, micro, seq, args.steps, args.device, args.tiny)
             print(model, impl, row[impl], flush=True)

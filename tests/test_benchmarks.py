@@ -42,3 +42,20 @@ def test_zero_stages_compares_like_for_like():
         assert "kaiyuan.chunked_loss=false" in command and "kaiyuan.layer_spec=fast" in command
         assert f"--nproc-per-node={1 if name == '1gpu' else 2}" in command
         assert f"kaiyuan.zero_stage={name[-1] if name != '1gpu' else 1}" in command
+
+
+def test_train_throughput_bounds_each_implementation(tmp_path):
+    """--impl-timeout: an implementation past its time records the timeout (its process group is gone) and
+    the file is still written; within it, the child's figures come back (CPU smoke of the HF loop)."""
+    import json
+
+    out = tmp_path / "tt.json"
+    common = ["benchmarks/train_throughput.py", "--models", "gpt_smoke", "--impls", "hf_eager", "--device", "cpu",
+              "--tiny", "--steps", "4", "--out", str(out)]
+    proc = run(*common, "--impl-timeout", "0.5")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text())["results"]["gpt_smoke"]["hf_eager"] == {"error": "timed out after 0.5 s"}
+    proc = run(*common, "--impl-timeout", "240")
+    assert proc.returncode == 0, proc.stderr
+    row = json.loads(out.read_text())["results"]["gpt_smoke"]["hf_eager"]
+    assert row["tokens_per_s"] > 0 and row["loss"] > 0
