@@ -65,7 +65,7 @@ def fp32_agreement(hf_dir: Path, batch: list[list[int]], new_tokens: int) -> dic
 
     model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).cuda().eval()
     ref = hf_generate(model, batch, new_tokens)
-    ours = StaticDecoder(model, "cuda", "graph").greedy(batch, new_tokens, set(), stop_early=False).tolist()
+    ours = StaticDecoder(model, "cuda", "graph").decode(batch, new_tokens, set(), stop_early=False).tolist()
     del model
     torch.cuda.empty_cache()
     return {"rows": len(batch), "new_tokens": new_tokens, "identical_rows": sum(a == b for a, b in zip(ours, ref))}

@@ -279,3 +279,62 @@ def test_decoder_rounds_cache_lengths_and_refuses_gpu_modes_without_a_gpu(tiny_m
             StaticDecoder(engine.model, "cpu", mode)
     with pytest.raises(ValueError, match="expected one of graph, reduce-overhead, eager"):
         StaticDecoder(engine.model, "cpu", "fast")
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.7, 0, 1.0), (1.0, 5, 1.0), (1.3, 0, 0.8), (0.9, 7, 0.6),
+                                                     (1.0, 0, 0.0001)])
+def test_sampler_filters_as_transformers_warpers(temperature, top_k, top_p):
+    """The decoder's sampling: the logits it draws from are exactly what transformers' warpers leave, in
+    generate()'s order (temperature, top-k, top-p)."""
+    from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
+                                                        TopPLogitsWarper)
+
+    from kaiyuan_exporters.serving.decode import Sampler
+
+    torch.manual_seed(0)
+    logits = torch.randn(6, 64) * 3
+    theirs = TemperatureLogitsWarper(temperature)(None, logits.clone())
+    if top_k:
+        theirs = TopKLogitsWarper(top_k)(None, theirs)
+    if top_p < 1:
+        theirs = TopPLogitsWarper(top_p)(None, theirs)
+    ours = Sampler(temperature, top_k, top_p).filtered(logits)
+    assert torch.equal(torch.isinf(ours), torch.isinf(theirs))
+    torch.testing.assert_close(ours[~torch.isinf(ours)], theirs[~torch.isinf(theirs)])
+    assert (~torch.isinf(ours)).sum(-1).min() >= 1
+
+
+def test_sampler_draws_from_the_filtered_distribution():
+    from kaiyuan_exporters.serving.decode import Sampler
+
+    torch.manual_seed(0)
+    logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]])).expand(20000, 3)
+    for sampler, expected in ((Sampler(1.0), [0.7, 0.2, 0.1]), (Sampler(1.0, top_k=2), [0.7 / 0.9, 0.2 / 0.9, 0]),
+                              (Sampler(1.0, top_p=0.75), [0.7 / 0.9, 0.2 / 0.9, 0])):
+        counts = torch.bincount(sampler(logits), minlength=3).float() / 20000
+        torch.testing.assert_close(counts, torch.tensor(expected), atol=0.015, rtol=0)
+
+
+def test_engine_samples_through_the_decoder(tiny_model, monkeypatch):
+    """Sampled requests decode through the static-cache decoder too (not generate()): a seed repeats a
+    completion, a nucleus small enough to hold only the top token gives the greedy completion, and streamed
+    sampled tokens are the completion's."""
+    from kaiyuan_exporters.serving.engine import GenerationEngine, Request, Sampling
+
+    engine = GenerationEngine(tiny_model, "cpu", static_cache=True)
+    monkeypatch.setattr(engine.model, "generate", lambda *a, **k: pytest.fail("sampled through generate()"))
+    prompts = [engine.encode("Hello world, this is a test")[:4], engine.encode("另一个提示，用来测试批处理")[:6]]
+    hot = Sampling(temperature=1.5, top_k=50, seed=7)
+
+    def run(sampling, **kw):
+        return [c.token_ids for c in engine.generate([Request(p, 12, sampling, ignore_eos=True, **kw)
+                                                      for p in prompts])]
+
+    first = run(hot)
+    assert run(hot) == first
+    assert run(Sampling(temperature=1.5, top_k=50, seed=8)) != first  # 2 x 12 draws from ~50 tokens
+    assert run(Sampling(temperature=1.0, top_p=1e-6, seed=1)) == run(Sampling())
+    received: list[list[int]] = [[], []]
+    done = engine.generate([Request(p, 12, hot, ignore_eos=True, on_token=received[i].append)
+                            for i, p in enumerate(prompts)])
+    assert [c.token_ids for c in done] == received == first

@@ -27,14 +27,42 @@ def model():
 def test_compiled_modes_match_eager(model, mode):
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(1, 512, (n,), generator=gen).tolist() for n in (16, 9, 12, 16)]
-    expected = StaticDecoder(model, "cuda", "eager").greedy(prompts, 64, set(), stop_early=False)
+    expected = StaticDecoder(model, "cuda", "eager").decode(prompts, 64, set(), stop_early=False)
     decoder = StaticDecoder(model, "cuda", mode)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        first = decoder.greedy(prompts, 64, set(), stop_early=False).clone()
-        again = decoder.greedy(prompts, 64, set(), stop_early=False)  # the reused cache (and graph)
+        first = decoder.decode(prompts, 64, set(), stop_early=False).clone()
+        again = decoder.decode(prompts, 64, set(), stop_early=False)  # the reused cache (and graph)
     fallbacks = [str(w.message) for w in caught if str(w.message).startswith("decode step")]
     assert decoder.mode == mode and not fallbacks, fallbacks
     assert torch.equal(first, expected) and torch.equal(again, expected)
     if mode == "graph":
         assert all(slot.captured is not None for slot in decoder.slots.values())
+
+
+def test_graph_mode_samples_as_eager(model):
+    """Sampling in graph mode (the captured logits step, the draw outside the graph): the same seed gives
+    eager's tokens (fp32 logits agree to ~1e-6, far from any draw's boundary), after the greedy graph of the
+    same slot was used; a nucleus holding one token gives the greedy tokens."""
+    from kaiyuan_exporters.serving.decode import Sampler
+
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(1, 512, (n,), generator=gen).tolist() for n in (16, 9, 12, 16)]
+    sampler = Sampler(1.2, top_k=40, top_p=0.95)
+
+    def sampled(decoder):
+        torch.manual_seed(5)
+        return decoder.decode(prompts, 48, set(), stop_early=False, sampler=sampler).clone()
+
+    expected = sampled(StaticDecoder(model, "cuda", "eager"))
+    decoder = StaticDecoder(model, "cuda", "graph")
+    greedy = decoder.decode(prompts, 48, set(), stop_early=False).clone()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first, again = sampled(decoder), sampled(decoder)
+    assert decoder.mode == "graph" and not [w for w in caught if str(w.message).startswith("decode step")]
+    assert all(slot.captured_logits is not None for slot in decoder.slots.values())
+    assert torch.equal(first, expected) and torch.equal(again, expected) and not torch.equal(first, greedy)
+    torch.manual_seed(5)
+    assert torch.equal(decoder.decode(prompts, 48, set(), stop_early=False, sampler=Sampler(1.0, top_p=1e-6)),
+                       greedy)

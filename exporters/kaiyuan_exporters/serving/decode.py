@@ -1,9 +1,11 @@
-"""Greedy decoding against a static KV cache. One decode step (one token per row in, the next token per
-row out) is compiled by torch.compile and, on CUDA, captured into a CUDA graph per (batch, cache length):
+"""Decoding against a static KV cache. One decode step (one token per row in, the next token per row out
+when greedy, the last logits when sampling) is compiled by torch.compile and, on CUDA, captured into a CUDA
+graph per (batch, cache length):
 a step then costs one graph launch instead of hundreds of kernel launches, which is what bounds a 2B
 model at batch 1 (the approach of SGLang's CUDA-graph runner: inductor without its own graphs, captured
 by the caller). When capture fails the decoder falls back, with a warning, to torch.compile's own CUDA
-graphs (mode "reduce-overhead"), and to the eager step when compilation fails."""
+graphs (mode "reduce-overhead"), and to the eager step when compilation fails. Sampling (Sampler) runs on
+the captured step's logits, outside the graph: the random draws stay with torch's generator."""
 
 from __future__ import annotations
 
@@ -57,6 +59,32 @@ class CapturedStep:
         return self.out
 
 
+@dataclass(frozen=True)
+class Sampler:
+    """transformers' sampling, in its order: temperature, then top-k, then top-p (nucleus), then a draw
+    from the softmax. top_k 0 and top_p 1 mean no filtering."""
+
+    temperature: float
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def filtered(self, logits: torch.Tensor) -> torch.Tensor:
+        """[batch, vocab] logits as transformers' warpers leave them: scaled, -inf where filtered out."""
+        x = logits.float() / self.temperature
+        if 0 < self.top_k < x.shape[-1]:
+            x = x.masked_fill(x < torch.topk(x, self.top_k, dim=-1).values[:, -1:], float("-inf"))
+        if self.top_p < 1.0:
+            ordered, order = torch.sort(x, dim=-1, descending=True)
+            probs = ordered.softmax(-1)
+            outside = probs.cumsum(-1) - probs >= self.top_p  # the mass before it already reaches top_p
+            outside[:, 0] = False  # the most likely token always stays
+            x = x.masked_fill(outside.scatter(-1, order, outside), float("-inf"))
+        return x
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        return torch.multinomial(self.filtered(logits).softmax(-1), 1)[:, 0]
+
+
 @dataclass
 class Slot:
     """One (batch, cache length): a static KV cache, the static inputs every decode step reads (the padding
@@ -66,6 +94,7 @@ class Slot:
     mask: torch.Tensor  # [batch, cache length], 0 at left padding
     positions: torch.Tensor  # [batch, 1]
     captured: CapturedStep | None = None
+    captured_logits: CapturedStep | None = None  # the sampling step, captured on first use
 
 
 class StaticDecoder:
@@ -78,28 +107,37 @@ class StaticDecoder:
         if self.mode != "eager" and not device.startswith("cuda"):
             raise ValueError(f"decode mode {self.mode!r} needs a CUDA device, got {device!r}")
         self.max_length = max_length
-        self.step = self._compiled(self.mode)
+        self.step, self.logits_step = self._compiled(self.mode, self.eager_step), self._compiled(self.mode,
+                                                                                                 self.eager_logits)
         self.slots: dict[tuple[int, int], Slot] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.mode == "graph" else None
 
-    def eager_step(self, tokens: torch.Tensor, cache: Any, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def eager_logits(self, tokens: torch.Tensor, cache: Any, mask: torch.Tensor,
+                     positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                          use_cache=True).logits[:, -1].argmax(-1)
+                          use_cache=True).logits[:, -1]
 
-    def _compiled(self, mode: str):
+    def eager_step(self, tokens: torch.Tensor, cache: Any, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.eager_logits(tokens, cache, mask, positions).argmax(-1)
+
+    def _compiled(self, mode: str, step: Callable):
         if mode == "eager":
-            return self.eager_step
+            return step
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         # graph mode: inductor's fused kernels, captured by CapturedStep (not by inductor's cudagraph trees)
-        return torch.compile(self.eager_step, mode=None if mode == "graph" else mode, fullgraph=True)
+        return torch.compile(step, mode=None if mode == "graph" else mode, fullgraph=True)
+
+    def _set_mode(self, mode: str) -> None:
+        self.mode = mode
+        self.step, self.logits_step = self._compiled(mode, self.eager_step), self._compiled(mode, self.eager_logits)
 
     def _fall_back(self, mode: str, why: BaseException) -> None:
         warnings.warn(f"decode step: {self.mode} failed ({type(why).__name__}: {str(why)[:200]}); using {mode}",
                       stacklevel=3)
-        self.mode, self.step = mode, self._compiled(mode)
+        self._set_mode(mode)
         self.slots.clear()  # caches of a failed capture are not reused
 
-    def slot(self, batch: int, length: int) -> Slot:
+    def slot(self, batch: int, length: int, sampling: bool = False) -> Slot:
         from transformers import StaticCache
 
         length = -(-length // CACHE_LENGTH_MULTIPLE) * CACHE_LENGTH_MULTIPLE
@@ -107,7 +145,7 @@ class StaticDecoder:
             length = min(length, self.max_length)
         key = (batch, length)
         if key in self.slots:
-            return self.slots[key]
+            return self._with_logits_graph(self.slots[key], batch, length) if sampling else self.slots[key]
         slot = Slot(StaticCache(config=self.model.config, max_cache_len=length),
                     torch.ones((batch, length), dtype=torch.long, device=self.device),
                     torch.zeros((batch, 1), dtype=torch.long, device=self.device))
@@ -118,34 +156,50 @@ class StaticDecoder:
                 slot.captured = CapturedStep(self.step, slot, self.device, self._pool)
             except Exception as err:  # noqa: BLE001  (capture or compilation failed: any of many error types)
                 self._fall_back("reduce-overhead", err)
-                return self.slot(batch, length)
+                return self.slot(batch, length, sampling)
         self.slots[key] = slot
+        return self._with_logits_graph(slot, batch, length) if sampling else slot
+
+    def _with_logits_graph(self, slot: Slot, batch: int, length: int) -> Slot:
+        """The slot with its sampling step captured too (graph mode; before the request's prefill)."""
+        if self.mode != "graph" or slot.captured_logits is not None:
+            return slot
+        try:
+            slot.captured_logits = CapturedStep(self.logits_step, slot, self.device, self._pool)
+        except Exception as err:  # noqa: BLE001  (as in slot())
+            self._fall_back("reduce-overhead", err)
+            return self.slot(batch, length, sampling=True)
         return slot
 
-    def advance(self, slot: Slot, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens (batch,) -> the next token per row; the cache and the positions move on by one."""
-        if slot.captured is not None:
-            return slot.captured(tokens[:, None])
+    def advance(self, slot: Slot, tokens: torch.Tensor, sampler: Sampler | None = None) -> torch.Tensor:
+        """tokens (batch,) -> the next token per row (greedy, or drawn by `sampler`); the cache and the
+        positions move on by one."""
+        captured = slot.captured if sampler is None else slot.captured_logits
+        if captured is not None:
+            out = captured(tokens[:, None])
+            return out if sampler is None else sampler(out)
         try:
-            tokens = self.step(tokens[:, None].clone(), slot.cache, slot.mask, slot.positions)
+            out = (self.step if sampler is None else self.logits_step)(tokens[:, None].clone(), slot.cache,
+                                                                       slot.mask, slot.positions)
         except torch._dynamo.exc.TorchDynamoException as err:
             if self.mode == "eager":
                 raise
             # a model torch.compile cannot capture whole (e.g. a MoE block's data-dependent expert loop)
-            self.mode, self.step = "eager", self.eager_step
+            self._set_mode("eager")
             warnings.warn(f"decode step not compiled ({type(err).__name__}); decoding eagerly", stacklevel=2)
-            return self.advance(slot, tokens)
+            return self.advance(slot, tokens, sampler)
         slot.positions.add_(1)
-        return tokens
+        return out if sampler is None else sampler(out)
 
     @torch.inference_mode()  # the cache's tensors are inference tensors: reset them in the mode too
-    def greedy(self, prompts: list[list[int]], new_tokens: int, eos: set[int], stop_early: bool,
-               on_tokens: Callable[[list[list[int]]], None] | None = None) -> torch.Tensor:
-        """Prompts of any lengths (left-padded here) -> (batch, <= new_tokens) greedy continuations. Tokens
-        stay on the device; end-of-text is checked every 32 steps when stop_early. on_tokens, if given,
-        receives the new tokens (a list per row) every STREAM_EVERY steps and at the end."""
+    def decode(self, prompts: list[list[int]], new_tokens: int, eos: set[int], stop_early: bool,
+               on_tokens: Callable[[list[list[int]]], None] | None = None,
+               sampler: Sampler | None = None) -> torch.Tensor:
+        """Prompts of any lengths (left-padded here) -> (batch, <= new_tokens) continuations, greedy unless a
+        sampler is given. Tokens stay on the device; end-of-text is checked every 32 steps when stop_early.
+        on_tokens, if given, receives the new tokens (a list per row) every STREAM_EVERY steps and at the end."""
         batch, width = len(prompts), max(len(p) for p in prompts)
-        slot = self.slot(batch, width + new_tokens)
+        slot = self.slot(batch, width + new_tokens, sampling=sampler is not None)
         slot.cache.reset()
         ids, mask = left_pad(prompts, self.pad_id, slot.mask.shape[1])
         pads = torch.tensor([width - len(p) for p in prompts])
@@ -154,11 +208,12 @@ class StaticDecoder:
         slot.positions.copy_(positions[:, -1:] + 1)
         out = torch.empty((batch, new_tokens), dtype=torch.long, device=self.device)
         eos_ids = torch.tensor(sorted(eos), device=self.device) if stop_early and eos else None
-        tokens = self.eager_step(ids.to(self.device), slot.cache, slot.mask, positions)  # prefill
+        logits = self.eager_logits(ids.to(self.device), slot.cache, slot.mask, positions)  # prefill
+        tokens = logits.argmax(-1) if sampler is None else sampler(logits)
         out[:, 0] = tokens
         streamed = 0
         for step in range(1, new_tokens):
-            tokens = self.advance(slot, tokens)
+            tokens = self.advance(slot, tokens, sampler)
             out[:, step] = tokens
             if on_tokens is not None and (step + 1) % STREAM_EVERY == 0:
                 on_tokens(out[:, streamed: step + 1].tolist())

@@ -1,8 +1,9 @@
 """The generation engine behind `kaiyuan serve`: a HF causal LM with a KV cache, concurrent requests
 batched together. A worker thread drains the request queue, groups requests that share sampling settings,
-and runs each group as one left-padded batch: greedy batches through the static-cache decoder (decode.py:
-compiled, CUDA-graph-captured steps), sampled ones through `model.generate` (static KV cache on CUDA).
-New tokens reach streaming callers as they are produced."""
+and runs each group as one left-padded batch through the static-cache decoder (decode.py: compiled,
+CUDA-graph-captured steps; sampled with transformers' temperature / top-k / top-p), or through
+`model.generate` where there is no static cache (CPU default). New tokens reach streaming callers as they
+are produced."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-from .decode import StaticDecoder, left_pad
+from .decode import Sampler, StaticDecoder, left_pad
 
 
 @dataclass(frozen=True)
@@ -152,11 +153,13 @@ class GenerationEngine:
                 for req, res in zip(group, results):
                     req.future.set_result(res)
 
-    def _greedy_static(self, requests: list[Request], streaming: bool) -> list[list[int]]:
+    def _decode_static(self, requests: list[Request], sampling: Sampling, streaming: bool) -> list[list[int]]:
         new = max(r.max_new_tokens for r in requests)
         stop_early = not all(r.ignore_eos for r in requests)
         on_tokens = self._stream_columns(requests) if streaming else None
-        return self.decoder.greedy([r.prompt_ids for r in requests], new, self.eos, stop_early, on_tokens).tolist()
+        sampler = None if sampling.greedy else Sampler(sampling.temperature, sampling.top_k, sampling.top_p)
+        return self.decoder.decode([r.prompt_ids for r in requests], new, self.eos, stop_early, on_tokens,
+                                   sampler).tolist()
 
     def _stream_columns(self, requests: list[Request]) -> Callable[[list[list[int]]], None]:
         """The decoder's streaming callback (new tokens, a list per row) feeding each request's on_token."""
@@ -196,8 +199,8 @@ class GenerationEngine:
         streaming = any(r.on_token for r in requests)
         if new_tokens == 0:
             generated = [[] for _ in requests]
-        elif self.static_cache and sampling.greedy:
-            generated = self._greedy_static(requests, streaming)
+        elif self.static_cache:
+            generated = self._decode_static(requests, sampling, streaming)
         else:
             generated = self._generate_padded(requests, sampling, new_tokens, streaming)
         self.stats["batches"] += 1
