@@ -164,6 +164,7 @@ class StaticDecoder:
         """The slot with its sampling step captured too (graph mode; before the request's prefill)."""
         if self.mode != "graph" or slot.captured_logits is not None:
             return slot
+        slot.positions.zero_()  # in range for the warm-up steps; the request sets positions and cache after
         try:
             slot.captured_logits = CapturedStep(self.logits_step, slot, self.device, self._pool)
         except Exception as err:  # noqa: BLE001  (as in slot())
