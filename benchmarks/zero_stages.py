@@ -3,7 +3,7 @@ distributed optimizer, distributed optimizer + sharded gradients) against the sa
 tokens/s/GPU, model TFLOP/s, peak memory per stage, and scaling efficiency = tokens/s/GPU on 2 GPUs divided by
 tokens/s on 1. One GPU-host run (kind nvidia-h200-x2) writes the JSON and a bar chart beside it.
 
-usage: python benchmarks/zero_stages.py --out zero_stages.json [--layer-spec fast] [--steps 12]
+usage: python benchmarks/zero_stages.py --out zero_stages.json [--layer-spec fast] [--steps 12] [--run-timeout 150]
        python benchmarks/zero_stages.py --out x.json --print-commands   (what it would run; any host)"""
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ def main() -> None:
     ap.add_argument("--layer-spec", default="auto")
     ap.add_argument("--seq", type=int, default=4096)
     ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--run-timeout", type=float, default=None,
+                    help="seconds per configuration; past it, that row records the timeout and the others still run")
     ap.add_argument("--print-commands", action="store_true")
     args = ap.parse_args()
     mbs, micro = BATCH[MODEL]
@@ -64,8 +66,9 @@ def main() -> None:
         return
     results = {}
     for name, (gpus, stage) in runs.items():
-        results[name] = megatron_run(MODEL, args.layer_spec, mbs, micro, args.seq, args.steps, gpus,
-                                     (f"kaiyuan.zero_stage={stage}", *SAME_LOSS)) | {"gpus": gpus, "zero_stage": stage}
+        measured = megatron_run(MODEL, args.layer_spec, mbs, micro, args.seq, args.steps, gpus,
+                                (f"kaiyuan.zero_stage={stage}", *SAME_LOSS), args.run_timeout)
+        results[name] = measured | {"gpus": gpus, "zero_stage": stage}
         print(name, results[name], flush=True)
     base = results["1gpu"].get("tokens_per_s")
     for name in runs:
