@@ -8,8 +8,8 @@ import json
 
 import pytest
 import torch
+from conftest import tiny_gpt_shape
 
-from kaiyuan_recipes.recipe_tree import load_model_file
 from kaiyuan_recipes.training.config import build_config
 from kaiyuan_recipes.training.overrides import OverrideError
 
@@ -37,9 +37,7 @@ def test_trace_written_in_run_dir_with_the_ops_that_ran(tmp_path, megatron_paral
 
     cfg, run = build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", "profile.enabled=true",
                                           "profile.steps=[2,4]"])
-    shape = load_model_file("gpt_smoke") | {"num_layers": 1, "hidden_size": 64, "ffn_hidden_size": 128,
-                                            "num_attention_heads": 4, "num_query_groups": 2, "kv_channels": 16}
-    mlp = provide_on_cpu(build_provider(shape, "local")).decoder.layers[0].mlp
+    mlp = provide_on_cpu(build_provider(tiny_gpt_shape(), "local")).decoder.layers[0].mlp
     prof = initialize_pytorch_profiler(cfg.profiling, cfg.logger.tensorboard_dir)
     prof.start()
     for step in range(6):  # the loop of megatron.bridge.training.train.train, one layer's fwd/bwd per step

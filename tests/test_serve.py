@@ -254,7 +254,7 @@ def test_engine_decodes_eagerly_when_the_model_cannot_be_compiled(tiny_model):
     def uncompilable(*inputs):
         raise torch._dynamo.exc.TorchDynamoException("data-dependent control flow")
 
-    engine.decoder.step = uncompilable
+    engine.decoder.steps["tokens"] = uncompilable
     engine.decoder.mode = "reduce-overhead"  # as on a GPU after a failed capture
     with pytest.warns(UserWarning, match="decode step not compiled"):
         got = engine.generate([Request(prompt, 8, ignore_eos=True)])[0].token_ids

@@ -16,7 +16,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--decode-mode", choices=["graph", "reduce-overhead", "eager"],
-                   help="greedy decode step: graph (compiled, one CUDA graph per batch / cache length; the CUDA "
+                   help="decode step: graph (compiled, one CUDA graph per batch / cache length; the CUDA "
                         "default), reduce-overhead (torch.compile's CUDA graphs), eager (the CPU default)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20)
     p.add_argument("--api-token-env", metavar="VAR",

@@ -10,7 +10,7 @@ the captured step's logits, outside the graph: the random draws stay with torch'
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -88,13 +88,13 @@ class Sampler:
 @dataclass
 class Slot:
     """One (batch, cache length): a static KV cache, the static inputs every decode step reads (the padding
-    mask over the whole cache, each row's next position) and, in graph mode, the captured step."""
+    mask over the whole cache, each row's next position) and, in graph mode, the captured steps by kind
+    ("tokens": greedy, "logits": for a sampler), each captured when first needed."""
 
     cache: Any
     mask: torch.Tensor  # [batch, cache length], 0 at left padding
     positions: torch.Tensor  # [batch, 1]
-    captured: CapturedStep | None = None
-    captured_logits: CapturedStep | None = None  # the sampling step, captured on first use
+    graphs: dict[str, CapturedStep] = field(default_factory=dict)
 
 
 class StaticDecoder:
@@ -107,8 +107,7 @@ class StaticDecoder:
         if self.mode != "eager" and not device.startswith("cuda"):
             raise ValueError(f"decode mode {self.mode!r} needs a CUDA device, got {device!r}")
         self.max_length = max_length
-        self.step, self.logits_step = self._compiled(self.mode, self.eager_step), self._compiled(self.mode,
-                                                                                                 self.eager_logits)
+        self._set_mode(self.mode)
         self.slots: dict[tuple[int, int], Slot] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.mode == "graph" else None
 
@@ -120,16 +119,17 @@ class StaticDecoder:
     def eager_step(self, tokens: torch.Tensor, cache: Any, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.eager_logits(tokens, cache, mask, positions).argmax(-1)
 
-    def _compiled(self, mode: str, step: Callable):
+    def _set_mode(self, mode: str) -> None:
+        """The decode steps by kind for `mode`: "tokens" (greedy) and "logits" (a sampler draws after it)."""
+        self.mode = mode
+        eager = {"tokens": self.eager_step, "logits": self.eager_logits}
         if mode == "eager":
-            return step
+            self.steps = eager
+            return
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         # graph mode: inductor's fused kernels, captured by CapturedStep (not by inductor's cudagraph trees)
-        return torch.compile(step, mode=None if mode == "graph" else mode, fullgraph=True)
-
-    def _set_mode(self, mode: str) -> None:
-        self.mode = mode
-        self.step, self.logits_step = self._compiled(mode, self.eager_step), self._compiled(mode, self.eager_logits)
+        self.steps = {kind: torch.compile(step, mode=None if mode == "graph" else mode, fullgraph=True)
+                      for kind, step in eager.items()}
 
     def _fall_back(self, mode: str, why: BaseException) -> None:
         warnings.warn(f"decode step: {self.mode} failed ({type(why).__name__}: {str(why)[:200]}); using {mode}",
@@ -137,59 +137,49 @@ class StaticDecoder:
         self._set_mode(mode)
         self.slots.clear()  # caches of a failed capture are not reused
 
-    def slot(self, batch: int, length: int, sampling: bool = False) -> Slot:
+    def slot(self, batch: int, length: int, kind: str = "tokens") -> Slot:
+        """The slot for (batch, cache length rounded up), with its `kind` step captured in graph mode (before
+        the request's prefill, which resets the cache and sets the positions)."""
         from transformers import StaticCache
 
         length = -(-length // CACHE_LENGTH_MULTIPLE) * CACHE_LENGTH_MULTIPLE
         if self.max_length:
             length = min(length, self.max_length)
-        key = (batch, length)
-        if key in self.slots:
-            return self._with_logits_graph(self.slots[key], batch, length) if sampling else self.slots[key]
-        slot = Slot(StaticCache(config=self.model.config, max_cache_len=length),
-                    torch.ones((batch, length), dtype=torch.long, device=self.device),
-                    torch.zeros((batch, 1), dtype=torch.long, device=self.device))
-        if self.mode == "graph":
-            try:  # a one-token prefill allocates the cache's tensors (lazily) before the capture records them
-                self.eager_step(torch.zeros((batch, 1), dtype=torch.long, device=self.device), slot.cache,
-                                slot.mask, slot.positions)
-                slot.captured = CapturedStep(self.step, slot, self.device, self._pool)
-            except Exception as err:  # noqa: BLE001  (capture or compilation failed: any of many error types)
-                self._fall_back("reduce-overhead", err)
-                return self.slot(batch, length, sampling)
-        self.slots[key] = slot
-        return self._with_logits_graph(slot, batch, length) if sampling else slot
-
-    def _with_logits_graph(self, slot: Slot, batch: int, length: int) -> Slot:
-        """The slot with its sampling step captured too (graph mode; before the request's prefill)."""
-        if self.mode != "graph" or slot.captured_logits is not None:
+        slot = self.slots.get((batch, length))
+        if slot is None:
+            slot = self.slots[(batch, length)] = Slot(
+                StaticCache(config=self.model.config, max_cache_len=length),
+                torch.ones((batch, length), dtype=torch.long, device=self.device),
+                torch.zeros((batch, 1), dtype=torch.long, device=self.device))
+        if self.mode != "graph" or kind in slot.graphs:
             return slot
-        slot.positions.zero_()  # in range for the warm-up steps; the request sets positions and cache after
-        try:
-            slot.captured_logits = CapturedStep(self.logits_step, slot, self.device, self._pool)
-        except Exception as err:  # noqa: BLE001  (as in slot())
+        slot.positions.zero_()  # in range for the warm-up steps
+        try:  # a one-token prefill allocates the cache's tensors (lazily) before the capture records them
+            self.eager_step(torch.zeros((batch, 1), dtype=torch.long, device=self.device), slot.cache,
+                            slot.mask, slot.positions)
+            slot.graphs[kind] = CapturedStep(self.steps[kind], slot, self.device, self._pool)
+        except Exception as err:  # noqa: BLE001  (capture or compilation failed: any of many error types)
             self._fall_back("reduce-overhead", err)
-            return self.slot(batch, length, sampling=True)
+            return self.slot(batch, length, kind)
         return slot
 
     def advance(self, slot: Slot, tokens: torch.Tensor, sampler: Sampler | None = None) -> torch.Tensor:
         """tokens (batch,) -> the next token per row (greedy, or drawn by `sampler`); the cache and the
         positions move on by one."""
-        captured = slot.captured if sampler is None else slot.captured_logits
-        if captured is not None:
-            out = captured(tokens[:, None])
-            return out if sampler is None else sampler(out)
-        try:
-            out = (self.step if sampler is None else self.logits_step)(tokens[:, None].clone(), slot.cache,
-                                                                       slot.mask, slot.positions)
-        except torch._dynamo.exc.TorchDynamoException as err:
-            if self.mode == "eager":
-                raise
-            # a model torch.compile cannot capture whole (e.g. a MoE block's data-dependent expert loop)
-            self._set_mode("eager")
-            warnings.warn(f"decode step not compiled ({type(err).__name__}); decoding eagerly", stacklevel=2)
-            return self.advance(slot, tokens, sampler)
-        slot.positions.add_(1)
+        kind = "tokens" if sampler is None else "logits"
+        if kind in slot.graphs:
+            out = slot.graphs[kind](tokens[:, None])
+        else:
+            try:
+                out = self.steps[kind](tokens[:, None].clone(), slot.cache, slot.mask, slot.positions)
+            except torch._dynamo.exc.TorchDynamoException as err:
+                if self.mode == "eager":
+                    raise
+                # a model torch.compile cannot capture whole (e.g. a MoE block's data-dependent expert loop)
+                self._set_mode("eager")
+                warnings.warn(f"decode step not compiled ({type(err).__name__}); decoding eagerly", stacklevel=2)
+                return self.advance(slot, tokens, sampler)
+            slot.positions.add_(1)
         return out if sampler is None else sampler(out)
 
     @torch.inference_mode()  # the cache's tensors are inference tensors: reset them in the mode too
@@ -200,7 +190,7 @@ class StaticDecoder:
         sampler is given. Tokens stay on the device; end-of-text is checked every 32 steps when stop_early.
         on_tokens, if given, receives the new tokens (a list per row) every STREAM_EVERY steps and at the end."""
         batch, width = len(prompts), max(len(p) for p in prompts)
-        slot = self.slot(batch, width + new_tokens, sampling=sampler is not None)
+        slot = self.slot(batch, width + new_tokens, "tokens" if sampler is None else "logits")
         slot.cache.reset()
         ids, mask = left_pad(prompts, self.pad_id, slot.mask.shape[1])
         pads = torch.tensor([width - len(p) for p in prompts])
