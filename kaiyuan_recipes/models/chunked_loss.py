@@ -52,6 +52,16 @@ def _grad_logits(logits: torch.Tensor, lse: torch.Tensor, labels: torch.Tensor,
     return ((probs - one_hot.float()) * grad_loss[:, None].float()).to(logits.dtype)
 
 
+def _add_chunk_grads(grad_logits: torch.Tensor, rows: slice, hidden: torch.Tensor, weight: torch.Tensor,
+                     grad_hidden: torch.Tensor | None, grad_weight: torch.Tensor | None) -> None:
+    """A chunk's two gradient GEMMs: its rows of d hidden, and its share of d weight, accumulated by the GEMM
+    (fp32 inside, one rounding to the weight's dtype per chunk)."""
+    if grad_hidden is not None:
+        torch.mm(grad_logits, weight, out=grad_hidden[rows])
+    if grad_weight is not None:
+        grad_weight.addmm_(grad_logits.t(), hidden[rows])
+
+
 def _uniform(grad_loss: torch.Tensor) -> bool:
     """Whether every token's loss has the same upstream gradient (one host sync)."""
     return bool(torch.equal(grad_loss, grad_loss[:1].expand_as(grad_loss)))
@@ -83,9 +93,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
                 lse[rows], loss[rows] = _lse_and_loss(logits, labels[rows])
                 continue
             lse[rows], loss[rows], grad_logits = _loss_and_softmax_grad(logits, labels[rows])
-            torch.mm(grad_logits, weight, out=grad_hidden[rows])
-            # accumulated by the GEMM (fp32 inside, one rounding to the weight's dtype per chunk)
-            grad_weight.addmm_(grad_logits.t(), hidden[rows])
+            _add_chunk_grads(grad_logits, rows, hidden, weight, grad_hidden, grad_weight)
         if grads_in_forward:
             ctx.unit_grads = grad_hidden, grad_weight
         ctx.save_for_backward(hidden, weight, labels, lse)
@@ -106,10 +114,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         for start in range(0, hidden.shape[0], ctx.chunk):
             rows = slice(start, start + ctx.chunk)
             grad_logits = _grad_logits(hidden[rows] @ weight.t(), lse[rows], labels[rows], grad_loss[rows])
-            if want_hidden:
-                torch.mm(grad_logits, weight, out=grad_hidden[rows])
-            if want_weight:
-                grad_weight.addmm_(grad_logits.t(), hidden[rows])
+            _add_chunk_grads(grad_logits, rows, hidden, weight, grad_hidden, grad_weight)
         return grad_hidden, grad_weight, None, None, None
 
 
