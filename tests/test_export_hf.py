@@ -109,3 +109,19 @@ def test_export_takes_eos_and_pad_from_the_tokenizer(tmp_path, process_group):
     generation = json.loads((out / "generation_config.json").read_text())
     assert (generation["eos_token_id"], generation["pad_token_id"]) == (151645, 151643)
     assert json.loads((out / "config.json").read_text())["eos_token_id"] == 151645
+
+
+def test_export_reads_a_fast_spec_checkpoint(tmp_path, process_group):
+    """A run trained on the fast spec records its layer-spec function (ours) in run_config.yaml; Megatron-Bridge
+    instantiates only allowlisted modules, so loading it for export needs our prefix registered."""
+    shape = SMALL | {"qk_layernorm": True, "rotary_base": 1000000}
+    original = build_cpu_model(shape, torch.bfloat16, layer_spec="fast")
+    bridge_for(shape, tokenizer_vocab=151646).save_megatron_model([original], tmp_path / "megatron")
+    run_config = (newest_iteration_dir(tmp_path / "megatron") / "run_config.yaml").read_text()
+    assert "kaiyuan_recipes.models.fast_spec.fast_layer_spec" in run_config
+    out = export_hf(tmp_path / "megatron", tmp_path / "hf", None, default_tokenizer_dir(), show_progress=False)
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(out), dtype="auto")
+    assert torch.equal(hf.model.layers[1].mlp.down_proj.weight, original.decoder.layers[1].mlp.linear_fc2.weight)
+    assert torch.equal(hf.lm_head.weight, original.output_layer.weight)

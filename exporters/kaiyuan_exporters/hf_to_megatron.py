@@ -18,12 +18,12 @@ from kaiyuan_recipes.atomic import atomic_directory
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-def build_cpu_model(shape: dict[str, Any], dtype: torch.dtype = torch.float32) -> Any:
+def build_cpu_model(shape: dict[str, Any], dtype: torch.dtype = torch.float32, layer_spec: str = "auto") -> Any:
     """Our provider's GPTModel on the CPU (one process group of one rank must exist)."""
     from kaiyuan_recipes.models.providers import build_provider, provide_on_cpu
 
     provider = build_provider(shape | {"activation_func": shape.get("activation_func", "silu")}
-                              | (single_rank_overrides(shape) or {}))
+                              | (single_rank_overrides(shape) or {}), layer_spec)
     provider.params_dtype = dtype
     provider.bf16 = dtype == torch.bfloat16
     provider.fp16 = dtype == torch.float16

@@ -273,6 +273,9 @@ def apply() -> None:
     cpu_checkpoint_save()
 
 
+CONFIG_TARGET_PREFIX = "kaiyuan_recipes.models."
+
+
 def import_megatron_bridge() -> types.ModuleType:
     """Import megatron.bridge with the workarounds in place; the single entry point for it."""
     apply()
@@ -280,4 +283,9 @@ def import_megatron_bridge() -> types.ModuleType:
     import megatron.bridge.training.initialize  # noqa: F401  (so the helpers patch reaches it)
 
     skip_prebuilt_helpers_build()
+    # Not a workaround: a checkpoint's run_config.yaml names the fast spec's layer-spec function
+    # (kaiyuan_recipes.models.fast_spec), and Megatron-Bridge instantiates only allowlisted modules.
+    from megatron.bridge.utils.instantiate_utils import register_allowed_target_prefix
+
+    register_allowed_target_prefix(CONFIG_TARGET_PREFIX)
     return bridge
