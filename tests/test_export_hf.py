@@ -112,16 +112,25 @@ def test_export_takes_eos_and_pad_from_the_tokenizer(tmp_path, process_group):
 
 
 def test_export_reads_a_fast_spec_checkpoint(tmp_path, process_group):
-    """A run trained on the fast spec records its layer-spec function (ours) in run_config.yaml; Megatron-Bridge
-    instantiates only allowlisted modules, so loading it for export needs our prefix registered."""
+    """A run trained on the fast spec records our layer-spec function and apply_rope_fusion=True in
+    run_config.yaml. `kaiyuan export hf` in a fresh process (as after training) rebuilds that model: our
+    module allowlisted for Megatron-Bridge's instantiation, the compiled RoPE hooks filled before the config
+    is validated."""
+    import os
+    import subprocess
+    import sys
+
+    from transformers import AutoModelForCausalLM
+
     shape = SMALL | {"qk_layernorm": True, "rotary_base": 1000000}
     original = build_cpu_model(shape, torch.bfloat16, layer_spec="fast")
     bridge_for(shape, tokenizer_vocab=151646).save_megatron_model([original], tmp_path / "megatron")
     run_config = (newest_iteration_dir(tmp_path / "megatron") / "run_config.yaml").read_text()
-    assert "kaiyuan_recipes.models.fast_spec.fast_layer_spec" in run_config
-    out = export_hf(tmp_path / "megatron", tmp_path / "hf", None, default_tokenizer_dir(), show_progress=False)
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(str(out), dtype="auto")
+    assert "kaiyuan_recipes.models.fast_spec.fast_layer_spec" in run_config and "apply_rope_fusion: true" in run_config
+    done = subprocess.run([sys.executable, "-m", "kaiyuan_recipes.cli.main", "export", "hf", str(tmp_path / "megatron"),
+                           str(tmp_path / "hf")], capture_output=True, text=True, timeout=600,
+                          env={k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype="auto")
     assert torch.equal(hf.model.layers[1].mlp.down_proj.weight, original.decoder.layers[1].mlp.linear_fc2.weight)
     assert torch.equal(hf.lm_head.weight, original.output_layer.weight)

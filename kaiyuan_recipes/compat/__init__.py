@@ -283,9 +283,12 @@ def import_megatron_bridge() -> types.ModuleType:
     import megatron.bridge.training.initialize  # noqa: F401  (so the helpers patch reaches it)
 
     skip_prebuilt_helpers_build()
-    # Not a workaround: a checkpoint's run_config.yaml names the fast spec's layer-spec function
-    # (kaiyuan_recipes.models.fast_spec), and Megatron-Bridge instantiates only allowlisted modules.
+    # Not workarounds: a fast-spec checkpoint's run_config.yaml names our layer-spec function (Megatron-Bridge
+    # instantiates only allowlisted modules) and apply_rope_fusion=True (refused while RoPE's hooks are empty).
     from megatron.bridge.utils.instantiate_utils import register_allowed_target_prefix
 
+    from kaiyuan_recipes.models.fast_spec import register_compiled_rope
+
     register_allowed_target_prefix(CONFIG_TARGET_PREFIX)
+    register_compiled_rope()
     return bridge
