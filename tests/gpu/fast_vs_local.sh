@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # GPU check for [perf] §2 numerics, through the device tool from the repo root (wheels in .whl):
-#   bash tests/gpu/fast_vs_local.sh            (SPECS="local fast" to skip the noise-floor run)
+#   bash tests/gpu/fast_vs_local.sh
+# On the 2-GPU host, half the time: the runs split over the GPUs, then the report alone (SPECS= trains none):
+#   CUDA_VISIBLE_DEVICES=0 SPECS=local bash tests/gpu/fast_vs_local.sh &
+#   CUDA_VISIBLE_DEVICES=1 SPECS="fast fast_fused_ce" bash tests/gpu/fast_vs_local.sh; wait; SPECS= bash tests/gpu/fast_vs_local.sh
 # gpt_smoke, 200 steps on the bundled sample corpus, same seed: the local spec, the fast spec, and the fast
 # spec with Megatron's fused cross-entropy instead of the chunked one (same function; only the rounding of the
 # logits' gradient differs: it casts it to bf16). The loss logged every 10 steps (Megatron's average over the
@@ -9,14 +12,16 @@
 # moves the curve.
 set -euo pipefail
 source tests/gpu/env.sh
-root=/tmp/fast_vs_local; rm -rf "$root"
+root=/tmp/fast_vs_local
 declare -A extra=([local]="kaiyuan.layer_spec=local" [fast]="kaiyuan.layer_spec=fast"
                   [fast_fused_ce]="kaiyuan.layer_spec=fast kaiyuan.chunked_loss=false")
-for run in ${SPECS:-local fast fast_fused_ce}; do
+for run in ${SPECS-local fast fast_fused_ce}; do
+  rm -rf "${root:?}/$run"
   # shellcheck disable=SC2086  # extra[run] is a list of overrides
   kaiyuan train gpt_smoke kaiyuan.run_root=$root kaiyuan.run_name=$run ${extra[$run]} \
     train.train_iters=200 logger.log_interval=10 checkpoint.save_interval=1000 > "$out/$run.log" 2>&1
 done
+[ "${SPECS-all}" = all ] || [ -z "${SPECS-}" ] || exit 0  # a part of a split run: the report comes after
 pairs=(--pair local_vs_fast "$out/local.log" "$out/fast.log")
 [ -f "$out/fast_fused_ce.log" ] && pairs+=(--pair noise_floor_fast_vs_fast_fused_ce "$out/fast.log" "$out/fast_fused_ce.log")
 python3 benchmarks/determinism_report.py "${pairs[@]}" --after 20 \
