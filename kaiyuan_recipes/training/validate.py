@@ -49,6 +49,14 @@ def parallel_layout(cfg: Any, world_size: int) -> dict[str, int]:
     }
 
 
+def local_spec_norms_are_torchs() -> bool:
+    """Megatron's local spec takes Apex's fused norms when Apex imports, else torch's (WrappedTorchNorm)."""
+    from megatron.core.models.gpt import gpt_layer_specs
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    return gpt_layer_specs.LNImpl is WrappedTorchNorm
+
+
 def validate(cfg: Any, world_size: int, max_positions: int | None) -> dict[str, int]:
     m, seq = cfg.model, cfg.dataset.seq_length
     if m.seq_length != seq:
@@ -60,6 +68,10 @@ def validate(cfg: Any, world_size: int, max_positions: int | None) -> dict[str, 
         raise ConfigError(f"model.num_attention_heads={m.num_attention_heads} is not a multiple of num_query_groups={groups}")
     if groups % m.tensor_model_parallel_size:
         raise ConfigError(f"model.num_query_groups={groups} is not divisible by tensor_model_parallel_size={m.tensor_model_parallel_size}")
+    if m.sequence_parallel and m.transformer_impl == "local" and local_spec_norms_are_torchs():
+        raise ConfigError("model.sequence_parallel=true needs Transformer Engine or Apex norms: without them the local "
+                          "and fast specs use torch's RMSNorm / LayerNorm, which megatron-core refuses under sequence "
+                          "parallelism (megatron/core/transformer/torch_norm.py); set model.sequence_parallel=false")
     tok_vocab = tokenizer_vocab_size(cfg)
     if m.vocab_size < tok_vocab:
         raise ConfigError(f"model.vocab_size={m.vocab_size} is smaller than the tokenizer's vocabulary ({tok_vocab} ids)")
