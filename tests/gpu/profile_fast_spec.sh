@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # [perf] where qwen3_1p7b's step goes on the fast spec, through the device tool from the repo root:
-#   bash tests/gpu/profile_fast_spec.sh            (EXTRA="kaiyuan.sdpa_backend=cudnn" ... for a variant)
+#   bash tests/gpu/profile_fast_spec.sh            (EXTRA="kaiyuan.sdpa_backend=cudnn" ... for a variant;
+#                                                  MODEL=gpt_smoke MBS=4 for the small model)
 # Mock data, seq 4096, micro batch 2 x 4 (the throughput benchmark's batch); a PyTorch profiler trace of
 # steps 6-7 on rank 0; the run prints the trace's top kernels, the time per kernel family and how busy
 # the GPU was. The summary and the gzipped trace (if small enough to come back) land in $out.
 set -euo pipefail
 source tests/gpu/env.sh
 root=/tmp/profile; rm -rf "$root"
+model=${MODEL:-qwen3_1p7b}; mbs=${MBS:-2}
 # shellcheck disable=SC2086  # EXTRA is a list of overrides
-kaiyuan train qwen3_1p7b kaiyuan.run_root=$root kaiyuan.layer_spec=fast kaiyuan.data=mock \
-  train.train_iters=8 train.micro_batch_size=2 train.global_batch_size=8 dataset.seq_length=4096 \
+kaiyuan train "$model" kaiyuan.run_root=$root kaiyuan.layer_spec=fast kaiyuan.data=mock \
+  train.train_iters=8 train.micro_batch_size=$mbs train.global_batch_size=$((mbs * 4)) dataset.seq_length=4096 \
   logger.log_interval=1 checkpoint.save=null profile.enabled=true 'profile.steps=[6,7]' ${EXTRA:-} \
   > "$out/profile_train.log" 2>&1 || { tail -30 "$out/profile_train.log"; exit 1; }
-cp $root/qwen3_1p7b/torch_profile/summary-*.txt "$out/"
+cp "$root/$model"/torch_profile/summary-*.txt "$out/"
 cat "$out"/summary-*.txt
-find $root/qwen3_1p7b/torch_profile -name 'rank-*.json.gz' -size -60M -exec cp {} "$out/" \;
+find "$root/$model"/torch_profile -name 'rank-*.json.gz' -size -60M -exec cp {} "$out/" \;
