@@ -16,6 +16,22 @@ os.environ.setdefault("KAIYUAN_CACHE", tempfile.mkdtemp(prefix="kaiyuan-test-cac
 os.environ["NEMORUN_HOME"] = tempfile.mkdtemp(prefix="kaiyuan-test-nemo-run-")
 
 
+def megatron_forward_on_cpu(setattr=setattr) -> None:
+    """Patch the CUDA-only lines of megatron-core's GPT forward on this CPU host: RoPE moves its table to the
+    GPU, the local spec's softmax builds its causal mask there and forks the CUDA RNG around its (here zero)
+    attention dropout. Pass pytest's monkeypatch.setattr to undo it after the test."""
+    import contextlib
+
+    import torch
+    from megatron.core import tensor_parallel
+    from megatron.core.fusions import fused_softmax
+
+    setattr(torch.cuda, "current_device", lambda: "cpu")
+    setattr(fused_softmax, "get_default_causal_mask",
+            lambda sq: torch.triu(torch.ones(sq, sq, dtype=torch.bool), diagonal=1))
+    setattr(tensor_parallel.get_cuda_rng_tracker(), "fork", contextlib.nullcontext)
+
+
 def tiny_gpt_shape(**changes) -> dict:
     """gpt_smoke's model file at a size a CPU test builds in a second (one layer, hidden 64, vocab 512)."""
     from kaiyuan_recipes.recipe_tree import load_model_file

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from conftest import tiny_gpt_shape
+from conftest import megatron_forward_on_cpu, tiny_gpt_shape
 
 from kaiyuan_recipes.models.providers import build_provider
 from kaiyuan_recipes.recipe_tree import load_model_file
@@ -136,17 +136,7 @@ def test_whole_fast_spec_model_computes_what_the_local_spec_computes(megatron_pa
     fast.load_state_dict(local.state_dict())
     install_chunked_loss([fast])
     local.config.cross_entropy_loss_fusion = False
-    # CUDA-only lines of megatron-core on this CPU host: RoPE moves its table to the GPU, the local spec's
-    # softmax builds its causal mask there and forks the CUDA RNG around its (here zero) attention dropout.
-    import contextlib
-
-    from megatron.core import tensor_parallel
-    from megatron.core.fusions import fused_softmax
-
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
-    monkeypatch.setattr(fused_softmax, "get_default_causal_mask",
-                        lambda sq: torch.triu(torch.ones(sq, sq, dtype=torch.bool), diagonal=1))
-    monkeypatch.setattr(tensor_parallel.get_cuda_rng_tracker(), "fork", contextlib.nullcontext)
+    megatron_forward_on_cpu(monkeypatch.setattr)
     torch.manual_seed(0)
     tokens, labels = torch.randint(0, 512, (2, 64)), torch.randint(0, 512, (2, 64))
     positions = torch.arange(64).expand(2, 64)

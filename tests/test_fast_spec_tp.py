@@ -5,21 +5,13 @@ shard). SDPA attention sees each rank's heads; the chunked loss stands aside for
 layer, Megatron's vocab-parallel cross-entropy takes over. Sequence parallelism is not tested: without TE or
 Apex the spec's norms are torch's, which megatron-core refuses under it (validate() says so up front)."""
 
-import contextlib
 import os
-import socket
 
 import torch
 import torch.multiprocessing as mp
-from conftest import tiny_gpt_shape
+from conftest import free_port, megatron_forward_on_cpu, tiny_gpt_shape
 
 SEQ, BATCH = 32, 2
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_rank(rank: int, world: int, port: int, results) -> None:
@@ -28,14 +20,10 @@ def run_rank(rank: int, world: int, port: int, results) -> None:
     from kaiyuan_recipes import compat
 
     compat.apply()
-    from megatron.core import parallel_state, tensor_parallel
-    from megatron.core.fusions import fused_softmax
+    from megatron.core import parallel_state
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
-    # CUDA-only lines of megatron-core on a CPU host (as in tests/test_fast_spec.py).
-    torch.cuda.current_device = lambda: "cpu"
-    fused_softmax.get_default_causal_mask = lambda sq: torch.triu(torch.ones(sq, sq, dtype=torch.bool), diagonal=1)
-    tensor_parallel.get_cuda_rng_tracker().fork = contextlib.nullcontext
+    megatron_forward_on_cpu()
     from kaiyuan_recipes.models.chunked_loss import install_chunked_loss
     from kaiyuan_recipes.models.fast_spec import SDPADotProductAttention
     from kaiyuan_recipes.models.providers import build_provider, provide_on_cpu
