@@ -144,6 +144,19 @@ def test_fast_spec_runs_register_the_hook(tmp_path):
     assert hook not in hooks("kaiyuan.layer_spec=fast", "kaiyuan.chunked_loss=false")
     assert hook not in hooks("kaiyuan.layer_spec=fast", "kaiyuan.zero_stage=2")
     assert hook not in hooks("kaiyuan.layer_spec=local")
+
+    def summary_says(*args):  # the dry run reports what will run: the hook stands aside under TP
+        import json
+        import subprocess
+        import sys
+
+        done = subprocess.run([sys.executable, "-m", "kaiyuan_recipes.cli.main", "train", "gpt_smoke", "--dry-run", "--json",
+                               f"kaiyuan.run_root={tmp_path}", *args], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout[done.stdout.index("{"):])["model"]["chunked_loss"]
+
+    assert summary_says("kaiyuan.layer_spec=fast") is True
+    assert summary_says("kaiyuan.layer_spec=fast", "model.tensor_model_parallel_size=2", "--nproc-per-node=2") is False
     from kaiyuan_recipes.models import fast_spec
 
     try:  # the SDPA kernel order is set with the rest of the fast spec's run settings

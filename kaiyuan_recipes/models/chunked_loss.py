@@ -149,19 +149,23 @@ def _chunked_language_model_loss(self, labels: torch.Tensor, logits: Any) -> tor
     return loss.view(s, b).transpose(0, 1).contiguous()
 
 
-def unsupported_reason(model: Any) -> str | None:
-    """Why the chunked loss cannot replace this model chunk's output layer, or None."""
-    config = model.config
-    layer = getattr(model, "output_layer", None)
-    if layer is None or not getattr(model, "post_process", False):
-        return "no output layer on this pipeline stage"
+def unsupported_config_reason(config: Any) -> str | None:
+    """Why a model with this config cannot use the chunked loss, or None (the dry-run summary asks too)."""
     if config.tensor_model_parallel_size != 1 or config.sequence_parallel:
         return "tensor parallel (the output layer is vocab-parallel)"
-    if getattr(layer, "bias", None) is not None:
-        return "output layer has a bias"
     if getattr(config, "use_mup", False) or getattr(config, "mtp_num_layers", None):
         return "MuP output scaling or multi-token prediction"
     return None
+
+
+def unsupported_reason(model: Any) -> str | None:
+    """Why the chunked loss cannot replace this model chunk's output layer, or None."""
+    layer = getattr(model, "output_layer", None)
+    if layer is None or not getattr(model, "post_process", False):
+        return "no output layer on this pipeline stage"
+    if getattr(layer, "bias", None) is not None:
+        return "output layer has a bias"
+    return unsupported_config_reason(model.config)
 
 
 def install_chunked_loss(model: list[Any]) -> list[Any]:

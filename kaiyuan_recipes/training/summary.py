@@ -40,6 +40,13 @@ def resolve_with_upstream(cfg: Any, world_size: int) -> Any:
     return resolved
 
 
+def chunked_loss_applies(model_cfg: Any) -> bool:
+    """The chunked loss's hook declines models it cannot serve (tensor parallel, …); say what will run."""
+    from kaiyuan_recipes.models.chunked_loss import unsupported_config_reason
+
+    return unsupported_config_reason(model_cfg) is None
+
+
 def summarize(cfg: Any, run: RunSettings, layout: dict[str, int], launch_argv: list[str]) -> dict[str, Any]:
     from kaiyuan_recipes.training.profiling import PROFILE_DIR
 
@@ -60,7 +67,7 @@ def summarize(cfg: Any, run: RunSettings, layout: dict[str, int], launch_argv: l
             "transformer_impl": cfg.model.transformer_impl,
             "deterministic": bool(getattr(cfg.model, "deterministic_mode", False)),
             "fused_adamw": run.fused_adamw,
-            "chunked_loss": run.uses_chunked_loss,
+            "chunked_loss": run.uses_chunked_loss and chunked_loss_applies(cfg.model),
             "sdpa_backend": run.sdpa_backend if run.layer_spec == "fast" else None,
         },
         "batch": {
