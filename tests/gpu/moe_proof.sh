@@ -28,12 +28,12 @@ timeout ${TRAIN_TIMEOUT:-330} python3 -m kaiyuan_recipes.cli.main train laoyao_m
 grep -E "iteration +[0-9]+/" "$out/moe_train.log" | sed -n '1p;$p'
 python3 benchmarks/train_report.py $root/laoyao_moe_2b --name laoyao_moe_2b_scaled \
   --command "bash tests/gpu/moe_proof.sh" --out "$out/moe_train.json" --log "$out/moe_train.log" | tail -3 || true
-timeout 160 bash tests/gpu/export_proof.sh $root/laoyao_moe_2b laoyao_moe_2b || echo "export/parity did not finish"
+timeout ${EXPORT_TIMEOUT:-200} bash tests/gpu/export_proof.sh $root/laoyao_moe_2b laoyao_moe_2b || echo "export/parity did not finish"
 hf=/tmp/export/laoyao_moe_2b
 # Eager decoding: transformers' Qwen3-MoE block loops over 64 experts in Python, which torch.compile would
 # unroll for minutes before the first answer (the graph mode falls back to eager on failure, but slowly).
 python3 -m kaiyuan_recipes.cli.main serve "$hf" --port 5055 --decode-mode eager > "$out/moe_serve.log" 2>&1 &
 server=$!
-timeout 100 python3 tests/gpu/moe_report.py "$hf" --url http://127.0.0.1:5055 --out-dir "$out" \
+timeout ${REPORT_TIMEOUT:-90} python3 tests/gpu/moe_report.py "$hf" --url http://127.0.0.1:5055 --out-dir "$out" \
   --command "bash tests/gpu/moe_proof.sh" || echo "report did not finish"
 kill "$server" 2>/dev/null || true
