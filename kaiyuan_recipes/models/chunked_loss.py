@@ -25,31 +25,36 @@ def chunk_tokens(vocab: int) -> int:
     return max(256, CHUNK_BYTES // (4 * vocab))
 
 
+def _lse_and_loss_fp32(x: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    lse = torch.logsumexp(x, dim=-1)
+    return lse, lse - x.gather(1, labels[:, None])[:, 0]
+
+
+def _softmax_minus_one_hot(x: torch.Tensor, lse: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    one_hot = labels[:, None] == torch.arange(x.shape[1], device=x.device)[None, :]
+    return torch.exp(x - lse[:, None]) - one_hot.float()
+
+
+# The compiled kernels, one per use; the two helpers above are inlined into each.
 @jit_fuser
 def _loss_and_softmax_grad(logits: torch.Tensor, labels: torch.Tensor
                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A chunk's fp32 log-sum-exp and loss, and d loss / d logits = softmax - one-hot in the logits' dtype."""
     x = logits.float()
-    lse = torch.logsumexp(x, dim=-1)
-    one_hot = labels[:, None] == torch.arange(x.shape[1], device=x.device)[None, :]
-    grad = (torch.exp(x - lse[:, None]) - one_hot.float()).to(logits.dtype)
-    return lse, lse - x.gather(1, labels[:, None])[:, 0], grad
+    lse, loss = _lse_and_loss_fp32(x, labels)
+    return lse, loss, _softmax_minus_one_hot(x, lse, labels).to(logits.dtype)
 
 
 @jit_fuser
 def _lse_and_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    x = logits.float()
-    lse = torch.logsumexp(x, dim=-1)
-    return lse, lse - x.gather(1, labels[:, None])[:, 0]
+    return _lse_and_loss_fp32(logits.float(), labels)
 
 
 @jit_fuser
 def _grad_logits(logits: torch.Tensor, lse: torch.Tensor, labels: torch.Tensor,
                  grad_loss: torch.Tensor) -> torch.Tensor:
     """(softmax - one-hot) · dloss per token, in the logits' dtype."""
-    probs = torch.exp(logits.float() - lse[:, None])
-    one_hot = labels[:, None] == torch.arange(logits.shape[1], device=logits.device)[None, :]
-    return ((probs - one_hot.float()) * grad_loss[:, None].float()).to(logits.dtype)
+    return (_softmax_minus_one_hot(logits.float(), lse, labels) * grad_loss[:, None].float()).to(logits.dtype)
 
 
 def _add_chunk_grads(grad_logits: torch.Tensor, rows: slice, hidden: torch.Tensor, weight: torch.Tensor,

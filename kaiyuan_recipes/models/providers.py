@@ -52,9 +52,9 @@ def select_layer_spec(provider, layer_spec: str = "auto"):
     if not use_te:
         compat.apply_local_spec_settings(provider)
     if layer_spec == "fast":  # the local spec with SDPA core attention (models/fast_spec.py)
-        from kaiyuan_recipes.models.fast_spec import FAST_SPEC_SETTINGS, fast_layer_spec, register_compiled_rope
+        # (its compiled RoPE hooks are filled by compat.import_megatron_bridge, which build_provider called)
+        from kaiyuan_recipes.models.fast_spec import FAST_SPEC_SETTINGS, fast_layer_spec
 
-        register_compiled_rope()
         provider.transformer_layer_spec = fast_layer_spec
         for key, value in FAST_SPEC_SETTINGS.items():
             setattr(provider, key, value)
