@@ -5,6 +5,7 @@ the operators that ran."""
 
 import gzip
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -28,31 +29,45 @@ def test_profile_overrides_reach_bridge(tmp_path):
         build_config("gpt_smoke", ["profile.stepz=[1,2]"])
 
 
-def test_trace_written_in_run_dir_with_the_ops_that_ran(tmp_path, megatron_parallel):
+def _context(step: int):
+    return SimpleNamespace(state=SimpleNamespace(train_state=SimpleNamespace(step=step)))
+
+
+@pytest.mark.parametrize("train_iters", [6, 4])
+def test_trace_written_in_run_dir_with_the_ops_that_ran(tmp_path, megatron_parallel, train_iters):
+    """Upstream's profiler and our summary callback, called in megatron.bridge.training.train.train's order:
+    the summary appears at the first step end after the export, or at train end when the run stops there
+    (profile.steps=[6,7] with train_iters=8 on the GPU host found no summary before this)."""
     from megatron.bridge.training.profiling import (handle_profiling_step, handle_profiling_stop,
                                                     initialize_pytorch_profiler)
 
     from kaiyuan_recipes.models.providers import build_provider, provide_on_cpu
-    from kaiyuan_recipes.training.profiling import write_summaries
+    from kaiyuan_recipes.training.profiling import ProfileSummaryCallback
 
     cfg, run = build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", "profile.enabled=true",
                                           "profile.steps=[2,4]"])
     mlp = provide_on_cpu(build_provider(tiny_gpt_shape(), "local")).decoder.layers[0].mlp
+    callback = ProfileSummaryCallback(run.run_dir, cfg.profiling.profile_step_end)
     prof = initialize_pytorch_profiler(cfg.profiling, cfg.logger.tensorboard_dir)
     prof.start()
-    for step in range(6):  # the loop of megatron.bridge.training.train.train, one layer's fwd/bwd per step
+    summarised_at = None
+    for step in range(train_iters):  # one layer's fwd/bwd per step
         handle_profiling_step(cfg.profiling, step, 0, prof)
         out, _ = mlp(torch.randn(8, 2, 64))
         out.sum().backward()
+        callback.on_train_step_end(_context(step))  # before upstream's `train_state.step += 1`
+        if callback.done and summarised_at is None:
+            summarised_at = step
         handle_profiling_stop(cfg.profiling, step + 1, 0, prof)
+    callback.on_train_end(_context(train_iters))
+    assert summarised_at == (4 if train_iters > 4 else None) and callback.done
     trace = run.run_dir / "torch_profile" / "rank-0.json.gz"
-    assert trace.is_file()
     with gzip.open(trace, "rt") as fh:
         names = {e.get("name") for e in json.load(fh)["traceEvents"]}
     assert {"aten::mm", "ProfilerStep#3"} <= names  # the MLP's matmuls, inside the profiled steps
-    (summary,) = write_summaries(run.run_dir)
+    summary = run.run_dir / "torch_profile" / "summary-rank-0.txt"
     text = summary.read_text()
-    assert summary.name == "summary-rank-0.txt" and "CPU operators" in text and "aten::mm" in text
+    assert "CPU operators" in text and "aten::mm" in text
 
 
 def test_summary_prefers_gpu_kernels(tmp_path):

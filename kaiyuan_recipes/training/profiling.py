@@ -103,13 +103,24 @@ def write_summaries(run_dir: Path) -> list[Path]:
 
 
 class ProfileSummaryCallback(Callback):
-    """Writes the summaries once the profiled window has closed (upstream exports the trace at step M)."""
+    """Writes the summaries once upstream has exported the trace. Upstream's loop stops the profiler (and
+    exports) after the step that takes train_state.step to M; callbacks see the step before its increment,
+    so the first step end that can find the trace sees step >= M. A run that ends right there (train_iters
+    = M + 1 or less) is summarised at train end."""
 
     def __init__(self, run_dir: Path, last_step: int):
         self.run_dir, self.last_step, self.done = Path(run_dir), last_step, False
 
+    def _summarise(self) -> None:
+        written = write_summaries(self.run_dir)
+        for path in written:
+            print(path.read_text(), flush=True)
+        self.done = bool(written)
+
     def on_train_step_end(self, context: Any) -> None:
-        if not self.done and context.state.train_state.step > self.last_step:
-            for path in write_summaries(self.run_dir):
-                print(path.read_text(), flush=True)
-            self.done = True
+        if not self.done and context.state.train_state.step >= self.last_step:
+            self._summarise()
+
+    def on_train_end(self, context: Any) -> None:
+        if not self.done:
+            self._summarise()

@@ -33,11 +33,54 @@ def megatron_logits(model, ids: torch.Tensor) -> torch.Tensor:
     return model(input_ids=ids, position_ids=position_ids, attention_mask=None)
 
 
+class RoutingRecorder:
+    """For MoE models: the experts each token is sent to, per layer, on both sides (Megatron's TopKRouter
+    returns a [tokens, experts] routing map, HF's Qwen3MoeTopKRouter the top-k indices). A near-tie between
+    the k-th and (k+1)-th expert can flip on rounding alone; from that token on, the two models compute
+    different (both correct) functions, so the conversion is judged on the positions before the first flip."""
+
+    def __init__(self, megatron, hf):
+        from megatron.core.transformer.moe.router import TopKRouter
+
+        self.maps: dict[str, list[torch.Tensor]] = {"megatron": [], "hf": []}
+        routers = [m for m in megatron.modules() if isinstance(m, TopKRouter)]
+        gates = [layer.mlp.gate for layer in hf.model.layers if hasattr(getattr(layer, "mlp", None), "gate")]
+        self.active = bool(routers) and len(routers) == len(gates)
+        self.handles = []
+        if self.active:
+            self.handles += [r.register_forward_hook(lambda _m, _i, out: self.maps["megatron"].append(out[1].bool()))
+                             for r in routers]
+            self.handles += [g.register_forward_hook(lambda m, _i, out: self.maps["hf"].append(self._as_map(out[2], m)))
+                             for g in gates]
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+    @staticmethod
+    def _as_map(indices: torch.Tensor, gate) -> torch.Tensor:
+        return torch.zeros(indices.shape[0], gate.num_experts, dtype=torch.bool,
+                           device=indices.device).scatter_(1, indices, True)
+
+    def first_flip(self) -> tuple[int | None, int]:
+        """(first position whose experts differ in any layer or None, token-layer decisions that differ)."""
+        first, differing = None, 0
+        for a, b in zip(self.maps["megatron"], self.maps["hf"], strict=True):
+            rows = (a != b).any(-1).nonzero().flatten()
+            differing += rows.numel()
+            if rows.numel():
+                first = int(rows[0]) if first is None else min(first, int(rows[0]))
+        self.maps = {"megatron": [], "hf": []}
+        return first, differing
+
+
 def compare(megatron, hf, batch: list[list[int]], vocab: int) -> dict:
     max_diff, agree_last, agree_all, total_all = 0.0, 0, 0, 0
+    routing = RoutingRecorder(megatron, hf)
+    clean_diff, flipped_prompts, differing, decisions = 0.0, 0, 0, 0
     with torch.no_grad():
         for ids in batch:
-            x = torch.tensor([ids], device="cuda")
+            x = torch.tensor([ids], device=next(hf.parameters()).device)
             a = megatron_logits(megatron, x)[..., :vocab].float()
             b = hf(x).logits[..., :vocab].float()
             max_diff = max(max_diff, (a - b).abs().max().item())
@@ -45,8 +88,22 @@ def compare(megatron, hf, batch: list[list[int]], vocab: int) -> dict:
             agree_last += int(greedy_a[0, -1] == greedy_b[0, -1])
             agree_all += int((greedy_a == greedy_b).sum())
             total_all += greedy_a.numel()
-    return {"max_abs_logit_diff": max_diff, "greedy_next_token_agreement": agree_last / len(batch),
-            "greedy_agreement_all_positions": agree_all / total_all, "prompts": len(batch)}
+            if routing.active:
+                decisions += len(routing.maps["hf"]) * len(ids)
+                first, n = routing.first_flip()
+                differing += n
+                flipped_prompts += int(first is not None)
+                end = len(ids) if first is None else first
+                if end:
+                    clean_diff = max(clean_diff, (a[:, :end] - b[:, :end]).abs().max().item())
+    routing.remove()
+    result = {"max_abs_logit_diff": max_diff, "greedy_next_token_agreement": agree_last / len(batch),
+              "greedy_agreement_all_positions": agree_all / total_all, "prompts": len(batch)}
+    if routing.active:
+        result["routing"] = {"token_layer_decisions": decisions, "decisions_differing": differing,
+                             "prompts_with_a_flip": flipped_prompts,
+                             "max_abs_logit_diff_before_first_flip": clean_diff}
+    return result
 
 
 def main() -> None:
@@ -91,6 +148,9 @@ def main() -> None:
         "greedy_next_token_agreement_bf16": best["greedy_next_token_agreement"],
         "bf16_within_1e-2": best["max_abs_logit_diff"] <= 1e-2,
         "max_abs_logit_diff_fp32": results["fp32_hf_eager"]["max_abs_logit_diff"],
+        **({"max_abs_logit_diff_fp32_before_first_routing_flip":
+            results["fp32_hf_eager"]["routing"]["max_abs_logit_diff_before_first_flip"]}
+           if "routing" in results["fp32_hf_eager"] else {}),
         "by_setting": results,
     }
     write_json(args.out, {**provenance(args.command), **summary})

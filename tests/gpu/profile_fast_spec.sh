@@ -14,6 +14,9 @@ kaiyuan train "$model" kaiyuan.run_root=$root kaiyuan.layer_spec=fast kaiyuan.da
   train.train_iters=8 train.micro_batch_size=$mbs train.global_batch_size=$((mbs * 4)) dataset.seq_length=4096 \
   logger.log_interval=1 checkpoint.save=null profile.enabled=true 'profile.steps=[6,7]' ${EXTRA:-} \
   > "$out/profile_train.log" 2>&1 || { tail -30 "$out/profile_train.log"; exit 1; }
-cp "$root/$model"/torch_profile/summary-*.txt "$out/"
-cat "$out"/summary-*.txt
-find "$root/$model"/torch_profile -name 'rank-*.json.gz' -size -60M -exec cp {} "$out/" \;
+ls -la "$root/$model"/torch_profile
+# the trace if it can come back through the device tool (16 MiB a file); the summary in any case
+find "$root/$model"/torch_profile -name 'rank-*.json.gz' -size -16M -exec cp {} "$out/" \;
+cp "$root/$model"/torch_profile/summary-*.txt "$out/" || python3 -c "import sys; from pathlib import Path; \
+from kaiyuan_recipes.training.profiling import write_summaries; [print(p.read_text()) for p in write_summaries(Path(sys.argv[1]))]" "$root/$model"
+cat "$out"/summary-*.txt 2>/dev/null || true
