@@ -54,21 +54,27 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--run-timeout", type=float, default=None,
                     help="seconds per configuration; past it, that row records the timeout and the others still run")
+    ap.add_argument("--variant", nargs="+", action="append", default=[], metavar=("NAME STAGE", "OVERRIDE"),
+                    help="an extra 2-GPU row: a name, a ZeRO stage and overrides (e.g. zero2_nccl_ub 2 ddp.nccl_ub=true)")
     ap.add_argument("--print-commands", action="store_true")
     args = ap.parse_args()
     mbs, micro = BATCH[MODEL]
-    runs = {"1gpu": (1, 1)} | {f"2gpu_zero{s}": (2, s) for s in STAGES}
+    runs = {"1gpu": (1, 1, ())} | {f"2gpu_zero{s}": (2, s, ()) for s in STAGES}
+    for name, stage, *overrides in args.variant:
+        if stage not in {str(s) for s in STAGES}:
+            ap.error(f"--variant {name}: stage must be one of {STAGES}, got {stage!r}")
+        runs[f"2gpu_{name}"] = (2, int(stage), tuple(overrides))
     if args.print_commands:
-        for name, (gpus, stage) in runs.items():
+        for name, (gpus, stage, extra) in runs.items():
             cmd = megatron_command(MODEL, args.layer_spec, mbs, micro, args.seq, args.steps, Path("RUN_ROOT"), gpus,
-                                   (f"kaiyuan.zero_stage={stage}", *SAME_LOSS))
+                                   (f"kaiyuan.zero_stage={stage}", *SAME_LOSS, *extra))
             print(name, shlex.join(cmd))
         return
     results = {}
-    for name, (gpus, stage) in runs.items():
+    for name, (gpus, stage, extra) in runs.items():
         measured = megatron_run(MODEL, args.layer_spec, mbs, micro, args.seq, args.steps, gpus,
-                                (f"kaiyuan.zero_stage={stage}", *SAME_LOSS), args.run_timeout)
-        results[name] = measured | {"gpus": gpus, "zero_stage": stage}
+                                (f"kaiyuan.zero_stage={stage}", *SAME_LOSS, *extra), args.run_timeout)
+        results[name] = measured | {"gpus": gpus, "zero_stage": stage} | ({"overrides": list(extra)} if extra else {})
         print(name, results[name], flush=True)
     base = results["1gpu"].get("tokens_per_s")
     for name in runs:

@@ -42,6 +42,14 @@ def test_zero_stages_compares_like_for_like():
         assert "kaiyuan.chunked_loss=false" in command and "kaiyuan.layer_spec=fast" in command
         assert f"--nproc-per-node={1 if name == '1gpu' else 2}" in command
         assert f"kaiyuan.zero_stage={name[-1] if name != '1gpu' else 1}" in command
+    proc = run("benchmarks/zero_stages.py", "--out", "unused.json", "--print-commands",
+               "--variant", "zero2_nccl_ub", "2", "ddp.nccl_ub=true", "ddp.bucket_size=1000")
+    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
+    assert lines["2gpu_zero2_nccl_ub"].endswith("kaiyuan.zero_stage=2 kaiyuan.chunked_loss=false ddp.nccl_ub=true "
+                                                "ddp.bucket_size=1000")
+    assert "nccl_ub" not in lines["2gpu_zero2"]
+    proc = run("benchmarks/zero_stages.py", "--out", "unused.json", "--print-commands", "--variant", "x", "3")
+    assert proc.returncode == 2 and "--variant x: stage must be one of (0, 1, 2)" in proc.stderr
 
 
 def test_train_throughput_bounds_each_implementation(tmp_path):
