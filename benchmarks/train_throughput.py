@@ -31,10 +31,12 @@ from provenance import provenance, write_json  # noqa: E402
 BATCH = {"qwen3_1p7b": (2, 4), "gpt_smoke": (4, 4)}
 # Megatron variants: layer spec and extra overrides. Not run by default (A/B of the fast spec's parts):
 # ours_full_logits, without the chunked cross-entropy (what it saves in memory and costs in time);
-# ours_cudnn_attention, SDPA's cuDNN kernels first.
+# ours_cudnn_attention, SDPA's cuDNN kernels first; ours_torch_norm, torch's RMSNorm kernels instead of the
+# compiled one.
 MEGATRON_IMPLS = {"ours": ("fast", ()), "megatron_local": ("local", ()),
                   "ours_full_logits": ("fast", ("kaiyuan.chunked_loss=false",)),
-                  "ours_cudnn_attention": ("fast", ("kaiyuan.sdpa_backend=cudnn",))}
+                  "ours_cudnn_attention": ("fast", ("kaiyuan.sdpa_backend=cudnn",)),
+                  "ours_torch_norm": ("fast", ("kaiyuan.compiled_norm=false",))}
 TINY = dict(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,
             kv_channels=16)
 

@@ -123,15 +123,15 @@ def test_sdpa_backend_priority_keeps_the_result(megatron_parallel, backend):
 
 
 def test_whole_fast_spec_model_computes_what_the_local_spec_computes(megatron_parallel, monkeypatch):
-    """Two layers, same weights, fp32 on the CPU: the fast spec (SDPA, compiled RoPE / SwiGLU / bias-dropout-add,
-    chunked cross-entropy) and the local spec give the same per-token loss and the same gradient for every
-    parameter. Where their training curves part in bf16 it is rounding, not a different function. The local
+    """Two layers, same weights, fp32 on the CPU: the fast spec (SDPA, compiled RoPE / SwiGLU / bias-dropout-add /
+    RMSNorm incl. q / k norms, chunked cross-entropy) and the local spec give the same per-token loss and the same
+    gradient for every parameter. Where their training curves part in bf16 it is rounding, not a different function. The local
     side uses Megatron's exact cross-entropy: its fused one (on in both specs by default) rounds the logits'
     gradient to bf16 (megatron/core/fusions/fused_cross_entropy.py), 2e-3 apart from exact in fp32."""
     from kaiyuan_recipes.models.chunked_loss import install_chunked_loss
     from kaiyuan_recipes.models.providers import provide_on_cpu
 
-    shape = tiny_gpt_shape(num_layers=2, seq_length=64, max_position_embeddings=64)
+    shape = tiny_gpt_shape(num_layers=2, seq_length=64, max_position_embeddings=64, qk_layernorm=True)
     fast, local = provide_on_cpu(build_provider(shape, "fast")), provide_on_cpu(build_provider(shape, "local"))
     fast.load_state_dict(local.state_dict())
     install_chunked_loss([fast])

@@ -120,10 +120,13 @@ class SDPADotProductAttention(DotProductAttention):
 
 
 def fast_layer_spec(config: Any) -> Any:
-    """Megatron's local GPT layer spec with SDPA core attention (and grouped-GEMM experts for MoE)."""
+    """Megatron's local GPT layer spec with SDPA core attention, compiled RMSNorm (models/compiled_norm.py)
+    and grouped-GEMM experts for MoE."""
     from megatron.bridge.models.gpt_provider import local_layer_spec
 
-    spec = local_layer_spec(config)
+    from kaiyuan_recipes.models.compiled_norm import with_fast_norms
+
+    spec = with_fast_norms(local_layer_spec(config))
     spec.submodules.self_attention.submodules.core_attention = SDPADotProductAttention
     if config.num_moe_experts:
         from kaiyuan_recipes.models.grouped_experts import with_grouped_experts

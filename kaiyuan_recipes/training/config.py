@@ -53,6 +53,7 @@ class RunSettings:
     deterministic: bool = False
     chunked_loss: bool = True
     sdpa_backend: str = "auto"
+    compiled_norm: bool = True
 
     @property
     def fused_adamw(self) -> bool:
@@ -152,6 +153,7 @@ def resolve_run_settings(recipe: str, knobs: dict[str, Any]) -> RunSettings:
         deterministic=bool(knobs.get("deterministic", False)),
         chunked_loss=bool(knobs.get("chunked_loss", True)),
         sdpa_backend=knobs.get("sdpa_backend", "auto"),
+        compiled_norm=bool(knobs.get("compiled_norm", True)),
     )
 
 
@@ -273,9 +275,11 @@ def build_config(recipe: str, overrides: list[str] | None = None) -> tuple[Any, 
     )
     _apply_zero_stage(cfg, run.zero_stage)
     if run.layer_spec == "fast":
+        from kaiyuan_recipes.models.compiled_norm import set_compiled_norm
         from kaiyuan_recipes.models.fast_spec import set_sdpa_backend
 
         set_sdpa_backend(run.sdpa_backend)
+        set_compiled_norm(run.compiled_norm)
     if run.uses_chunked_loss:
         from kaiyuan_recipes.models.chunked_loss import install_chunked_loss
 

@@ -69,6 +69,7 @@ def summarize(cfg: Any, run: RunSettings, layout: dict[str, int], launch_argv: l
             "fused_adamw": run.fused_adamw,
             "chunked_loss": run.uses_chunked_loss and chunked_loss_applies(cfg.model),
             "sdpa_backend": run.sdpa_backend if run.layer_spec == "fast" else None,
+            "compiled_norm": run.compiled_norm if run.layer_spec == "fast" else None,
         },
         "batch": {
             "global_batch_size": cfg.train.global_batch_size,
