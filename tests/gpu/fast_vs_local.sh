@@ -9,21 +9,29 @@
 # logits' gradient differs: it casts it to bf16). The loss logged every 10 steps (Megatron's average over the
 # interval) must agree within 1 % after warmup. The third run is the noise floor of that comparison: the
 # sample corpus is ~437k tokens, so 200 x 65,536 tokens is ~30 epochs of memorisation, where rounding alone
-# moves the curve.
+# moves the curve. So each run also comes in a one-pass form (*_onepass: one 1,024-token sequence a step, 200
+# steps = ~0.5 epoch), where the curves compare functions rather than memorisation.
 set -euo pipefail
 source tests/gpu/env.sh
 root=/tmp/fast_vs_local
 declare -A extra=([local]="kaiyuan.layer_spec=local" [fast]="kaiyuan.layer_spec=fast"
                   [fast_fused_ce]="kaiyuan.layer_spec=fast kaiyuan.chunked_loss=false")
-for run in ${SPECS-local fast fast_fused_ce}; do
+onepass="train.global_batch_size=1 train.micro_batch_size=1 dataset.seq_length=1024"
+for run in ${SPECS-local fast fast_fused_ce local_onepass fast_onepass fast_fused_ce_onepass}; do
   rm -rf "${root:?}/$run"
-  # shellcheck disable=SC2086  # extra[run] is a list of overrides
-  kaiyuan train gpt_smoke kaiyuan.run_root=$root kaiyuan.run_name=$run ${extra[$run]} \
+  overrides=${extra[${run%_onepass}]}
+  [ "$run" = "${run%_onepass}" ] || overrides="$overrides $onepass"
+  # shellcheck disable=SC2086  # a list of overrides
+  kaiyuan train gpt_smoke kaiyuan.run_root=$root kaiyuan.run_name=$run $overrides \
     train.train_iters=200 logger.log_interval=10 checkpoint.save_interval=1000 > "$out/$run.log" 2>&1
 done
 [ "${SPECS-all}" = all ] || [ -z "${SPECS-}" ] || exit 0  # a part of a split run: the report comes after
-pairs=(--pair local_vs_fast "$out/local.log" "$out/fast.log")
-[ -f "$out/fast_fused_ce.log" ] && pairs+=(--pair noise_floor_fast_vs_fast_fused_ce "$out/fast.log" "$out/fast_fused_ce.log")
+pairs=()
+for suffix in "" _onepass; do
+  [ -f "$out/local$suffix.log" ] && pairs+=(--pair "local_vs_fast$suffix" "$out/local$suffix.log" "$out/fast$suffix.log")
+  [ -f "$out/fast_fused_ce$suffix.log" ] && pairs+=(--pair "noise_floor_fast_vs_fast_fused_ce$suffix"
+                                                    "$out/fast$suffix.log" "$out/fast_fused_ce$suffix.log")
+done
 python3 benchmarks/determinism_report.py "${pairs[@]}" --after 20 \
   --command "bash tests/gpu/fast_vs_local.sh" --out "$out/fast_vs_local.json" \
-  --note "gpt_smoke 200 steps, sample corpus, seed 1234, log interval 10, after warmup; pairs (a, b)"
+  --note "gpt_smoke 200 steps, sample corpus, seed 1234, log interval 10, after warmup; pairs (a, b); *_onepass: global batch 1 x 1024 tokens (~0.5 epoch)"
