@@ -16,7 +16,7 @@ source tests/gpu/env.sh
 root=/tmp/fast_vs_local
 declare -A extra=([local]="kaiyuan.layer_spec=local" [fast]="kaiyuan.layer_spec=fast"
                   [fast_fused_ce]="kaiyuan.layer_spec=fast kaiyuan.chunked_loss=false")
-onepass="train.global_batch_size=1 train.micro_batch_size=1 dataset.seq_length=1024"
+onepass="train.global_batch_size=1 train.micro_batch_size=1 dataset.seq_length=1024 model.seq_length=1024"
 for run in ${SPECS-local fast fast_fused_ce local_onepass fast_onepass fast_fused_ce_onepass}; do
   rm -rf "${root:?}/$run"
   overrides=${extra[${run%_onepass}]}
