@@ -1,9 +1,11 @@
 """laoyao_moe_2b: the provider from recipes/laoyao_moe_2b (real megatron-core MoE construction, counts),
 the recipe as the original (batch, DP, overlap, recompute, retention, validation cadence, plan data,
 tokenizer sha256), and Megatron → Qwen3MoeForCausalLM → Megatron bit for bit through torch_dist files,
-with the exported model's KV cache giving the same greedy tokens as no cache."""
+with the exported model's KV cache giving the same greedy tokens as no cache; the GPU parity script's routing-flip
+accounting on a small exported MoE."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -188,3 +190,42 @@ def test_grouped_experts_finish_megatron_ddp_overlapped_param_gather(megatron_pa
         assert groups[0].param_gather_handle is not None or groups[0].param_gather_dispatched
         experts(x, tokens_per_expert, torch.rand(x.shape[0]))
         assert all(g.param_gather_handle is None for g in groups)
+
+
+def test_export_parity_counts_routing_flips(tmp_path, megatron_parallel, monkeypatch):
+    """tests/gpu/export_parity.py's comparison on the CPU, for a small MoE exported to HF in fp32: no routing
+    decision differs and the logits agree; after a nudge to one HF router the recorder finds the flipped
+    decisions and the logits before each prompt's first flip are compared apart from those after."""
+    import sys
+
+    from transformers import AutoModelForCausalLM
+
+    from kaiyuan_exporters.hf_to_megatron import build_cpu_model
+    from kaiyuan_exporters.megatron_to_hf import bridge_for, export_hf
+
+    sys.path.insert(0, str(Path(__file__).parent / "gpu"))
+    from conftest import megatron_forward_on_cpu
+    from export_parity import compare
+
+    megatron = build_cpu_model(SMALL_MOE, torch.float32, "fast")
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in megatron.named_parameters():
+            p.copy_(torch.randn_like(p) * (0.5 if "router" in name else 0.05) + ("norm" in name))
+    bridge_for(SMALL_MOE, 151646).save_megatron_model([megatron], tmp_path / "megatron")
+    out = export_hf(tmp_path / "megatron", tmp_path / "hf", None, default_tokenizer_dir(), show_progress=False)
+    hf = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32, attn_implementation="eager").eval()
+    megatron_forward_on_cpu(monkeypatch.setattr)
+    batch = [torch.randint(0, 150000, (48,)).tolist() for _ in range(4)]
+    same = compare(megatron.eval(), hf, batch, 151646)
+    assert same["routing"] == {"token_layer_decisions": 4 * 48 * 2, "decisions_differing": 0, "prompts_with_a_flip": 0,
+                               "max_abs_logit_diff_before_first_flip": same["max_abs_logit_diff"]}
+    assert same["max_abs_logit_diff"] < 1e-4
+    gate = hf.model.layers[1].mlp.gate.weight
+    with torch.no_grad():
+        gate.add_(torch.randn_like(gate) * 0.05)
+    nudged = compare(megatron, hf, batch, 151646)
+    assert nudged["routing"]["decisions_differing"] > 0 and nudged["routing"]["prompts_with_a_flip"] > 0
+    assert nudged["max_abs_logit_diff"] > 1e-2
+    routers = [m for m in megatron.modules() if type(m).__name__ == "TopKRouter"]
+    assert routers and not any(r._forward_hooks for r in routers)  # its hooks removed
