@@ -79,6 +79,25 @@ def test_zero_stages(stage, shard, distopt, fsdp, fmt):
     assert resolved.ddp.data_parallel_sharding_strategy == shard
 
 
+def test_zero2_accumulates_gradients_in_fp32_as_the_recipe_declares():
+    """Megatron-FSDP ignores ddp.grad_reduce_in_fp32 and would keep main gradients in bf16 (its default is the
+    compute dtype); the recipe's fp32 holds at ZeRO 2 too, and explicit settings win."""
+    import torch
+
+    cfg, _ = build_config("qwen3_1p7b", ["kaiyuan.zero_stage=2"])
+    assert cfg.ddp.grad_reduce_in_fp32 and cfg.ddp.megatron_fsdp_main_grads_dtype is torch.float32
+    resolve_with_upstream(cfg, world_size=2)
+    cfg, _ = build_config("qwen3_1p7b", ["kaiyuan.zero_stage=2", "ddp.grad_reduce_in_fp32=false"])
+    assert cfg.ddp.megatron_fsdp_main_grads_dtype is None
+    cfg, _ = build_config("qwen3_1p7b", ["kaiyuan.zero_stage=2", "ddp.megatron_fsdp_main_grads_dtype=bf16",
+                                         "ddp.megatron_fsdp_grad_comm_dtype=torch.bfloat16"])
+    assert cfg.ddp.megatron_fsdp_main_grads_dtype is torch.bfloat16 is cfg.ddp.megatron_fsdp_grad_comm_dtype
+    cfg, _ = build_config("qwen3_1p7b", ["kaiyuan.zero_stage=1"])
+    assert cfg.ddp.megatron_fsdp_main_grads_dtype is None  # not Megatron-FSDP: untouched
+    with pytest.raises(OverrideError, match=r"ddp.megatron_fsdp_grad_comm_dtype='fp8x': expected a dtype, one of"):
+        build_config("qwen3_1p7b", ["kaiyuan.zero_stage=2", "ddp.megatron_fsdp_grad_comm_dtype=fp8x"])
+
+
 def test_overlap_and_recompute_knobs(tmp_path):
     cfg, _ = build_config("qwen3_1p7b", ["kaiyuan.zero_stage=0"])
     assert cfg.ddp.overlap_grad_reduce and not cfg.ddp.overlap_param_gather

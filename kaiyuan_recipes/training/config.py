@@ -290,4 +290,15 @@ def build_config(recipe: str, overrides: list[str] | None = None) -> tuple[Any, 
     _apply_run_layout(cfg, run)
     _apply_data_source(cfg, run)
     ov.apply_to_container(cfg, container_overrides)
+    _megatron_fsdp_grads_as_declared(cfg)
     return cfg, run
+
+
+def _megatron_fsdp_grads_as_declared(cfg: Any) -> None:
+    """Megatron-FSDP (ZeRO 2) does not read ddp.grad_reduce_in_fp32: its main gradients default to the compute
+    dtype (bf16), so micro-batch gradients would be accumulated and reduced in bf16 where ZeRO 0 / 1 use fp32.
+    The recipe's setting holds for every stage unless megatron_fsdp_main_grads_dtype is set explicitly."""
+    if cfg.ddp.use_megatron_fsdp and cfg.ddp.megatron_fsdp_main_grads_dtype is None and cfg.ddp.grad_reduce_in_fp32:
+        import torch
+
+        cfg.ddp.megatron_fsdp_main_grads_dtype = torch.float32

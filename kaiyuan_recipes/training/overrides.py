@@ -94,6 +94,30 @@ def apply_to_container(cfg: Any, overrides: list[str]) -> None:
         new = _get(cfg, key)
         if _numeric(old) and not _numeric(new):
             raise OverrideError(f"override {key}={new!r}: expected a {type(old).__name__}")
+        if isinstance(new, str) and _is_dtype_field(cfg, key):
+            _set(cfg, key, _dtype(key, new))
+
+
+# torch.dtype fields (e.g. ddp.megatron_fsdp_grad_comm_dtype) arrive from the command line as text; upstream's
+# override machinery leaves them as str, which fails deep inside the run.
+DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "half": "float16",
+          "fp32": "float32", "float32": "float32", "float": "float32"}
+
+
+def _is_dtype_field(cfg: Any, dotted: str) -> bool:
+    parent_key, _, name = dotted.rpartition(".")
+    parent = _get(cfg, parent_key) if parent_key else cfg
+    fields = {f.name: f for f in dataclasses.fields(parent)} if dataclasses.is_dataclass(parent) else {}
+    return name in fields and "dtype" in str(fields[name].type)
+
+
+def _dtype(key: str, text: str) -> Any:
+    import torch
+
+    name = DTYPES.get(text.removeprefix("torch."))
+    if name is None:
+        raise OverrideError(f"override {key}={text!r}: expected a dtype, one of {sorted(DTYPES)}")
+    return getattr(torch, name)
 
 
 def _numeric(value: Any) -> bool:
@@ -104,3 +128,8 @@ def _get(obj: Any, dotted: str) -> Any:
     for part in dotted.split("."):
         obj = getattr(obj, part, None)
     return obj
+
+
+def _set(obj: Any, dotted: str, value: Any) -> None:
+    parent_key, _, name = dotted.rpartition(".")
+    setattr(_get(obj, parent_key) if parent_key else obj, name, value)
