@@ -55,7 +55,8 @@ def main() -> None:
     ap.add_argument("--run-timeout", type=float, default=None,
                     help="seconds per configuration; past it, that row records the timeout and the others still run")
     ap.add_argument("--variant", nargs="+", action="append", default=[], metavar=("NAME STAGE", "OVERRIDE"),
-                    help="an extra 2-GPU row: a name, a ZeRO stage and overrides (e.g. zero2_nccl_ub 2 ddp.nccl_ub=true)")
+                    help="an extra 2-GPU row: a name, a ZeRO stage and overrides "
+                         "(e.g. zero2_bf16_comm 2 ddp.megatron_fsdp_grad_comm_dtype=bf16)")
     ap.add_argument("--print-commands", action="store_true")
     args = ap.parse_args()
     mbs, micro = BATCH[MODEL]

@@ -91,7 +91,8 @@ def test_fast_spec_rope_goes_through_megatrons_fused_hook_compiled(megatron_para
     shape = tiny_gpt_shape()
     provider = build_provider(shape, "fast")
     assert provider.apply_rope_fusion
-    assert rope_utils.fused_apply_rotary_pos_emb is compiled_rope and rope_utils.fused_apply_rotary_pos_emb_thd is rope_thd
+    assert rope_utils.fused_apply_rotary_pos_emb is compiled_rope
+    assert rope_utils.fused_apply_rotary_pos_emb_thd is rope_thd
     provider.finalize()  # upstream's validation of apply_rope_fusion passes
     torch.manual_seed(0)
     t, freqs = torch.randn(32, 2, 4, 16), torch.randn(32, 1, 1, 16)
@@ -124,10 +125,11 @@ def test_sdpa_backend_priority_keeps_the_result(megatron_parallel, backend):
 
 def test_whole_fast_spec_model_computes_what_the_local_spec_computes(megatron_parallel, monkeypatch):
     """Two layers, same weights, fp32 on the CPU: the fast spec (SDPA, compiled RoPE / SwiGLU / bias-dropout-add /
-    RMSNorm incl. q / k norms, chunked cross-entropy) and the local spec give the same per-token loss and the same
-    gradient for every parameter. Where their training curves part in bf16 it is rounding, not a different function. The local
-    side uses Megatron's exact cross-entropy: its fused one (on in both specs by default) rounds the logits'
-    gradient to bf16 (megatron/core/fusions/fused_cross_entropy.py), 2e-3 apart from exact in fp32."""
+    RMSNorm incl. q / k norms, chunked cross-entropy) and the local spec give the same per-token loss and the
+    same gradient for every parameter. Where their training curves part in bf16 it is rounding, not a different
+    function. The local side uses Megatron's exact cross-entropy: its fused one (on in both specs by default)
+    rounds the logits' gradient to bf16 (megatron/core/fusions/fused_cross_entropy.py), 2e-3 apart from exact
+    in fp32."""
     from kaiyuan_recipes.models.chunked_loss import install_chunked_loss
     from kaiyuan_recipes.models.providers import provide_on_cpu
 

@@ -29,6 +29,8 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 
 class CompiledRMSNorm(torch.nn.RMSNorm):
+    """torch.nn.RMSNorm whose forward (and so backward) runs compiled; shapes it was not built for use torch's."""
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.weight is None or self.eps is None or self.normalized_shape != (x.shape[-1],):
             return super().forward(x)

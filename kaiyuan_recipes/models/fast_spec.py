@@ -4,7 +4,8 @@ GQA without materialising repeated K/V, no O(s²) score tensor), and turns back 
 that need neither TE nor Apex (FAST_SPEC_SETTINGS: SwiGLU, bias-dropout-add and the vocab-parallel
 cross-entropy, each a torch.compile'd function in megatron.core.fusions); RoPE runs as one compiled
 elementwise kernel through Megatron's fused-RoPE hook (register_compiled_rope), RMSNorm compiled too
-(models/compiled_norm.py); MoE experts run as grouped GEMMs (models/grouped_experts.py). Selected with `kaiyuan.layer_spec=fast`.
+(models/compiled_norm.py); MoE experts run as grouped GEMMs (models/grouped_experts.py). Selected with
+`kaiyuan.layer_spec=fast`.
 
 Status: each piece is tested on the CPU against the unfused computation and on an H200
 (tests/gpu/test_fast_spec_gpu.py); the whole model equals the local spec in fp32 (tests/test_fast_spec.py).

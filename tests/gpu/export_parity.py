@@ -48,19 +48,19 @@ class RoutingRecorder:
         self.active = bool(routers) and len(routers) == len(gates)
         self.handles = []
         if self.active:
-            self.handles += [r.register_forward_hook(lambda _m, _i, out: self.maps["megatron"].append(out[1].bool()))
-                             for r in routers]
-            self.handles += [g.register_forward_hook(lambda m, _i, out: self.maps["hf"].append(self._as_map(out[2], m)))
-                             for g in gates]
+            self.handles += [r.register_forward_hook(self._megatron_hook) for r in routers]
+            self.handles += [g.register_forward_hook(self._hf_hook) for g in gates]
+
+    def _megatron_hook(self, _module, _inputs, out) -> None:  # (probs, routing_map [tokens, experts])
+        self.maps["megatron"].append(out[1].bool())
+
+    def _hf_hook(self, gate, _inputs, out) -> None:  # (logits, scores, top-k indices [tokens, k])
+        self.maps["hf"].append(torch.zeros(out[2].shape[0], gate.num_experts, dtype=torch.bool,
+                                           device=out[2].device).scatter_(1, out[2], True))
 
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
-
-    @staticmethod
-    def _as_map(indices: torch.Tensor, gate) -> torch.Tensor:
-        return torch.zeros(indices.shape[0], gate.num_experts, dtype=torch.bool,
-                           device=indices.device).scatter_(1, indices, True)
 
     def first_flip(self) -> tuple[int | None, int]:
         """(first position whose experts differ in any layer or None, token-layer decisions that differ)."""

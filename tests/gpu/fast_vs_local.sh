@@ -16,6 +16,7 @@ source tests/gpu/env.sh
 root=/tmp/fast_vs_local
 declare -A extra=([local]="kaiyuan.layer_spec=local" [fast]="kaiyuan.layer_spec=fast"
                   [fast_fused_ce]="kaiyuan.layer_spec=fast kaiyuan.chunked_loss=false")
+note="*_onepass: global batch 1 x 1,024 tokens (~0.5 epoch)"
 onepass="train.global_batch_size=1 train.micro_batch_size=1 dataset.seq_length=1024 model.seq_length=1024"
 for run in ${SPECS-local fast fast_fused_ce local_onepass fast_onepass fast_fused_ce_onepass}; do
   rm -rf "${root:?}/$run"
@@ -28,10 +29,11 @@ done
 [ "${SPECS-all}" = all ] || [ -z "${SPECS-}" ] || exit 0  # a part of a split run: the report comes after
 pairs=()
 for suffix in "" _onepass; do
-  [ -f "$out/local$suffix.log" ] && pairs+=(--pair "local_vs_fast$suffix" "$out/local$suffix.log" "$out/fast$suffix.log")
+  [ -f "$out/local$suffix.log" ] && pairs+=(--pair "local_vs_fast$suffix"
+                                             "$out/local$suffix.log" "$out/fast$suffix.log")
   [ -f "$out/fast_fused_ce$suffix.log" ] && pairs+=(--pair "noise_floor_fast_vs_fast_fused_ce$suffix"
                                                     "$out/fast$suffix.log" "$out/fast_fused_ce$suffix.log")
 done
 python3 benchmarks/determinism_report.py "${pairs[@]}" --after 20 \
   --command "bash tests/gpu/fast_vs_local.sh" --out "$out/fast_vs_local.json" \
-  --note "gpt_smoke 200 steps, sample corpus, seed 1234, log interval 10, after warmup; pairs (a, b); *_onepass: global batch 1 x 1024 tokens (~0.5 epoch)"
+  --note "gpt_smoke 200 steps, sample corpus, seed 1234, log interval 10, after warmup; pairs (a, b); $note"

@@ -17,6 +17,7 @@ kaiyuan train "$model" kaiyuan.run_root=$root kaiyuan.layer_spec=fast kaiyuan.da
 ls -la "$root/$model"/torch_profile
 # the trace if it can come back through the device tool (16 MiB a file); the summary in any case
 find "$root/$model"/torch_profile -name 'rank-*.json.gz' -size -16M -exec cp {} "$out/" \;
-cp "$root/$model"/torch_profile/summary-*.txt "$out/" || python3 -c "import sys; from pathlib import Path; \
-from kaiyuan_recipes.training.profiling import write_summaries; [print(p.read_text()) for p in write_summaries(Path(sys.argv[1]))]" "$root/$model"
+summarise='import sys; from pathlib import Path; from kaiyuan_recipes.training.profiling import write_summaries
+for path in write_summaries(Path(sys.argv[1])): print(path.read_text())'
+cp "$root/$model"/torch_profile/summary-*.txt "$out/" || python3 -c "$summarise" "$root/$model"
 cat "$out"/summary-*.txt 2>/dev/null || true
