@@ -67,3 +67,21 @@ def test_train_throughput_bounds_each_implementation(tmp_path):
     assert proc.returncode == 0, proc.stderr
     row = json.loads(out.read_text())["results"]["gpt_smoke"]["hf_eager"]
     assert row["tokens_per_s"] > 0 and row["loss"] > 0
+
+
+def test_every_throughput_variant_is_a_config_upstream_accepts(tmp_path):
+    """Each Megatron row of benchmarks/train_throughput.py (the fast spec's A/B variants included) is a valid
+    `kaiyuan train` command whose config Megatron-Bridge accepts: a bad override costs no GPU call."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from test_recipes import resolve_with_upstream
+    from train_throughput import BATCH, MEGATRON_IMPLS, megatron_command
+
+    from kaiyuan_recipes.training.config import build_config
+
+    mbs, micro = BATCH["qwen3_1p7b"]
+    for impl, (spec, extra) in MEGATRON_IMPLS.items():
+        command = megatron_command("qwen3_1p7b", spec, mbs, micro, 4096, 10, tmp_path, 1, extra)
+        assert command[3:6] == ["train", "qwen3_1p7b", "--nproc-per-node=1"], impl
+        cfg, run = build_config("qwen3_1p7b", command[6:])
+        assert run.layer_spec == spec and cfg.train.global_batch_size == mbs * micro, impl
+        resolve_with_upstream(cfg, world_size=1)
