@@ -29,7 +29,7 @@ def test_train_dry_run_prints_the_plan(tmp_path):
                   "profile.steps=[3,5]", "kaiyuan.deterministic=true")
     assert out.returncode == 0, out.stderr[-3000:]
     plan = json.loads(out.stdout)
-    assert plan["profiling"] == f"steps 3..5 on ranks [0] -> {tmp_path / 'gpt_smoke' / 'torch_profile'}"
+    assert plan["profiling"] == f"iterations 3..5 on ranks [0] -> {tmp_path / 'gpt_smoke' / 'torch_profile'}"
     assert plan["model"]["deterministic"] is True
 
 

@@ -20,7 +20,7 @@ def test_profile_overrides_reach_bridge(tmp_path):
                                           "profile.steps=[3,5]"])
     p = cfg.profiling
     assert p.use_pytorch_profiler and not p.use_nsys_profiler and p.nvtx_ranges
-    assert (p.profile_step_start, p.profile_step_end, p.profile_ranks) == (3, 5, [0])
+    assert (p.profile_step_start, p.profile_step_end, p.profile_ranks) == (3, 6, [0])  # upstream's end: exclusive
     off, _ = build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}"])
     assert not off.profiling.use_pytorch_profiler
     with pytest.raises(ValueError, match=r"profile.steps: expected \[N, M\]"):
@@ -33,11 +33,13 @@ def _context(step: int):
     return SimpleNamespace(state=SimpleNamespace(train_state=SimpleNamespace(step=step)))
 
 
-@pytest.mark.parametrize("train_iters", [6, 4])
+@pytest.mark.parametrize("train_iters", [6, 5])
 def test_trace_written_in_run_dir_with_the_ops_that_ran(tmp_path, megatron_parallel, train_iters):
     """Upstream's profiler and our summary callback, called in megatron.bridge.training.train.train's order:
-    the summary appears at the first step end after the export, or at train end when the run stops there
-    (profile.steps=[6,7] with train_iters=8 on the GPU host found no summary before this)."""
+    profile.steps=[2,4] profiles iterations 2, 3 and 4 as Megatron's log numbers them (ProfilerStep#2..#4),
+    and the summary appears in the iteration that begins with the export (5), also when it is the last one.
+    (On the GPU host, profile.steps=[6,7] with 8 iterations once wrote no summary: the callback looked one step
+    late.)"""
     from megatron.bridge.training.profiling import (handle_profiling_step, handle_profiling_stop,
                                                     initialize_pytorch_profiler)
 
@@ -45,29 +47,43 @@ def test_trace_written_in_run_dir_with_the_ops_that_ran(tmp_path, megatron_paral
     from kaiyuan_recipes.training.profiling import ProfileSummaryCallback
 
     cfg, run = build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", "profile.enabled=true",
-                                          "profile.steps=[2,4]"])
+                                          "profile.steps=[2,4]", f"train.train_iters={train_iters}"])
     mlp = provide_on_cpu(build_provider(tiny_gpt_shape(), "local")).decoder.layers[0].mlp
     callback = ProfileSummaryCallback(run.run_dir, cfg.profiling.profile_step_end)
     prof = initialize_pytorch_profiler(cfg.profiling, cfg.logger.tensorboard_dir)
     prof.start()
     summarised_at = None
-    for step in range(train_iters):  # one layer's fwd/bwd per step
+    for step in range(cfg.train.train_iters):  # train_state.step; Megatron logs the iteration as step + 1
         handle_profiling_step(cfg.profiling, step, 0, prof)
-        out, _ = mlp(torch.randn(8, 2, 64))
-        out.sum().backward()
+        with torch.profiler.record_function(f"iteration {step + 1}"):
+            out, _ = mlp(torch.randn(8, 2, 64))  # one layer's fwd/bwd per step
+            out.sum().backward()
         callback.on_train_step_end(_context(step))  # before upstream's `train_state.step += 1`
         if callback.done and summarised_at is None:
-            summarised_at = step
+            summarised_at = step + 1
         handle_profiling_stop(cfg.profiling, step + 1, 0, prof)
-    callback.on_train_end(_context(train_iters))
-    assert summarised_at == (4 if train_iters > 4 else None) and callback.done
+    assert summarised_at == 5
     trace = run.run_dir / "torch_profile" / "rank-0.json.gz"
     with gzip.open(trace, "rt") as fh:
         names = {e.get("name") for e in json.load(fh)["traceEvents"]}
-    assert {"aten::mm", "ProfilerStep#3"} <= names  # the MLP's matmuls, inside the profiled steps
+    assert "aten::mm" in names  # the MLP's matmuls
+    assert {n for n in names if n and n.startswith(("iteration ", "ProfilerStep#"))} == {
+        "iteration 2", "iteration 3", "iteration 4", "ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"}
     summary = run.run_dir / "torch_profile" / "summary-rank-0.txt"
     text = summary.read_text()
     assert "CPU operators" in text and "aten::mm" in text
+
+
+def test_profile_window_must_end_before_the_run_does(tmp_path):
+    from kaiyuan_recipes.training.validate import ConfigError, validate
+
+    cfg, run = build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", "profile.enabled=true",
+                                          "profile.steps=[7,8]", "train.train_iters=8", "kaiyuan.data=mock"])
+    with pytest.raises(ConfigError, match="ends at iteration 8: .* train.train_iters=8 must be at least 9"):
+        validate(cfg, 1, run.max_positions)
+    cfg, run = build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", "profile.enabled=true",
+                                          "profile.steps=[7,7]", "train.train_iters=8", "kaiyuan.data=mock"])
+    validate(cfg, 1, run.max_positions)
 
 
 def test_summary_prefers_gpu_kernels(tmp_path):

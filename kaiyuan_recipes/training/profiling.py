@@ -1,7 +1,8 @@
-"""`profile.enabled=true profile.steps=[N,M]`: Megatron-Bridge's PyTorch profiler over steps N..M on the
-listed ranks (a Chrome / Perfetto trace at <run>/torch_profile/rank-R.json.gz, written by upstream) with
-megatron-core's NVTX ranges on, so an `nsys` capture lines up with the steps; and a short text summary of
-the trace's top kernels (<run>/torch_profile/summary-rank-R.txt)."""
+"""`profile.enabled=true profile.steps=[N,M]`: Megatron-Bridge's PyTorch profiler over iterations N..M (as
+Megatron's log numbers them, both included; ProfilerStep#N..#M in the trace) on the listed ranks (a Chrome /
+Perfetto trace at <run>/torch_profile/rank-R.json.gz, written by upstream) with megatron-core's NVTX ranges
+on, so an `nsys` capture lines up with the steps; and a short text summary of the trace's top kernels
+(<run>/torch_profile/summary-rank-R.txt)."""
 
 from __future__ import annotations
 
@@ -24,11 +25,13 @@ def profiling_config(section: dict[str, Any]) -> Any | None:
     if not section.get("enabled", False):
         return None
     steps = list(section.get("steps") or [])
-    if len(steps) != 2 or not all(isinstance(s, int) for s in steps) or not 1 <= steps[0] < steps[1]:
-        raise ValueError(f"profile.steps: expected [N, M] with 1 <= N < M, got {section.get('steps')!r}")
+    if len(steps) != 2 or not all(isinstance(s, int) for s in steps) or not 1 <= steps[0] <= steps[1]:
+        raise ValueError(f"profile.steps: expected [N, M] with 1 <= N <= M (iterations, both profiled), "
+                         f"got {section.get('steps')!r}")
     from megatron.bridge.training.config import ProfilingConfig
 
-    return ProfilingConfig(use_pytorch_profiler=True, profile_step_start=steps[0], profile_step_end=steps[1],
+    # Upstream's window is [start, end) in logged iterations, exported when iteration `end` begins.
+    return ProfilingConfig(use_pytorch_profiler=True, profile_step_start=steps[0], profile_step_end=steps[1] + 1,
                            profile_ranks=list(section.get("ranks", [0])), nvtx_ranges=True,
                            pytorch_profiler_collect_shapes=bool(section.get("record_shapes", False)))
 
@@ -103,24 +106,15 @@ def write_summaries(run_dir: Path) -> list[Path]:
 
 
 class ProfileSummaryCallback(Callback):
-    """Writes the summaries once upstream has exported the trace. Upstream's loop stops the profiler (and
-    exports) after the step that takes train_state.step to M; callbacks see the step before its increment,
-    so the first step end that can find the trace sees step >= M. A run that ends right there (train_iters
-    = M + 1 or less) is summarised at train end."""
+    """Writes the summaries once upstream has exported the trace: when iteration `end` (its profile_step_end)
+    begins, which callbacks see as train_state.step == end - 1 (the step before its increment)."""
 
-    def __init__(self, run_dir: Path, last_step: int):
-        self.run_dir, self.last_step, self.done = Path(run_dir), last_step, False
-
-    def _summarise(self) -> None:
-        written = write_summaries(self.run_dir)
-        for path in written:
-            print(path.read_text(), flush=True)
-        self.done = bool(written)
+    def __init__(self, run_dir: Path, profile_step_end: int):
+        self.run_dir, self.export_step, self.done = Path(run_dir), profile_step_end - 1, False
 
     def on_train_step_end(self, context: Any) -> None:
-        if not self.done and context.state.train_state.step >= self.last_step:
-            self._summarise()
-
-    def on_train_end(self, context: Any) -> None:
-        if not self.done:
-            self._summarise()
+        if not self.done and context.state.train_state.step >= self.export_step:
+            written = write_summaries(self.run_dir)
+            for path in written:
+                print(path.read_text(), flush=True)
+            self.done = bool(written)
