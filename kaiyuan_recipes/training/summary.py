@@ -106,8 +106,8 @@ def summarize(cfg: Any, run: RunSettings, layout: dict[str, int], launch_argv: l
             "prefixes": list(cfg.dataset.blend[0]) if cfg.dataset.blend else None,
         },
         "tensorboard": cfg.logger.tensorboard_dir,
-        "profiling": (f"iterations {cfg.profiling.profile_step_start}..{cfg.profiling.profile_step_end - 1} on ranks "
-                      f"{cfg.profiling.profile_ranks} -> {run.run_dir / PROFILE_DIR}"
+        "profiling": (f"iterations {cfg.profiling.profile_step_start}..{cfg.profiling.profile_step_end - 1} "
+                      f"on ranks {cfg.profiling.profile_ranks} -> {run.run_dir / PROFILE_DIR}"
                       if cfg.profiling is not None and cfg.profiling.use_pytorch_profiler else "off"),
         "launch_command": shlex.join(launch_argv),
     }
