@@ -49,7 +49,7 @@ def test_trace_written_in_run_dir_with_the_ops_that_ran(tmp_path, megatron_paral
     cfg, run = build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", "profile.enabled=true",
                                           "profile.steps=[2,4]", f"train.train_iters={train_iters}"])
     mlp = provide_on_cpu(build_provider(tiny_gpt_shape(), "local")).decoder.layers[0].mlp
-    callback = ProfileSummaryCallback(run.run_dir, cfg.profiling.profile_step_end)
+    callback = ProfileSummaryCallback(run.run_dir, cfg.profiling)
     prof = initialize_pytorch_profiler(cfg.profiling, cfg.logger.tensorboard_dir)
     prof.start()
     summarised_at = None

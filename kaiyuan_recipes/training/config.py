@@ -168,6 +168,16 @@ def _apply_zero_stage(cfg: Any, stage: int) -> None:
         cfg.ddp.overlap_param_gather = False  # only exists with the distributed optimizer
 
 
+def _megatron_fsdp_grads_as_declared(cfg: Any) -> None:
+    """Megatron-FSDP (ZeRO 2) does not read ddp.grad_reduce_in_fp32: its main gradients default to the compute
+    dtype (bf16), so micro-batch gradients would be accumulated and reduced in bf16 where ZeRO 0 / 1 use fp32.
+    The recipe's setting holds for every stage unless megatron_fsdp_main_grads_dtype is set explicitly."""
+    if cfg.ddp.use_megatron_fsdp and cfg.ddp.megatron_fsdp_main_grads_dtype is None and cfg.ddp.grad_reduce_in_fp32:
+        import torch
+
+        cfg.ddp.megatron_fsdp_main_grads_dtype = torch.float32
+
+
 # What deterministic training needs in the environment before CUDA / NCCL start (Megatron-Bridge checks
 # NCCL_ALGO; cuBLAS needs a fixed workspace under torch.use_deterministic_algorithms).
 DETERMINISTIC_ENV = {"NCCL_ALGO": "Ring", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
@@ -293,12 +303,3 @@ def build_config(recipe: str, overrides: list[str] | None = None) -> tuple[Any, 
     _megatron_fsdp_grads_as_declared(cfg)
     return cfg, run
 
-
-def _megatron_fsdp_grads_as_declared(cfg: Any) -> None:
-    """Megatron-FSDP (ZeRO 2) does not read ddp.grad_reduce_in_fp32: its main gradients default to the compute
-    dtype (bf16), so micro-batch gradients would be accumulated and reduced in bf16 where ZeRO 0 / 1 use fp32.
-    The recipe's setting holds for every stage unless megatron_fsdp_main_grads_dtype is set explicitly."""
-    if cfg.ddp.use_megatron_fsdp and cfg.ddp.megatron_fsdp_main_grads_dtype is None and cfg.ddp.grad_reduce_in_fp32:
-        import torch
-
-        cfg.ddp.megatron_fsdp_main_grads_dtype = torch.float32

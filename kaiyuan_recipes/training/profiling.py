@@ -36,6 +36,11 @@ def profiling_config(section: dict[str, Any]) -> Any | None:
                            pytorch_profiler_collect_shapes=bool(section.get("record_shapes", False)))
 
 
+def profiled_iterations(config: Any) -> tuple[int, int]:
+    """profile.steps' [N, M] back from upstream's ProfilingConfig (whose end is exclusive)."""
+    return config.profile_step_start, config.profile_step_end - 1
+
+
 # Kernel families by name (first match wins), for the summary's breakdown: where a step's GPU time goes.
 KERNEL_FAMILIES = (("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "grouped_mm")),
                    ("attention", ("flash", "fmha", "cudnn", "attention", "sdpa")),
@@ -106,11 +111,11 @@ def write_summaries(run_dir: Path) -> list[Path]:
 
 
 class ProfileSummaryCallback(Callback):
-    """Writes the summaries once upstream has exported the trace: when iteration `end` (its profile_step_end)
-    begins, which callbacks see as train_state.step == end - 1 (the step before its increment)."""
+    """Writes the summaries once upstream has exported the trace: when iteration M + 1 begins, which callbacks
+    see as train_state.step == M (the step before its increment)."""
 
-    def __init__(self, run_dir: Path, profile_step_end: int):
-        self.run_dir, self.export_step, self.done = Path(run_dir), profile_step_end - 1, False
+    def __init__(self, run_dir: Path, profiling: Any):
+        self.run_dir, self.export_step, self.done = Path(run_dir), profiled_iterations(profiling)[1], False
 
     def on_train_step_end(self, context: Any) -> None:
         if not self.done and context.state.train_state.step >= self.export_step:

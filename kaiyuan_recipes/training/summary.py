@@ -40,15 +40,9 @@ def resolve_with_upstream(cfg: Any, world_size: int) -> Any:
     return resolved
 
 
-def chunked_loss_applies(model_cfg: Any) -> bool:
-    """The chunked loss's hook declines models it cannot serve (tensor parallel, …); say what will run."""
-    from kaiyuan_recipes.models.chunked_loss import unsupported_config_reason
-
-    return unsupported_config_reason(model_cfg) is None
-
-
 def summarize(cfg: Any, run: RunSettings, layout: dict[str, int], launch_argv: list[str]) -> dict[str, Any]:
-    from kaiyuan_recipes.training.profiling import PROFILE_DIR
+    from kaiyuan_recipes.models.chunked_loss import unsupported_config_reason
+    from kaiyuan_recipes.training.profiling import PROFILE_DIR, profiled_iterations
 
     shape = {f.name: getattr(cfg.model, f.name) for f in dataclasses.fields(cfg.model)}
     params = count_parameters(shape)
@@ -67,7 +61,8 @@ def summarize(cfg: Any, run: RunSettings, layout: dict[str, int], launch_argv: l
             "transformer_impl": cfg.model.transformer_impl,
             "deterministic": bool(getattr(cfg.model, "deterministic_mode", False)),
             "fused_adamw": run.fused_adamw,
-            "chunked_loss": run.uses_chunked_loss and chunked_loss_applies(cfg.model),
+            # what will run: the chunked loss's hook declines models it cannot serve (tensor parallel, ...)
+            "chunked_loss": run.uses_chunked_loss and unsupported_config_reason(cfg.model) is None,
             "sdpa_backend": run.sdpa_backend if run.layer_spec == "fast" else None,
             "compiled_norm": run.compiled_norm if run.layer_spec == "fast" else None,
         },
@@ -106,8 +101,8 @@ def summarize(cfg: Any, run: RunSettings, layout: dict[str, int], launch_argv: l
             "prefixes": list(cfg.dataset.blend[0]) if cfg.dataset.blend else None,
         },
         "tensorboard": cfg.logger.tensorboard_dir,
-        "profiling": (f"iterations {cfg.profiling.profile_step_start}..{cfg.profiling.profile_step_end - 1} "
-                      f"on ranks {cfg.profiling.profile_ranks} -> {run.run_dir / PROFILE_DIR}"
+        "profiling": ("iterations {}..{}".format(*profiled_iterations(cfg.profiling))
+                      + f" on ranks {cfg.profiling.profile_ranks} -> {run.run_dir / PROFILE_DIR}"
                       if cfg.profiling is not None and cfg.profiling.use_pytorch_profiler else "off"),
         "launch_command": shlex.join(launch_argv),
     }

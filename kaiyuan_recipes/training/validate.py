@@ -57,6 +57,16 @@ def local_spec_norms_are_torchs() -> bool:
     return gpt_layer_specs.LNImpl is WrappedTorchNorm
 
 
+def check_profile_window(cfg: Any) -> None:
+    from kaiyuan_recipes.training.profiling import profiled_iterations
+
+    last = profiled_iterations(cfg.profiling)[1]
+    if last >= cfg.train.train_iters:
+        raise ConfigError(f"profile.steps ends at iteration {last}: upstream writes the trace when iteration "
+                          f"{last + 1} begins, so train.train_iters={cfg.train.train_iters} must be at least "
+                          f"{last + 1}")
+
+
 def validate(cfg: Any, world_size: int, max_positions: int | None) -> dict[str, int]:
     m, seq = cfg.model, cfg.dataset.seq_length
     if m.seq_length != seq:
@@ -72,12 +82,8 @@ def validate(cfg: Any, world_size: int, max_positions: int | None) -> dict[str, 
         raise ConfigError("model.sequence_parallel=true needs Transformer Engine or Apex norms: without them the local "
                           "and fast specs use torch's RMSNorm / LayerNorm, which megatron-core refuses under sequence "
                           "parallelism (megatron/core/transformer/torch_norm.py); set model.sequence_parallel=false")
-    prof = cfg.profiling
-    if prof is not None and prof.use_pytorch_profiler and prof.profile_step_end > cfg.train.train_iters:
-        last = prof.profile_step_end - 1
-        raise ConfigError(f"profile.steps ends at iteration {last}: upstream writes the trace when iteration "
-                          f"{last + 1} begins, so train.train_iters={cfg.train.train_iters} must be at least "
-                          f"{last + 1}")
+    if cfg.profiling is not None and cfg.profiling.use_pytorch_profiler:
+        check_profile_window(cfg)
     tok_vocab = tokenizer_vocab_size(cfg)
     if m.vocab_size < tok_vocab:
         raise ConfigError(f"model.vocab_size={m.vocab_size} is smaller than the tokenizer's vocabulary ({tok_vocab} ids)")
