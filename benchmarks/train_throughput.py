@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -40,6 +41,9 @@ MEGATRON_IMPLS = {"ours": ("fast", ()), "megatron_local": ("local", ()),
                   "ours_torch_norm": ("fast", ("kaiyuan.compiled_norm=false",)),
                   "ours_full_cuda_graph": ("fast", ("model.cuda_graph_impl=full_iteration",
                                                     "rerun_state_machine.check_for_nan_in_loss=false"))}
+# "ValueError: …", "[rank0]: RuntimeError: …", "torch.OutOfMemoryError: …"
+TIMED_OUT = "timed out after {} s"
+EXCEPTION_LINE = re.compile(r"^(\[rank\d+\]: )?[\w.]*(Error|Exception|Interrupt)\b.*: ")
 TINY = dict(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,
             kv_channels=16)
 
@@ -56,7 +60,8 @@ def megatron_command(model: str, layer_spec: str, mbs: int, micro: int, seq: int
 
 def run_bounded(command: list[str], timeout: float | None) -> tuple[int | None, str]:
     """Run `command` in its own process group and return (exit code, output); past `timeout` the whole group
-    (torchrun's ranks too, which would otherwise keep the GPU) gets SIGTERM, then SIGKILL: (None, reason)."""
+    (torchrun's ranks too, which would otherwise keep the GPU) gets SIGTERM, then SIGKILL, and the exit code is
+    None with the output so far, ending in a line that says so."""
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
@@ -64,16 +69,18 @@ def run_bounded(command: list[str], timeout: float | None) -> tuple[int | None, 
         return proc.returncode, output
     except subprocess.TimeoutExpired:
         pass
+    output = ""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
-            proc.communicate(timeout=30)
-            break
         except ProcessLookupError:
+            pass
+        try:
+            output = proc.communicate(timeout=30)[0] or ""  # a retried communicate loses no output
             break
         except subprocess.TimeoutExpired:
             continue
-    return None, f"timed out after {timeout} s"
+    return None, f"{output}\n{TIMED_OUT.format(timeout)}"
 
 
 def megatron_run(model: str, layer_spec: str, mbs: int, micro: int, seq: int, steps: int, nproc: int = 1,
@@ -84,12 +91,30 @@ def megatron_run(model: str, layer_spec: str, mbs: int, micro: int, seq: int, st
     root = Path(tempfile.mkdtemp(prefix="throughput-"))
     code, output = run_bounded(megatron_command(model, layer_spec, mbs, micro, seq, steps, root, nproc, extra),
                                timeout)
-    steps_done = [r for r in read_metrics(root / model / "run_state") if r["event"] == "step"][3:]
-    if code != 0 or not steps_done:
-        return {"error": output[-1500:]}
-    return {"tokens_per_s": statistics.median(r["tokens_per_s_per_gpu"] for r in steps_done),
-            "tflops": statistics.median(r["model_tflops_per_gpu"] or 0 for r in steps_done),
-            "peak_mem_gb": max(r["peak_mem_gb"] or 0 for r in steps_done)}
+    (root / "launcher.log").write_text(output)  # the whole output stays with the run (the row has a summary)
+    steps_done = [r for r in read_metrics(root / model / "run_state") if r["event"] == "step"]
+    steady = steps_done[3:]
+    if not steady:
+        return {"error": failure_summary(output), "log": str(root / "launcher.log")}
+    row = {"tokens_per_s": statistics.median(r["tokens_per_s_per_gpu"] for r in steady),
+           "tflops": statistics.median(r["model_tflops_per_gpu"] or 0 for r in steady),
+           "peak_mem_gb": max(r["peak_mem_gb"] or 0 for r in steady)}
+    if code != 0:  # steady steps were measured before the run stopped: keep them, and say so
+        row |= {"incomplete": f"{failure_summary(output, lines=1)} after {len(steps_done)} of {steps} steps",
+                "log": str(root / "launcher.log")}
+    return row
+
+
+def failure_summary(output: str, lines: int = 12) -> str:
+    """The first exception a rank raised (torchrun's own report of the failure, which follows it, says only
+    that a child failed), with the `lines` before it; else the output's end."""
+    text = output.splitlines()
+    if text and text[-1].startswith(TIMED_OUT.split("{")[0]):
+        return text[-1]
+    for i, line in enumerate(text):
+        if EXCEPTION_LINE.match(line) and "ChildFailedError" not in line:
+            return "\n".join(text[max(0, i + 1 - lines):i + 1])
+    return output[-1500:]
 
 
 def hf_run_bounded(args: argparse.Namespace, model: str, impl: str) -> dict:
@@ -102,7 +127,7 @@ def hf_run_bounded(args: argparse.Namespace, model: str, impl: str) -> dict:
                    *(["--tiny"] if args.tiny else [])]
         code, output = run_bounded(command, args.impl_timeout)
         if code != 0 or not out.exists():
-            return {"error": output[-1500:]}
+            return {"error": failure_summary(output)}
         return json.loads(out.read_text())["results"][model][impl]
 
 

@@ -4,6 +4,7 @@ tokens/s/GPU, model TFLOP/s, peak memory per stage, and scaling efficiency = tok
 tokens/s on 1. One GPU-host run (kind nvidia-h200-x2) writes the JSON and a bar chart beside it.
 
 usage: python benchmarks/zero_stages.py --out zero_stages.json [--layer-spec fast] [--steps 12] [--run-timeout 150]
+       [--variant NAME STAGE OVERRIDE...] [--only 1gpu 2gpu_NAME]
        python benchmarks/zero_stages.py --out x.json --print-commands   (what it would run; any host)"""
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ def main() -> None:
     ap.add_argument("--variant", nargs="+", action="append", default=[], metavar=("NAME STAGE", "OVERRIDE"),
                     help="an extra 2-GPU row: a name, a ZeRO stage and overrides "
                          "(e.g. zero2_bf16_comm 2 ddp.megatron_fsdp_grad_comm_dtype=bf16)")
+    ap.add_argument("--only", nargs="+", metavar="ROW",
+                    help="run these rows only (1gpu, 2gpu_zero0..2, 2gpu_<variant>); keep 1gpu for the scaling")
     ap.add_argument("--print-commands", action="store_true")
     args = ap.parse_args()
     mbs, micro = BATCH[MODEL]
@@ -65,6 +68,10 @@ def main() -> None:
         if stage not in {str(s) for s in STAGES}:
             ap.error(f"--variant {name}: stage must be one of {STAGES}, got {stage!r}")
         runs[f"2gpu_{name}"] = (2, int(stage), tuple(overrides))
+    if args.only:
+        if unknown := sorted(set(args.only) - set(runs)):
+            ap.error(f"--only: no row named {', '.join(unknown)}; the rows are {', '.join(runs)}")
+        runs = {name: run for name, run in runs.items() if name in args.only}
     if args.print_commands:
         for name, (gpus, stage, extra) in runs.items():
             cmd = megatron_command(MODEL, args.layer_spec, mbs, micro, args.seq, args.steps, Path("RUN_ROOT"), gpus,
@@ -77,7 +84,7 @@ def main() -> None:
                                 (f"kaiyuan.zero_stage={stage}", *SAME_LOSS, *extra), args.run_timeout)
         results[name] = measured | {"gpus": gpus, "zero_stage": stage} | ({"overrides": list(extra)} if extra else {})
         print(name, results[name], flush=True)
-    base = results["1gpu"].get("tokens_per_s")
+    base = results.get("1gpu", {}).get("tokens_per_s")
     for name in runs:
         if name != "1gpu" and base and results[name].get("tokens_per_s"):
             results[name]["scaling_efficiency"] = results[name]["tokens_per_s"] / base

@@ -1,6 +1,7 @@
 """The benchmark scripts' CPU-side parts: the plots of committed GPU results and the commands the 2-GPU
 ZeRO benchmark runs."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -50,6 +51,44 @@ def test_zero_stages_compares_like_for_like():
     assert "nccl_ub" not in lines["2gpu_zero2"]
     proc = run("benchmarks/zero_stages.py", "--out", "unused.json", "--print-commands", "--variant", "x", "3")
     assert proc.returncode == 2 and "--variant x: stage must be one of (0, 1, 2)" in proc.stderr
+    proc = run("benchmarks/zero_stages.py", "--out", "unused.json", "--print-commands", "--only", "1gpu",
+               "2gpu_zero2_nccl_ub", "--variant", "zero2_nccl_ub", "2", "ddp.nccl_ub=true")
+    assert [line.split(" ", 1)[0] for line in proc.stdout.splitlines()] == ["1gpu", "2gpu_zero2_nccl_ub"]
+    proc = run("benchmarks/zero_stages.py", "--out", "unused.json", "--print-commands", "--only", "2gpu_zero3")
+    assert proc.returncode == 2 and "--only: no row named 2gpu_zero3; the rows are 1gpu, 2gpu_zero0" in proc.stderr
+
+
+def test_failed_megatron_row_names_the_ranks_exception(tmp_path, monkeypatch):
+    """A failed run's row carries the exception a rank raised, not torchrun's report that a child failed, and
+    the whole output is kept beside it; a run stopped after steady steps keeps their figures and says why."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import train_throughput
+
+    from kaiyuan_recipes.training.metrics_log import METRICS_FILE
+
+    rank_error = ("[rank0]: Traceback (most recent call last):\n[rank0]:   File \"x.py\", line 1, in <module>\n"
+                  "[rank0]: RuntimeError: CUDA graph capture failed: operation not permitted when stream is "
+                  "capturing\n")
+    torchrun = ("Traceback (most recent call last):\n  File \"run.py\", line 9, in main\n"
+                "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n" + "=" * 60 + "\n")
+    outcome = {}
+    monkeypatch.setattr(train_throughput, "run_bounded", lambda command, timeout: outcome["run"])
+    monkeypatch.setattr(train_throughput.tempfile, "mkdtemp", lambda prefix: str(tmp_path))
+    outcome["run"] = (1, "loading\n" + rank_error + torchrun)
+    row = train_throughput.megatron_run("gpt_smoke", "fast", 1, 1, 128, 10)
+    assert row["error"].endswith("[rank0]: RuntimeError: CUDA graph capture failed: operation not permitted when "
+                                 "stream is capturing")
+    assert "ChildFailedError" not in row["error"]
+    assert Path(row["log"]).read_text() == outcome["run"][1]
+
+    state = tmp_path / "gpt_smoke" / "run_state"
+    state.mkdir(parents=True)
+    (state / METRICS_FILE).write_text("".join(
+        json.dumps({"event": "step", "iteration": step, "tokens_per_s_per_gpu": 1000.0 * step,
+                    "model_tflops_per_gpu": 1.0, "peak_mem_gb": 2.0}) + "\n" for step in range(1, 8)))
+    outcome["run"] = (None, "step 7\ntimed out after 60 s")
+    row = train_throughput.megatron_run("gpt_smoke", "fast", 1, 1, 128, 10)
+    assert row["tokens_per_s"] == 5500.0 and row["incomplete"] == "timed out after 60 s after 7 of 10 steps"
 
 
 def test_train_throughput_bounds_each_implementation(tmp_path):

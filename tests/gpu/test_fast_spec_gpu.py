@@ -183,13 +183,21 @@ def test_compiled_rms_norm_matches_torch_on_cuda(shape):
     x = torch.randn(shape, device=DEVICE, dtype=torch.bfloat16).requires_grad_(True)
     grad = torch.randn_like(x)
 
-    def step(norm):
-        x.grad, norm.weight.grad = None, None
-        norm(x).backward(grad)
-        return x.grad.clone(), norm.weight.grad.clone()
+    def step(norm, inputs=x):
+        inputs.grad, norm.weight.grad = None, None
+        out = norm(inputs)
+        out.backward(grad.to(inputs.dtype))
+        return out.detach().clone(), inputs.grad.clone(), norm.weight.grad.clone()
 
-    for a, b in zip(step(ours), step(theirs), strict=True):
-        torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=2e-2)
-    torch.testing.assert_close(ours(x).float(), theirs(x).float(), atol=2e-2, rtol=2e-2)
+    # Both sides against fp32: the weight gradient sums 131,072 bf16 products for the q norm, so the two
+    # kernels' orders of summation part by a few bf16 ulps; ours must be as close to fp32 as torch's is.
+    exact = torch.nn.RMSNorm(dim, eps=1e-6, device=DEVICE, dtype=torch.float32)
+    exact.load_state_dict(theirs.state_dict())
+    reference = step(exact, x.detach().float().requires_grad_(True))
+    for name, a, b, r in zip(("output", "input grad", "weight grad"), step(ours), step(theirs), reference,
+                             strict=True):
+        ours_err, torch_err = ((t.float() - r).abs().max().item() for t in (a, b))
+        print(f"\n{name}: max |error| vs fp32 compiled {ours_err:.4g}, torch {torch_err:.4g}")
+        assert ours_err <= 1.5 * torch_err + 1e-3 * r.abs().max().item(), name
     t_ours, t_theirs = _timed(lambda: step(ours), reps=20), _timed(lambda: step(theirs), reps=20)
     print(f"\nRMSNorm fwd+bwd {list(shape)} bf16: compiled {t_ours * 1e3:.3f} ms, torch {t_theirs * 1e3:.3f} ms")
