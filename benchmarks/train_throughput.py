@@ -33,14 +33,11 @@ BATCH = {"qwen3_1p7b": (2, 4), "gpt_smoke": (4, 4)}
 # Megatron variants: layer spec and extra overrides. Not run by default (A/B of the fast spec's parts):
 # ours_full_logits, without the chunked cross-entropy (what it saves in memory and costs in time);
 # ours_cudnn_attention, SDPA's cuDNN kernels first; ours_torch_norm, torch's RMSNorm kernels instead of the
-# compiled one; ours_full_cuda_graph, forward + backward of the whole step replayed as one CUDA graph
-# (megatron-core's FullCudaGraphWrapper; the profile had the GPU idle ~9 % of the step, host overhead).
+# compiled one. (A whole-step CUDA graph, model.cuda_graph_impl=full_iteration, needs TE: validate() says so.)
 MEGATRON_IMPLS = {"ours": ("fast", ()), "megatron_local": ("local", ()),
                   "ours_full_logits": ("fast", ("kaiyuan.chunked_loss=false",)),
                   "ours_cudnn_attention": ("fast", ("kaiyuan.sdpa_backend=cudnn",)),
-                  "ours_torch_norm": ("fast", ("kaiyuan.compiled_norm=false",)),
-                  "ours_full_cuda_graph": ("fast", ("model.cuda_graph_impl=full_iteration",
-                                                    "rerun_state_machine.check_for_nan_in_loss=false"))}
+                  "ours_torch_norm": ("fast", ("kaiyuan.compiled_norm=false",))}
 # "ValueError: …", "[rank0]: RuntimeError: …", "torch.OutOfMemoryError: …"
 TIMED_OUT = "timed out after {} s"
 EXCEPTION_LINE = re.compile(r"^(\[rank\d+\]: )?[\w.]*(Error|Exception|Interrupt)\b.*: ")
@@ -106,14 +103,15 @@ def megatron_run(model: str, layer_spec: str, mbs: int, micro: int, seq: int, st
 
 
 def failure_summary(output: str, lines: int = 12) -> str:
-    """The first exception a rank raised (torchrun's own report of the failure, which follows it, says only
-    that a child failed), with the `lines` before it; else the output's end."""
+    """The last exception a rank raised, with the `lines` before it: torchrun's report after it says only that
+    a child failed, and start-up logs caught exceptions of their own (optional imports) before it. Else the
+    output's end."""
     text = output.splitlines()
     if text and text[-1].startswith(TIMED_OUT.split("{")[0]):
         return text[-1]
-    for i, line in enumerate(text):
-        if EXCEPTION_LINE.match(line) and "ChildFailedError" not in line:
-            return "\n".join(text[max(0, i + 1 - lines):i + 1])
+    raised = [i for i, line in enumerate(text) if EXCEPTION_LINE.match(line) and "ChildFailedError" not in line]
+    if raised:
+        return "\n".join(text[max(0, raised[-1] + 1 - lines):raised[-1] + 1])
     return output[-1500:]
 
 

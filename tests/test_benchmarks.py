@@ -74,7 +74,10 @@ def test_failed_megatron_row_names_the_ranks_exception(tmp_path, monkeypatch):
     outcome = {}
     monkeypatch.setattr(train_throughput, "run_bounded", lambda command, timeout: outcome["run"])
     monkeypatch.setattr(train_throughput.tempfile, "mkdtemp", lambda prefix: str(tmp_path))
-    outcome["run"] = (1, "loading\n" + rank_error + torchrun)
+    optional_import = ("Import of FP8GlobalStateManager failed with: Traceback (most recent call last):\n"
+                       "AttributeError: module 'megatron.core.extensions.transformer_engine' has no attribute "
+                       "'FP8GlobalStateManager'\n")  # logged and caught at start-up (no TE): not the failure
+    outcome["run"] = (1, optional_import + "loading\n" + rank_error + torchrun)
     row = train_throughput.megatron_run("gpt_smoke", "fast", 1, 1, 128, 10)
     assert row["error"].endswith("[rank0]: RuntimeError: CUDA graph capture failed: operation not permitted when "
                                  "stream is capturing")

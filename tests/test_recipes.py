@@ -164,6 +164,21 @@ def test_sequence_parallel_refused_with_torch_norms(spec):
         WrappedTorchNorm(cfg.model, 64)
 
 
+def test_cuda_graphs_refused_without_te_rng_tracker():
+    """A CUDA-graphed step (model.cuda_graph_impl) needs TE's RNG tracker: Megatron-Bridge asserts so only when
+    the model is built on the ranks, a minute into the run (seen on the GPU host); validate() says so before any
+    launch. The last assertion fails once upstream lifts the requirement, and the check can go."""
+    cfg, run = build_config("gpt_smoke", ["kaiyuan.layer_spec=fast", "model.cuda_graph_impl=full_iteration",
+                                          "rerun_state_machine.check_for_nan_in_loss=false"])
+    with pytest.raises(ConfigError, match="model.cuda_graph_impl=full_iteration needs Transformer Engine's RNG "
+                                          "tracker .* set model.cuda_graph_impl=none"):
+        validate(cfg, 1, run.max_positions)
+    with pytest.raises(AssertionError, match="RNG tracker is required for cudagraphs"):
+        cfg.model.provide()
+    cfg.model.cuda_graph_impl = "none"
+    assert validate(cfg, 1, run.max_positions)["data"] == 1
+
+
 def test_deterministic_knob(tmp_path, monkeypatch):
     """kaiyuan.deterministic=true: Megatron's deterministic_mode with what upstream requires of it (unfused
     cross-entropy, NCCL_ALGO, a fixed cuBLAS workspace), accepted by upstream's validation; the knob leaves
