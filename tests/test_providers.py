@@ -66,15 +66,37 @@ def test_providers_registered_by_entry_point():
         get_model_provider("no_such_model")
 
 
-def test_local_spec_selected_without_transformer_engine():
-    from kaiyuan_recipes import compat
+def test_auto_layer_spec(monkeypatch):
+    """`auto` without TE: the local spec on a CPU-only host, the fast spec on a CUDA host (through the recipe's
+    config with its chunked loss and fused optimizer step), the local spec again under kaiyuan.deterministic;
+    TE's spec where TE is installed. An explicit choice stays."""
+    import torch
 
+    from kaiyuan_recipes import compat
+    from kaiyuan_recipes.models.fast_spec import fast_layer_spec
+    from kaiyuan_recipes.models.providers import resolve_layer_spec
+    from kaiyuan_recipes.training.config import build_config
+
+    monkeypatch.setattr(compat, "transformer_engine_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     provider = get_model_provider("gpt_smoke")()
-    if compat.transformer_engine_available():
-        pytest.skip("TE installed: the TE spec is chosen")
     assert provider.transformer_layer_spec.__name__ == "local_layer_spec"
     for key, value in compat.LOCAL_SPEC_SETTINGS.items():
         assert getattr(provider, key) == value
+    assert build_config("gpt_smoke", [])[1].layer_spec == "local"
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert get_model_provider("gpt_smoke")().transformer_layer_spec is fast_layer_spec
+    cfg, run = build_config("gpt_smoke", [])
+    assert run.layer_spec == "fast" and cfg.model.transformer_layer_spec is fast_layer_spec
+    assert run.uses_chunked_loss and run.fused_adamw
+    assert build_config("gpt_smoke", ["kaiyuan.deterministic=true"])[1].layer_spec == "local"
+    assert build_config("gpt_smoke", ["kaiyuan.layer_spec=local"])[1].layer_spec == "local"
+
+    monkeypatch.setattr(compat, "transformer_engine_available", lambda: True)
+    assert resolve_layer_spec("auto") == "transformer_engine" and resolve_layer_spec("fast") == "fast"
+    with pytest.raises(ValueError, match="kaiyuan.layer_spec: expected one of"):
+        resolve_layer_spec("fastest")
 
 
 def test_qwen3_shape_matches_qwen3_1p7b_hf_config():

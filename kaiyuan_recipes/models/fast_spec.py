@@ -4,16 +4,14 @@ GQA without materialising repeated K/V, no O(s²) score tensor), and turns back 
 that need neither TE nor Apex (FAST_SPEC_SETTINGS: SwiGLU, bias-dropout-add and the vocab-parallel
 cross-entropy, each a torch.compile'd function in megatron.core.fusions); RoPE runs as one compiled
 elementwise kernel through Megatron's fused-RoPE hook (register_compiled_rope), RMSNorm compiled too
-(models/compiled_norm.py); MoE experts run as grouped GEMMs (models/grouped_experts.py). Selected with
-`kaiyuan.layer_spec=fast`.
+(models/compiled_norm.py); MoE experts run as grouped GEMMs (models/grouped_experts.py). Chosen by
+`kaiyuan.layer_spec=auto` on CUDA hosts without TE (providers.resolve_layer_spec), or `kaiyuan.layer_spec=fast`.
 
 Status: each piece is tested on the CPU against the unfused computation and on an H200
 (tests/gpu/test_fast_spec_gpu.py); the whole model equals the local spec in fp32 (tests/test_fast_spec.py).
-Measured there for qwen3_1p7b: 37,960 tokens/s, 2.5x the local spec's, at 54% of its peak memory
-(benchmarks/results/2026-11-30_train_throughput_chunked_loss_ab.json). Opt-in: the 200-step gpt_smoke loss
-curves differ from the local spec's by up to 2.5%, inside the 4.2% between two roundings of the fast spec
-itself (2026-11-30_fast_vs_local_noise_floor.json; ~30 epochs of the sample corpus); the one-pass comparison
-in tests/gpu/fast_vs_local.sh has not run yet."""
+Measured there for qwen3_1p7b: 39,643 tokens/s, 2.6x the local spec's, at 54% of its peak memory
+(benchmarks/results/2026-11-30_train_throughput_compiled_norm_ab.json). Its gpt_smoke loss curves differ
+from the local spec's by less than two roundings of the fast spec itself do (2026-11-30_fast_vs_local_*.json)."""
 
 from __future__ import annotations
 

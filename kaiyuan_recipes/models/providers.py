@@ -43,11 +43,26 @@ def build_provider(shape: dict[str, Any], layer_spec: str = "auto"):
     return select_layer_spec(provider, layer_spec)
 
 
-def select_layer_spec(provider, layer_spec: str = "auto"):
+def resolve_layer_spec(layer_spec: str = "auto", deterministic: bool = False) -> str:
+    """`auto`: Transformer Engine's spec where TE is installed; without it the fast spec on a CUDA host (2.6x the
+    local spec's tokens/s on qwen3_1p7b, its loss curve as close to the local's as the rounding noise floor:
+    benchmarks/results/2026-11-30_fast_vs_local*.json), and the local spec on a CPU-only host or under
+    kaiyuan.deterministic (two same-seed runs of the fast spec part from step 3: SDPA's backward)."""
     if layer_spec not in LAYER_SPECS:
         raise ValueError(f"kaiyuan.layer_spec: expected one of {LAYER_SPECS}, got {layer_spec!r}")
-    use_te = layer_spec == "transformer_engine" or (layer_spec == "auto" and compat.transformer_engine_available())
-    if layer_spec == "transformer_engine" and not compat.transformer_engine_available():
+    if layer_spec != "auto":
+        return layer_spec
+    if compat.transformer_engine_available():
+        return "transformer_engine"
+    import torch
+
+    return "fast" if torch.cuda.is_available() and not deterministic else "local"
+
+
+def select_layer_spec(provider, layer_spec: str = "auto"):
+    layer_spec = resolve_layer_spec(layer_spec)
+    use_te = layer_spec == "transformer_engine"
+    if use_te and not compat.transformer_engine_available():
         raise RuntimeError("kaiyuan.layer_spec=transformer_engine, but transformer_engine is not installed")
     if not use_te:
         compat.apply_local_spec_settings(provider)

@@ -15,7 +15,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from kaiyuan_recipes import compat
-from kaiyuan_recipes.models.providers import SDPA_BACKENDS, build_provider
+from kaiyuan_recipes.models.providers import SDPA_BACKENDS, build_provider, resolve_layer_spec
 from kaiyuan_recipes.recipe_tree import load_recipe_tree
 from kaiyuan_recipes.training import overrides as ov
 
@@ -137,12 +137,13 @@ def resolve_run_settings(recipe: str, knobs: dict[str, Any]) -> RunSettings:
     run_name = knobs.get("run_name") or recipe
     if "/" in run_name or run_name in {".", ".."}:
         raise ValueError(f"kaiyuan.run_name: {run_name!r} must be a plain directory name")
+    deterministic = bool(knobs.get("deterministic", False))
     return RunSettings(
         recipe=recipe,
         run_name=run_name,
         run_dir=Path(knobs.get("run_root", "./runs")).expanduser().resolve() / run_name,
         zero_stage=stage,
-        layer_spec=knobs.get("layer_spec", "auto"),
+        layer_spec=resolve_layer_spec(knobs.get("layer_spec", "auto"), deterministic),
         data=knobs.get("data", "sample"),
         tokenizer=knobs.get("tokenizer"),
         curriculum=knobs.get("curriculum"),
@@ -150,7 +151,7 @@ def resolve_run_settings(recipe: str, knobs: dict[str, Any]) -> RunSettings:
         heldout=knobs.get("heldout"),
         plan=knobs.get("plan"),
         tokenizer_sha256=knobs.get("tokenizer_sha256"),
-        deterministic=bool(knobs.get("deterministic", False)),
+        deterministic=deterministic,
         chunked_loss=bool(knobs.get("chunked_loss", True)),
         sdpa_backend=knobs.get("sdpa_backend", "auto"),
         compiled_norm=bool(knobs.get("compiled_norm", True)),
