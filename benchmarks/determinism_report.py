@@ -29,7 +29,7 @@ def compare(a: Path, b: Path, after: int = 0) -> dict:
     return {"iterations": len(common), "bit_identical_losses": first is None, "first_differing_iteration": first,
             "max_abs_loss_diff": max(diffs.values()),
             "max_rel_loss_diff": max(diffs[i] / abs(la[i][0]) for i in common),
-            "loss_a": [la[i][0] for i in common], "loss_b": [lb[i][0] for i in common],
+            "compared_at": common, "loss_a": [la[i][0] for i in common], "loss_b": [lb[i][0] for i in common],
             "median_ms_per_iteration": [statistics.median(v[1] for i, v in run.items() if i > 3) for run in (la, lb)]}
 
 

@@ -4,6 +4,8 @@
   run's losses after the restart, and |difference|;
 - training throughput (*_train_throughput*.json, benchmarks/train_throughput.py): tokens/s/GPU and peak
   memory per implementation, models side by side.
+- pairs of same-seed runs (benchmarks/determinism_report.py: *_fast_vs_local*.json, *_tp2_fast_spec.json):
+  both loss curves of each pair, and their relative difference against the 1 % line.
 usage: python benchmarks/plot_results.py benchmarks/results/*_train.json --out benchmarks/results/train_curves.png
        python benchmarks/plot_results.py benchmarks/results/*_stop_resume*.json --out PNG"""
 
@@ -60,9 +62,28 @@ def plot_throughput(results: list[tuple[Path, dict]], tok_ax, mem_ax) -> None:
     mem_ax.invert_yaxis()
 
 
+def plot_pairs(results: list[tuple[Path, dict]], loss_ax, diff_ax) -> None:
+    for path, res in results:
+        for name, pair in res["results"].items():
+            if "compared_at" not in pair:
+                raise SystemExit(f"{path}: pair {name} has no compared_at (the iterations): written before the "
+                                 "report recorded them; rerun benchmarks/determinism_report.py on its logs")
+            steps = pair["compared_at"]
+            line, = loss_ax.plot(steps, pair["loss_a"], linewidth=1.3, label=name)
+            loss_ax.plot(steps, pair["loss_b"], color=line.get_color(), linestyle="--", linewidth=1)
+            diff_ax.plot(steps, [100 * abs(x - y) / abs(x) for x, y in zip(pair["loss_a"], pair["loss_b"])],
+                         color=line.get_color(), label=f"{name} (max {100 * pair['max_rel_loss_diff']:.1f} %)")
+    diff_ax.axhline(1.0, color="grey", linestyle=":", linewidth=1)
+    loss_ax.set(title="loss, same seed and data: a_vs_b, solid a, dashed b", xlabel="iteration")
+    diff_ax.set(title="|a - b| / a (%); dotted: 1 %", xlabel="iteration")
+
+
 def kind_of(res: dict) -> str:
     if "compared_iterations" in res:
         return "stop_resume"
+    if isinstance(res.get("results"), dict) and all(isinstance(r, dict) and "loss_a" in r
+                                                    for r in res["results"].values()):
+        return "pairs"
     return "throughput" if isinstance(res.get("results"), dict) and "seq_length" in res else "training"
 
 
@@ -77,7 +98,8 @@ def main() -> None:
         raise SystemExit(f"give results of one kind, not {sorted(kinds)}")
     kind = kinds.pop()
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
-    {"stop_resume": plot_stop_resume, "throughput": plot_throughput, "training": plot_training}[kind](results, *axes)
+    {"stop_resume": plot_stop_resume, "throughput": plot_throughput, "training": plot_training,
+     "pairs": plot_pairs}[kind](results, *axes)
     for ax in axes:
         ax.grid(alpha=0.3)
         if kind != "throughput":

@@ -4,7 +4,7 @@ tokens/s/GPU, model TFLOP/s, peak memory per stage, and scaling efficiency = tok
 tokens/s on 1. One GPU-host run (kind nvidia-h200-x2) writes the JSON and a bar chart beside it.
 
 usage: python benchmarks/zero_stages.py --out zero_stages.json [--layer-spec fast] [--steps 12] [--run-timeout 150]
-       [--variant NAME STAGE OVERRIDE...] [--only 1gpu 2gpu_NAME]
+       [--variant NAME STAGE OVERRIDE...] [--only 1gpu 2gpu_NAME] [--micro-batch 4 --micro-batches 2]
        python benchmarks/zero_stages.py --out x.json --print-commands   (what it would run; any host)"""
 
 from __future__ import annotations
@@ -58,11 +58,15 @@ def main() -> None:
     ap.add_argument("--variant", nargs="+", action="append", default=[], metavar=("NAME STAGE", "OVERRIDE"),
                     help="an extra 2-GPU row: a name, a ZeRO stage and overrides "
                          "(e.g. zero2_bf16_comm 2 ddp.megatron_fsdp_grad_comm_dtype=bf16)")
+    ap.add_argument("--micro-batch", type=int, default=BATCH[MODEL][0])
+    ap.add_argument("--micro-batches", type=int, default=BATCH[MODEL][1],
+                    help="micro-batches per GPU and step: Megatron-FSDP reduce-scatters gradients after each one "
+                         "under ZeRO 2 (its no_sync does not defer that), ZeRO 0/1 once a step")
     ap.add_argument("--only", nargs="+", metavar="ROW",
                     help="run these rows only (1gpu, 2gpu_zero0..2, 2gpu_<variant>); keep 1gpu for the scaling")
     ap.add_argument("--print-commands", action="store_true")
     args = ap.parse_args()
-    mbs, micro = BATCH[MODEL]
+    mbs, micro = args.micro_batch, args.micro_batches
     runs = {"1gpu": (1, 1, ())} | {f"2gpu_zero{s}": (2, s, ()) for s in STAGES}
     for name, stage, *overrides in args.variant:
         if stage not in {str(s) for s in STAGES}:

@@ -16,7 +16,8 @@ def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.parametrize("pattern", ["*_train.json", "*_stop_resume*.json", "*_train_throughput*.json"])
+@pytest.mark.parametrize("pattern", ["*_train.json", "*_stop_resume*.json", "*_train_throughput*.json",
+                                     "*_onepass.json", "*_tp2_fast_spec.json"])
 def test_plot_results_draws_each_kind_of_result(tmp_path, pattern):
     files = sorted(str(p) for p in RESULTS.glob(pattern))
     assert files, pattern
@@ -24,6 +25,14 @@ def test_plot_results_draws_each_kind_of_result(tmp_path, pattern):
     proc = run("benchmarks/plot_results.py", *files, "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_of_pairs_needs_the_compared_iterations(tmp_path):
+    """A pair report written before determinism_report.py recorded compared_at is refused by name, not drawn on
+    a made-up iteration axis."""
+    proc = run("benchmarks/plot_results.py", str(RESULTS / "2026-11-30_fast_vs_local_noise_floor.json"),
+               "--out", str(tmp_path / "x.png"))
+    assert proc.returncode != 0 and "has no compared_at" in proc.stderr and not (tmp_path / "x.png").exists()
 
 
 def test_plot_results_refuses_mixed_kinds(tmp_path):
@@ -54,6 +63,9 @@ def test_zero_stages_compares_like_for_like():
     proc = run("benchmarks/zero_stages.py", "--out", "unused.json", "--print-commands", "--only", "1gpu",
                "2gpu_zero2_nccl_ub", "--variant", "zero2_nccl_ub", "2", "ddp.nccl_ub=true")
     assert [line.split(" ", 1)[0] for line in proc.stdout.splitlines()] == ["1gpu", "2gpu_zero2_nccl_ub"]
+    proc = run("benchmarks/zero_stages.py", "--out", "unused.json", "--print-commands", "--micro-batch", "4",
+               "--micro-batches", "2", "--only", "2gpu_zero2")
+    assert "train.micro_batch_size=4 train.global_batch_size=16 " in proc.stdout  # 4 x 2 per GPU, 2 GPUs
     proc = run("benchmarks/zero_stages.py", "--out", "unused.json", "--print-commands", "--only", "2gpu_zero3")
     assert proc.returncode == 2 and "--only: no row named 2gpu_zero3; the rows are 1gpu, 2gpu_zero0" in proc.stderr
 

@@ -45,8 +45,8 @@ def build_provider(shape: dict[str, Any], layer_spec: str = "auto"):
 
 def resolve_layer_spec(layer_spec: str = "auto", deterministic: bool = False) -> str:
     """`auto`: Transformer Engine's spec where TE is installed; without it the fast spec on a CUDA host (2.6x the
-    local spec's tokens/s on qwen3_1p7b, its loss curve as close to the local's as the rounding noise floor:
-    benchmarks/results/2026-11-30_fast_vs_local*.json), and the local spec on a CPU-only host or under
+    local spec's tokens/s on qwen3_1p7b; in one pass its loss ~1 % below the local's:
+    benchmarks/results/2026-11-30_fast_vs_local_onepass.json), and the local spec on a CPU-only host or under
     kaiyuan.deterministic (two same-seed runs of the fast spec part from step 3: SDPA's backward)."""
     if layer_spec not in LAYER_SPECS:
         raise ValueError(f"kaiyuan.layer_spec: expected one of {LAYER_SPECS}, got {layer_spec!r}")
