@@ -139,3 +139,31 @@ def test_every_throughput_variant_is_a_config_upstream_accepts(tmp_path):
         cfg, run = build_config("qwen3_1p7b", command[6:])
         assert run.layer_spec == spec and cfg.train.global_batch_size == mbs * micro, impl
         resolve_with_upstream(cfg, world_size=1)
+
+
+def test_merge_results_joins_models_measured_in_separate_runs(tmp_path, monkeypatch):
+    """Two real train_throughput runs (CPU smoke, one model each) merge into the issue's one-file shape; the
+    same model twice, or two revisions, are refused by name."""
+    monkeypatch.setenv("KAIYUAN_REVISION", "abc1234")
+    common = ["benchmarks/train_throughput.py", "--impls", "hf_eager", "--device", "cpu", "--tiny", "--steps", "2"]
+    for model in ("gpt_smoke", "qwen3_1p7b"):
+        proc = run(*common, "--models", model, "--out", str(tmp_path / f"{model}.json"))
+        assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "merged.json"
+    proc = run("benchmarks/merge_results.py", str(tmp_path / "gpt_smoke.json"), str(tmp_path / "qwen3_1p7b.json"),
+               "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    merged = json.loads(out.read_text())
+    assert merged["revision"] == "abc1234" and merged["seq_length"] == 4096
+    assert set(merged["results"]) == {"gpt_smoke", "qwen3_1p7b"} and set(merged["batch"]) == set(merged["results"])
+    assert merged["results"]["qwen3_1p7b"]["hf_eager"]["tokens_per_s"] > 0
+    assert [r["models"] for r in merged["runs"]] == [["gpt_smoke"], ["qwen3_1p7b"]]
+
+    proc = run("benchmarks/merge_results.py", str(tmp_path / "gpt_smoke.json"), str(tmp_path / "gpt_smoke.json"),
+               "--out", str(tmp_path / "x.json"))
+    assert proc.returncode != 0 and "gpt_smoke is also measured in another file" in proc.stderr
+    other = json.loads((tmp_path / "qwen3_1p7b.json").read_text()) | {"revision": "def5678"}
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    proc = run("benchmarks/merge_results.py", str(tmp_path / "gpt_smoke.json"), str(tmp_path / "other.json"),
+               "--out", str(tmp_path / "x.json"))
+    assert proc.returncode != 0 and "revision differs" in proc.stderr and not (tmp_path / "x.json").exists()

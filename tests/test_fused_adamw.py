@@ -58,6 +58,7 @@ def test_only_fast_path_runs_that_need_not_be_deterministic_use_it(tmp_path):
     assert run("kaiyuan.layer_spec=fast").fused_adamw
     assert not run("kaiyuan.layer_spec=fast", "kaiyuan.deterministic=true").fused_adamw
     assert not run("kaiyuan.layer_spec=local").fused_adamw
+    assert not run("kaiyuan.layer_spec=fast", "kaiyuan.fused_adamw=false").fused_adamw  # the A/B knob
 
 
 def test_megatron_fsdp_dtensor_params_are_left_alone(megatron_parallel):
