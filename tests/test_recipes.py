@@ -164,19 +164,33 @@ def test_sequence_parallel_refused_with_torch_norms(spec):
         WrappedTorchNorm(cfg.model, 64)
 
 
-def test_cuda_graphs_refused_without_te_rng_tracker():
-    """A CUDA-graphed step (model.cuda_graph_impl) needs TE's RNG tracker: Megatron-Bridge asserts so only when
-    the model is built on the ranks, a minute into the run (seen on the GPU host); validate() says so before any
-    launch. The last assertion fails once upstream lifts the requirement, and the check can go."""
-    cfg, run = build_config("gpt_smoke", ["kaiyuan.layer_spec=fast", "model.cuda_graph_impl=full_iteration",
-                                          "rerun_state_machine.check_for_nan_in_loss=false"])
-    with pytest.raises(ConfigError, match="model.cuda_graph_impl=full_iteration needs Transformer Engine's RNG "
-                                          "tracker .* set model.cuda_graph_impl=none"):
+def test_cuda_graphs_need_a_graph_safe_rng_tracker():
+    """A CUDA-graphed step (model.cuda_graph_impl) needs model.use_te_rng_tracker: Megatron-Bridge asserts so only
+    when the ranks build the model, a minute into the run (seen on the GPU host); validate() says so before any
+    launch. With the flag and no TE, megatron-core's own tracker is graph-safe, the kind its CUDA-graph code
+    accepts. The upstream assertion below fails once upstream lifts the requirement, and the check can go."""
+    from megatron.core.tensor_parallel import random as mcore_random
+
+    from kaiyuan_recipes import compat
+
+    overrides = ["kaiyuan.layer_spec=fast", "model.cuda_graph_impl=full_iteration",
+                 "rerun_state_machine.check_for_nan_in_loss=false"]
+    cfg, run = build_config("gpt_smoke", overrides)
+    with pytest.raises(ConfigError, match="model.cuda_graph_impl=full_iteration needs model.use_te_rng_tracker=true"):
         validate(cfg, 1, run.max_positions)
     with pytest.raises(AssertionError, match="RNG tracker is required for cudagraphs"):
         cfg.model.provide()
-    cfg.model.cuda_graph_impl = "none"
+    cfg, run = build_config("gpt_smoke", [*overrides, "model.use_te_rng_tracker=true"])
     assert validate(cfg, 1, run.max_positions)["data"] == 1
+    assert resolve_with_upstream(cfg, world_size=1).rng.te_rng_tracker  # upstream keeps the two flags equal
+    assert not compat.transformer_engine_available()
+    saved = mcore_random._CUDA_RNG_STATE_TRACKER, mcore_random._CUDA_RNG_STATE_TRACKER_INITIALIZED
+    try:  # what Megatron-Bridge's initialisation then builds (use_cudagraphable_rng: cuda_graph_impl != none)
+        mcore_random.initialize_rng_tracker(use_te_rng_tracker=True, use_cudagraphable_rng=True, force_reset=True)
+        tracker = mcore_random.get_cuda_rng_tracker()
+        assert type(tracker) is mcore_random.CudaRNGStatesTracker and tracker.use_cudagraphable_rng
+    finally:  # the process-wide tracker other tests' model-parallel setup made
+        mcore_random._CUDA_RNG_STATE_TRACKER, mcore_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = saved
 
 
 def test_deterministic_knob(tmp_path, monkeypatch):

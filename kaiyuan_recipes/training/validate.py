@@ -83,9 +83,11 @@ def validate(cfg: Any, world_size: int, max_positions: int | None) -> dict[str, 
                           "and fast specs use torch's RMSNorm / LayerNorm, which megatron-core refuses under sequence "
                           "parallelism (megatron/core/transformer/torch_norm.py); set model.sequence_parallel=false")
     if m.cuda_graph_impl != "none" and not getattr(m, "use_te_rng_tracker", False):
-        raise ConfigError(f"model.cuda_graph_impl={m.cuda_graph_impl} needs Transformer Engine's RNG tracker "
-                          "(model.use_te_rng_tracker=true, which needs transformer_engine): megatron-core captures "
-                          "CUDA graphs only with it; set model.cuda_graph_impl=none")
+        # Megatron-Bridge asserts this only when the ranks build the model. Without TE the flag gives
+        # megatron-core's own graph-safe tracker (CudaRNGStatesTracker with use_cudagraphable_rng).
+        raise ConfigError(f"model.cuda_graph_impl={m.cuda_graph_impl} needs model.use_te_rng_tracker=true (a CUDA-"
+                          "graph-safe RNG tracker: TE's, or without TE megatron-core's own); or set "
+                          "model.cuda_graph_impl=none")
     if cfg.profiling is not None and cfg.profiling.use_pytorch_profiler:
         check_profile_window(cfg)
     tok_vocab = tokenizer_vocab_size(cfg)
