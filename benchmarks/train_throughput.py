@@ -43,8 +43,8 @@ MEGATRON_IMPLS = {"ours": ("fast", ()), "megatron_local": ("local", ()),
                   "ours_full_cuda_graph": ("fast", ("model.cuda_graph_impl=full_iteration",
                                                     "model.use_te_rng_tracker=true",
                                                     "rerun_state_machine.check_for_nan_in_loss=false"))}
+TIMED_OUT = "timed out after"
 # "ValueError: …", "[rank0]: RuntimeError: …", "torch.OutOfMemoryError: …"
-TIMED_OUT = "timed out after {} s"
 EXCEPTION_LINE = re.compile(r"^(\[rank\d+\]: )?[\w.]*(Error|Exception|Interrupt)\b.*: ")
 TINY = dict(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,
             kv_channels=16)
@@ -82,7 +82,7 @@ def run_bounded(command: list[str], timeout: float | None) -> tuple[int | None, 
             break
         except subprocess.TimeoutExpired:
             continue
-    return None, f"{output}\n{TIMED_OUT.format(timeout)}"
+    return None, f"{output}\n{TIMED_OUT} {timeout} s"
 
 
 def megatron_run(model: str, layer_spec: str, mbs: int, micro: int, seq: int, steps: int, nproc: int = 1,
@@ -102,7 +102,7 @@ def megatron_run(model: str, layer_spec: str, mbs: int, micro: int, seq: int, st
            "tflops": statistics.median(r["model_tflops_per_gpu"] or 0 for r in steady),
            "peak_mem_gb": max(r["peak_mem_gb"] or 0 for r in steady)}
     if code != 0:  # steady steps were measured before the run stopped: keep them, and say so
-        row |= {"incomplete": f"{failure_summary(output, lines=1)} after {len(steps_done)} of {steps} steps",
+        row |= {"incomplete": f"{failure_summary(output, lines=1)}; {len(steps_done)} of {steps} steps done",
                 "log": str(root / "launcher.log")}
     return row
 
@@ -112,7 +112,7 @@ def failure_summary(output: str, lines: int = 12) -> str:
     a child failed, and start-up logs caught exceptions of their own (optional imports) before it. Else the
     output's end."""
     text = output.splitlines()
-    if text and text[-1].startswith(TIMED_OUT.split("{")[0]):
+    if text and text[-1].startswith(TIMED_OUT):
         return text[-1]
     raised = [i for i, line in enumerate(text) if EXCEPTION_LINE.match(line) and "ChildFailedError" not in line]
     if raised:

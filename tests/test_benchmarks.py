@@ -103,7 +103,7 @@ def test_failed_megatron_row_names_the_ranks_exception(tmp_path, monkeypatch):
                     "model_tflops_per_gpu": 1.0, "peak_mem_gb": 2.0}) + "\n" for step in range(1, 8)))
     outcome["run"] = (None, "step 7\ntimed out after 60 s")
     row = train_throughput.megatron_run("gpt_smoke", "fast", 1, 1, 128, 10)
-    assert row["tokens_per_s"] == 5500.0 and row["incomplete"] == "timed out after 60 s after 7 of 10 steps"
+    assert row["tokens_per_s"] == 5500.0 and row["incomplete"] == "timed out after 60 s; 7 of 10 steps done"
 
 
 def test_train_throughput_bounds_each_implementation(tmp_path):

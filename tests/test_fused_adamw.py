@@ -55,10 +55,10 @@ def test_only_fast_path_runs_that_need_not_be_deterministic_use_it(tmp_path):
     def run(*knobs):
         return build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", *knobs])[1]
 
-    assert run("kaiyuan.layer_spec=fast").fused_adamw
-    assert not run("kaiyuan.layer_spec=fast", "kaiyuan.deterministic=true").fused_adamw
-    assert not run("kaiyuan.layer_spec=local").fused_adamw
-    assert not run("kaiyuan.layer_spec=fast", "kaiyuan.fused_adamw=false").fused_adamw  # the A/B knob
+    assert run("kaiyuan.layer_spec=fast").uses_fused_adamw
+    assert not run("kaiyuan.layer_spec=fast", "kaiyuan.deterministic=true").uses_fused_adamw
+    assert not run("kaiyuan.layer_spec=local").uses_fused_adamw
+    assert not run("kaiyuan.layer_spec=fast", "kaiyuan.fused_adamw=false").uses_fused_adamw  # the A/B knob
 
 
 def test_megatron_fsdp_dtensor_params_are_left_alone(megatron_parallel):

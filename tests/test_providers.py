@@ -89,7 +89,7 @@ def test_auto_layer_spec(monkeypatch):
     assert get_model_provider("gpt_smoke")().transformer_layer_spec is fast_layer_spec
     cfg, run = build_config("gpt_smoke", [])
     assert run.layer_spec == "fast" and cfg.model.transformer_layer_spec is fast_layer_spec
-    assert run.uses_chunked_loss and run.fused_adamw
+    assert run.uses_chunked_loss and run.uses_fused_adamw
     assert build_config("gpt_smoke", ["kaiyuan.deterministic=true"])[1].layer_spec == "local"
     assert build_config("gpt_smoke", ["kaiyuan.layer_spec=local"])[1].layer_spec == "local"
 

@@ -54,12 +54,12 @@ class RunSettings:
     chunked_loss: bool = True
     sdpa_backend: str = "auto"
     compiled_norm: bool = True
-    fused_optimizer: bool = True
+    fused_adamw: bool = True
 
     @property
-    def fused_adamw(self) -> bool:
+    def uses_fused_adamw(self) -> bool:
         """The fast path's fused optimizer step (training/fused_adamw.py); not bit-for-bit the foreach step."""
-        return self.layer_spec == "fast" and self.fused_optimizer and not self.deterministic
+        return self.layer_spec == "fast" and self.fused_adamw and not self.deterministic
 
     @property
     def uses_chunked_loss(self) -> bool:
@@ -156,7 +156,7 @@ def resolve_run_settings(recipe: str, knobs: dict[str, Any]) -> RunSettings:
         chunked_loss=bool(knobs.get("chunked_loss", True)),
         sdpa_backend=knobs.get("sdpa_backend", "auto"),
         compiled_norm=bool(knobs.get("compiled_norm", True)),
-        fused_optimizer=bool(knobs.get("fused_adamw", True)),
+        fused_adamw=bool(knobs.get("fused_adamw", True)),
     )
 
 

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     callbacks = [RunMetricsCallback(run.state_dir, cfg.dataset.seq_length)]
     if cfg.profiling is not None and cfg.profiling.use_pytorch_profiler:
         callbacks.append(ProfileSummaryCallback(run.run_dir, cfg.profiling))
-    if run.fused_adamw:
+    if run.uses_fused_adamw:
         from kaiyuan_recipes.training.fused_adamw import FusedAdamWCallback
 
         callbacks.append(FusedAdamWCallback())

@@ -60,7 +60,7 @@ def summarize(cfg: Any, run: RunSettings, layout: dict[str, int], launch_argv: l
             "layer_spec": getattr(cfg.model.transformer_layer_spec, "__name__", str(cfg.model.transformer_layer_spec)),
             "transformer_impl": cfg.model.transformer_impl,
             "deterministic": bool(getattr(cfg.model, "deterministic_mode", False)),
-            "fused_adamw": run.fused_adamw,
+            "fused_adamw": run.uses_fused_adamw,
             # what will run: the chunked loss's hook declines models it cannot serve (tensor parallel, ...)
             "chunked_loss": run.uses_chunked_loss and unsupported_config_reason(cfg.model) is None,
             "sdpa_backend": run.sdpa_backend if run.layer_spec == "fast" else None,
