@@ -127,10 +127,10 @@ def test_every_throughput_variant_is_a_config_upstream_accepts(tmp_path):
     """Each Megatron row of benchmarks/train_throughput.py (the fast spec's A/B variants included) is a valid
     `kaiyuan train` command whose config Megatron-Bridge accepts: a bad override costs no GPU call."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from test_recipes import resolve_with_upstream
     from train_throughput import BATCH, MEGATRON_IMPLS, megatron_command
 
     from kaiyuan_recipes.training.config import build_config
+    from kaiyuan_recipes.training.summary import resolve_with_upstream
 
     mbs, micro = BATCH["qwen3_1p7b"]
     for impl, (spec, extra) in MEGATRON_IMPLS.items():

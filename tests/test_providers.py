@@ -84,6 +84,8 @@ def test_auto_layer_spec(monkeypatch):
     for key, value in compat.LOCAL_SPEC_SETTINGS.items():
         assert getattr(provider, key) == value
     assert build_config("gpt_smoke", [])[1].layer_spec == "local"
+    with pytest.raises(RuntimeError, match="transformer_engine is not installed"):
+        build_config("gpt_smoke", ["kaiyuan.layer_spec=transformer_engine"])  # refused where the knobs resolve
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert get_model_provider("gpt_smoke")().transformer_layer_spec is fast_layer_spec

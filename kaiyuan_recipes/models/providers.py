@@ -50,6 +50,8 @@ def resolve_layer_spec(layer_spec: str = "auto", deterministic: bool = False) ->
     kaiyuan.deterministic (two same-seed runs of the fast spec part from step 3: SDPA's backward)."""
     if layer_spec not in LAYER_SPECS:
         raise ValueError(f"kaiyuan.layer_spec: expected one of {LAYER_SPECS}, got {layer_spec!r}")
+    if layer_spec == "transformer_engine" and not compat.transformer_engine_available():
+        raise RuntimeError("kaiyuan.layer_spec=transformer_engine, but transformer_engine is not installed")
     if layer_spec != "auto":
         return layer_spec
     if compat.transformer_engine_available():
@@ -62,8 +64,6 @@ def resolve_layer_spec(layer_spec: str = "auto", deterministic: bool = False) ->
 def select_layer_spec(provider, layer_spec: str = "auto"):
     layer_spec = resolve_layer_spec(layer_spec)
     use_te = layer_spec == "transformer_engine"
-    if use_te and not compat.transformer_engine_available():
-        raise RuntimeError("kaiyuan.layer_spec=transformer_engine, but transformer_engine is not installed")
     if not use_te:
         compat.apply_local_spec_settings(provider)
     if layer_spec == "fast":  # the local spec with SDPA core attention (models/fast_spec.py)

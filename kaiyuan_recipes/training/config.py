@@ -305,4 +305,3 @@ def build_config(recipe: str, overrides: list[str] | None = None) -> tuple[Any, 
     ov.apply_to_container(cfg, container_overrides)
     _megatron_fsdp_grads_as_declared(cfg)
     return cfg, run
-
