@@ -100,10 +100,12 @@ def test_failed_megatron_row_names_the_ranks_exception(tmp_path, monkeypatch):
     state.mkdir(parents=True)
     (state / METRICS_FILE).write_text("".join(
         json.dumps({"event": "step", "iteration": step, "tokens_per_s_per_gpu": 1000.0 * step,
-                    "model_tflops_per_gpu": 1.0, "peak_mem_gb": 2.0}) + "\n" for step in range(1, 8)))
+                    "model_tflops_per_gpu": 1.0, "peak_mem_gb": 2.0, "loss": 12.0 - step}) + "\n"
+        for step in range(1, 8)))
     outcome["run"] = (None, "step 7\ntimed out after 60 s")
     row = train_throughput.megatron_run("gpt_smoke", "fast", 1, 1, 128, 10)
     assert row["tokens_per_s"] == 5500.0 and row["incomplete"] == "timed out after 60 s; 7 of 10 steps done"
+    assert row["losses"] == [11.0, 10.0, 9.0, 8.0, 7.0, 6.0, 5.0]
 
 
 def test_train_throughput_bounds_each_implementation(tmp_path):
