@@ -50,31 +50,37 @@ def test_uniform_upstream_gradient_uses_the_forwards_gradients(monkeypatch):
     torch.testing.assert_close(weight.grad, first)
 
 
-def test_cuda_graph_capture_records_the_exact_backward_without_a_host_sync(monkeypatch):
-    """Under CUDA-graph capture the forward computes no gradients and the backward never reads the upstream
-    gradient on the host (a sync fails the capture: found on the H200); gradients stay exact for per-token
-    weights. The capture state is faked: this host has no GPU."""
+@pytest.mark.parametrize("cuda_graph_impl", ["none", "full_iteration"])
+def test_graphed_runs_take_the_backward_that_needs_no_host_read(megatron_parallel, monkeypatch, cuda_graph_impl):
+    """A run recorded into a CUDA graph (model.cuda_graph_impl) must not read the upstream gradient on the host
+    (the H200 capture failed on that sync) and must compile every kernel it replays in the eager warm-up steps
+    (a kernel first compiled mid-capture failed it too): through a real GPTModel's output layer and loss, such a
+    model never takes the forward-gradient path, from its first step on; others do. Both stay exact."""
     from kaiyuan_recipes.models import chunked_loss
+    from kaiyuan_recipes.models.providers import build_provider, provide_on_cpu
 
-    def no_host_sync(grad_loss):
-        raise AssertionError("host sync during capture")
-
-    monkeypatch.setattr(chunked_loss, "_capturing", lambda t: True)
-    monkeypatch.setattr(chunked_loss, "_uniform", no_host_sync)
-    forward_grads = []
-    real = chunked_loss._loss_and_softmax_grad
-    monkeypatch.setattr(chunked_loss, "_loss_and_softmax_grad", lambda *a: forward_grads.append(1) or real(*a))
+    model = provide_on_cpu(build_provider(tiny_gpt_shape(share_embeddings_and_output_weights=False), "fast"))
+    model.config.cuda_graph_impl = cuda_graph_impl
+    install_chunked_loss([model])
+    host_reads, forward_grads = [], []
+    real_uniform, real_forward_grads = chunked_loss._uniform, chunked_loss._loss_and_softmax_grad
+    monkeypatch.setattr(chunked_loss, "_uniform", lambda g: host_reads.append(1) or real_uniform(g))
+    monkeypatch.setattr(chunked_loss, "_loss_and_softmax_grad",
+                        lambda *a: forward_grads.append(1) or real_forward_grads(*a))
     torch.manual_seed(0)
-    hidden = torch.randn(20, 8, requires_grad=True)
-    weight = torch.randn(50, 8, requires_grad=True)
-    labels = torch.randint(0, 50, (20,))
-    upstream = torch.rand(20)
-    (ChunkedLinearCrossEntropy.apply(hidden, weight, labels, 8, True) * upstream).sum().backward()
-    assert not forward_grads
-    got = hidden.grad, weight.grad
-    hidden.grad = weight.grad = None
-    (torch.nn.functional.cross_entropy(hidden @ weight.t(), labels, reduction="none") * upstream).sum().backward()
-    for a, b in zip(got, (hidden.grad, weight.grad)):
+    hidden = torch.randn(16, 2, 64, requires_grad=True)  # [s, b, h]
+    labels = torch.randint(0, 512, (2, 16))
+    mask = (torch.rand(2, 16) > 0.3).float()  # a loss mask: per-token upstream gradients
+    logits, _ = model.output_layer(hidden)
+    (model.compute_language_model_loss(labels, logits) * mask).sum().backward()
+    graphed = cuda_graph_impl != "none"
+    assert (not host_reads and not forward_grads) if graphed else (host_reads and forward_grads)
+    got = hidden.grad, model.output_layer.weight.grad
+    hidden.grad = model.output_layer.weight.grad = None
+    full = (hidden @ model.output_layer.weight.t()).float()  # [s, b, v]
+    ref = torch.nn.functional.cross_entropy(full.permute(1, 2, 0), labels, reduction="none")  # [b, s]
+    (ref * mask).sum().backward()
+    for a, b in zip(got, (hidden.grad, model.output_layer.weight.grad)):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 

@@ -67,11 +67,6 @@ def _add_chunk_grads(grad_logits: torch.Tensor, rows: slice, hidden: torch.Tenso
         grad_weight.addmm_(grad_logits.t(), hidden[rows])
 
 
-def _capturing(t: torch.Tensor) -> bool:
-    """Whether `t`'s work is being recorded into a CUDA graph (model.cuda_graph_impl=full_iteration)."""
-    return t.is_cuda and torch.cuda.is_current_stream_capturing()
-
-
 def _uniform(grad_loss: torch.Tensor) -> bool:
     """Whether every token's loss has the same upstream gradient (one host sync)."""
     return bool(torch.equal(grad_loss, grad_loss[:1].expand_as(grad_loss)))
@@ -86,15 +81,12 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
     lm-head GEMMs in all, as with whole logits). Megatron's loss gives every token the same upstream gradient
     unless its loss mask drops tokens, so the backward only scales them; when the gradients are not uniform it
     recomputes each chunk's logits (a fourth GEMM) and weighs every token. That check reads the gradient on the
-    host, so under CUDA-graph capture the forward leaves the gradients to the backward's exact path."""
+    host, which a CUDA graph cannot do: graphed runs take the exact path (see _chunked_language_model_loss)."""
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int,
                 grads_in_forward: bool = False) -> torch.Tensor:
         n = hidden.shape[0]
-        # A graph replays one recorded path for every batch and cannot read a tensor on the host mid-capture:
-        # record the backward that weighs every token (one more lm-head GEMM, exact for any upstream gradient).
-        grads_in_forward = grads_in_forward and not _capturing(hidden)
         lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
         loss = torch.empty(n, dtype=torch.float32, device=hidden.device)
         ctx.unit_grads = None
@@ -157,9 +149,14 @@ def _chunked_language_model_loss(self, labels: torch.Tensor, logits: Any) -> tor
     hidden = logits.hidden  # [s, b, h]; labels [b, s]; Megatron's loss is [b, s]
     s, b, h = hidden.shape
     training = torch.is_grad_enabled() and (hidden.requires_grad or logits.weight.requires_grad)
+    # A CUDA graph (model.cuda_graph_impl) replays one recorded path for every batch and cannot read a tensor
+    # on the host: such runs leave the gradients to the backward that weighs every token (one more lm-head
+    # GEMM, exact for any upstream gradient), from the first eager step on, so its kernels compile before
+    # the capture.
+    grads_in_forward = training and getattr(self.config, "cuda_graph_impl", "none") == "none"
     loss = ChunkedLinearCrossEntropy.apply(hidden.reshape(s * b, h), logits.weight,
                                            labels.transpose(0, 1).reshape(s * b), chunk_tokens(logits.weight.shape[0]),
-                                           training)
+                                           grads_in_forward)
     return loss.view(s, b).transpose(0, 1).contiguous()
 
 
