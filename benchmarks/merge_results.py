@@ -43,12 +43,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("files", nargs="+", type=Path)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--note", help="what a reader must know about these runs (kept in the file)")
     args = ap.parse_args()
     merged = merge(args.files)
     record = provenance(" ".join(["python", *sys.argv]))
     host = {json.dumps(run["host"], sort_keys=True) for run in merged["runs"]}
     write_json(args.out, {**record, "revision": merged.pop("revision"),
-                          "host": merged["runs"][0]["host"] if len(host) == 1 else "see runs", **merged})
+                          "host": merged["runs"][0]["host"] if len(host) == 1 else "see runs", **merged,
+                          **({"note": args.note} if args.note else {})})
     print(args.out)
 
 
