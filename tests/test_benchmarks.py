@@ -153,10 +153,10 @@ def test_merge_results_joins_models_measured_in_separate_runs(tmp_path, monkeypa
         assert proc.returncode == 0, proc.stderr
     out = tmp_path / "merged.json"
     proc = run("benchmarks/merge_results.py", str(tmp_path / "gpt_smoke.json"), str(tmp_path / "qwen3_1p7b.json"),
-               "--out", str(out))
+               "--out", str(out), "--note", "two GPUs at once")
     assert proc.returncode == 0, proc.stderr
     merged = json.loads(out.read_text())
-    assert merged["revision"] == "abc1234" and merged["seq_length"] == 4096
+    assert merged["revision"] == "abc1234" and merged["seq_length"] == 4096 and merged["note"] == "two GPUs at once"
     assert set(merged["results"]) == {"gpt_smoke", "qwen3_1p7b"} and set(merged["batch"]) == set(merged["results"])
     assert merged["results"]["qwen3_1p7b"]["hf_eager"]["tokens_per_s"] > 0
     assert [r["models"] for r in merged["runs"]] == [["gpt_smoke"], ["qwen3_1p7b"]]

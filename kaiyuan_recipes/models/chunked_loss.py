@@ -1,9 +1,9 @@
 """Cross-entropy over a large vocabulary without materialising the logits (fast spec, tensor parallel 1).
 GPTModel's output layer hands its input and weight to the loss instead of computing [tokens, vocab]
-logits; the loss computes logits, log-sum-exp and both gradients a chunk of tokens at a time in the forward
-(the backward scales them, or recomputes when tokens carry different weights). For qwen3_1p7b at micro
-batch 2 × 4096 the logits alone are 2.5 GB in bf16, 5 GB in fp32 for the softmax, and as much again for
-their gradient.
+logits; the loss computes logits, log-sum-exp and the logits' gradient a chunk of tokens at a time in the
+forward, and keeps only that gradient (bf16) for the backward. For qwen3_1p7b at micro batch 2 × 4096 that is
+2.5 GB; whole logits are 2.5 GB in bf16, 5 GB in fp32 for the softmax and as much again for their gradient
+(peak 62.0 GB with them on the H200, 52.5 GB when this loss kept no gradient; keeping it adds ~2 GB).
 
 Installed as a Megatron-Bridge pre-wrap hook (install_chunked_loss); the model's parameters, state dict and
 checkpoints are unchanged. Logits are still produced on request (no labels: inference, export checks)."""
@@ -67,21 +67,17 @@ def _add_chunk_grads(grad_logits: torch.Tensor, rows: slice, hidden: torch.Tenso
         grad_weight.addmm_(grad_logits.t(), hidden[rows])
 
 
-def _uniform(grad_loss: torch.Tensor) -> bool:
-    """Whether every token's loss has the same upstream gradient (one host sync)."""
-    return bool(torch.equal(grad_loss, grad_loss[:1].expand_as(grad_loss)))
-
-
 class ChunkedLinearCrossEntropy(torch.autograd.Function):
     """loss_i = logsumexp(h_i Wᵀ) - (h_i Wᵀ)[y_i] for hidden [N, h], weight [V, h], labels [N]; fp32 loss.
     Logits are computed in the inputs' dtype and reduced in fp32, as Megatron's unfused path does; a chunk's
     element-wise work is one compiled kernel.
 
-    With `grads_in_forward` the forward also computes both gradients for a unit upstream gradient (three
-    lm-head GEMMs in all, as with whole logits). Megatron's loss gives every token the same upstream gradient
-    unless its loss mask drops tokens, so the backward only scales them; when the gradients are not uniform it
-    recomputes each chunk's logits (a fourth GEMM) and weighs every token. That check reads the gradient on the
-    host, which a CUDA graph cannot do: graphed runs take the exact path (see _chunked_language_model_loss)."""
+    With `grads_in_forward` the forward also computes each chunk's d loss / d logits for a unit upstream
+    gradient, G = softmax - one-hot (kept, in the logits' dtype), and d hidden = G W. The backward weighs them
+    by the upstream gradient g exactly, whatever the loss mask did to it: d hidden rows scale by g, and
+    d W = Gᵀ (g · h), the weights applied to the small hidden side. Three lm-head GEMMs in all, as with whole
+    logits, and nothing read on the host (a CUDA graph replays this unchanged). Without it (no grad needed in
+    the forward, or a second backward) the backward recomputes each chunk's logits (a fourth GEMM)."""
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int,
@@ -90,8 +86,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
         loss = torch.empty(n, dtype=torch.float32, device=hidden.device)
         ctx.unit_grads = None
-        if grads_in_forward:
-            grad_hidden, grad_weight = torch.empty_like(hidden), torch.zeros_like(weight)
+        unit_hidden, unit_logits = (torch.empty_like(hidden), []) if grads_in_forward else (None, None)
         for start in range(0, n, chunk):
             rows = slice(start, start + chunk)
             logits = hidden[rows] @ weight.t()
@@ -99,9 +94,10 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
                 lse[rows], loss[rows] = _lse_and_loss(logits, labels[rows])
                 continue
             lse[rows], loss[rows], grad_logits = _loss_and_softmax_grad(logits, labels[rows])
-            _add_chunk_grads(grad_logits, rows, hidden, weight, grad_hidden, grad_weight)
+            torch.mm(grad_logits, weight, out=unit_hidden[rows])
+            unit_logits.append(grad_logits)
         if grads_in_forward:
-            ctx.unit_grads = grad_hidden, grad_weight
+            ctx.unit_grads = unit_hidden, unit_logits
         ctx.save_for_backward(hidden, weight, labels, lse)
         ctx.chunk = chunk
         return loss
@@ -109,12 +105,16 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor):
         hidden, weight, labels, lse = ctx.saved_tensors
-        unit_grads, ctx.unit_grads = ctx.unit_grads, None
+        unit_grads, ctx.unit_grads = ctx.unit_grads, None  # freed here: a second backward recomputes
         want_hidden, want_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        if unit_grads is not None and _uniform(grad_loss):
-            scale = grad_loss[0]
-            return (unit_grads[0].mul_(scale) if want_hidden else None,
-                    unit_grads[1].mul_(scale) if want_weight else None, None, None, None)
+        if unit_grads is not None:
+            unit_hidden, unit_logits = unit_grads
+            grad_hidden = (unit_hidden * grad_loss[:, None]).to(hidden.dtype) if want_hidden else None
+            grad_weight = torch.zeros_like(weight) if want_weight else None
+            for i, grad_logits in enumerate(unit_logits if want_weight else ()):
+                rows = slice(i * ctx.chunk, (i + 1) * ctx.chunk)
+                grad_weight.addmm_(grad_logits.t(), (hidden[rows] * grad_loss[rows, None]).to(hidden.dtype))
+            return grad_hidden, grad_weight, None, None, None
         grad_hidden = torch.empty_like(hidden) if want_hidden else None
         grad_weight = torch.zeros_like(weight) if want_weight else None
         for start in range(0, hidden.shape[0], ctx.chunk):
@@ -149,14 +149,9 @@ def _chunked_language_model_loss(self, labels: torch.Tensor, logits: Any) -> tor
     hidden = logits.hidden  # [s, b, h]; labels [b, s]; Megatron's loss is [b, s]
     s, b, h = hidden.shape
     training = torch.is_grad_enabled() and (hidden.requires_grad or logits.weight.requires_grad)
-    # A CUDA graph (model.cuda_graph_impl) replays one recorded path for every batch and cannot read a tensor
-    # on the host: such runs leave the gradients to the backward that weighs every token (one more lm-head
-    # GEMM, exact for any upstream gradient), from the first eager step on, so its kernels compile before
-    # the capture.
-    grads_in_forward = training and getattr(self.config, "cuda_graph_impl", "none") == "none"
     loss = ChunkedLinearCrossEntropy.apply(hidden.reshape(s * b, h), logits.weight,
                                            labels.transpose(0, 1).reshape(s * b), chunk_tokens(logits.weight.shape[0]),
-                                           grads_in_forward)
+                                           training)
     return loss.view(s, b).transpose(0, 1).contiguous()
 
 

@@ -108,8 +108,8 @@ def test_sdpa_attention_matches_local_attention_on_cuda():
 def test_chunked_cross_entropy_matches_full_logits_on_cuda():
     """qwen3_1p7b's lm head (vocab 151,936, hidden 2048), 8192 tokens in bf16: the chunked loss against
     full logits + cross-entropy — loss, both gradients — and the time and peak memory of each. Uniform
-    upstream gradients (Megatron's training loss: gradients from the forward, scaled) and per-token ones (a
-    loss mask: recomputed in the backward)."""
+    upstream gradients (Megatron's training loss) and per-token ones (a loss mask): both weigh the logits'
+    gradient kept from the forward."""
     from kaiyuan_recipes.models.chunked_loss import ChunkedLinearCrossEntropy, chunk_tokens
 
     torch.manual_seed(0)
