@@ -33,16 +33,13 @@ BATCH = {"qwen3_1p7b": (2, 4), "gpt_smoke": (4, 4)}
 # Megatron variants: layer spec and extra overrides. Not run by default (A/B of the fast spec's parts):
 # ours_full_logits, without the chunked cross-entropy (what it saves in memory and costs in time);
 # ours_cudnn_attention, SDPA's cuDNN kernels first; ours_torch_norm, torch's RMSNorm kernels instead of the
-# compiled one; ours_full_cuda_graph, forward + backward of the whole step replayed as one CUDA graph
-# (megatron-core's FullCudaGraphWrapper, for the ~9 % of the step the GPU waited on the host; without TE the
-# graph-safe RNG tracker is megatron-core's own, asked for through use_te_rng_tracker).
+# compiled one; ours_full_cuda_graph, kaiyuan.cuda_graph=true: forward + backward of the whole step replayed
+# as one CUDA graph (megatron-core's FullCudaGraphWrapper; for the time the GPU waits on the host).
 MEGATRON_IMPLS = {"ours": ("fast", ()), "megatron_local": ("local", ()),
                   "ours_full_logits": ("fast", ("kaiyuan.chunked_loss=false",)),
                   "ours_cudnn_attention": ("fast", ("kaiyuan.sdpa_backend=cudnn",)),
                   "ours_torch_norm": ("fast", ("kaiyuan.compiled_norm=false",)),
-                  "ours_full_cuda_graph": ("fast", ("model.cuda_graph_impl=full_iteration",
-                                                    "model.use_te_rng_tracker=true",
-                                                    "rerun_state_machine.check_for_nan_in_loss=false"))}
+                  "ours_full_cuda_graph": ("fast", ("kaiyuan.cuda_graph=true",))}
 TIMED_OUT = "timed out after"
 # "ValueError: …", "[rank0]: RuntimeError: …", "torch.OutOfMemoryError: …"
 EXCEPTION_LINE = re.compile(r"^(\[rank\d+\]: )?[\w.]*(Error|Exception|Interrupt)\b.*: ")

@@ -193,6 +193,41 @@ def test_cuda_graphs_need_a_graph_safe_rng_tracker():
         mcore_random._CUDA_RNG_STATE_TRACKER, mcore_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = saved
 
 
+def test_cuda_graph_knob_and_the_loss_guard_that_replaces_megatrons_check(tmp_path):
+    """kaiyuan.cuda_graph=true: the full-iteration graph with what it needs (a graph-safe RNG tracker, Megatron's
+    host-side NaN check off), accepted by validate() and upstream's validation; the dry-run summary names it.
+    With Megatron's check off the worker registers NonFiniteLossCallback, which raises on a NaN or Inf step loss
+    (naming the loss and the iteration) and passes finite ones and stages without a loss."""
+    import torch
+    from megatron.bridge.training.callbacks import CallbackContext
+
+    from kaiyuan_recipes.training import entry
+    from kaiyuan_recipes.training.loss_guard import NonFiniteLoss, NonFiniteLossCallback
+    from kaiyuan_recipes.training.summary import summarize
+
+    common = [f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=mock"]
+    cfg, run = build_config("gpt_smoke", [*common, "kaiyuan.cuda_graph=true"])
+    assert run.cuda_graph and cfg.model.cuda_graph_impl == "full_iteration" and cfg.model.use_te_rng_tracker
+    assert not cfg.rerun_state_machine.check_for_nan_in_loss
+    layout = validate(cfg, 1, run.max_positions)
+    resolve_with_upstream(cfg, world_size=1)
+    assert summarize(cfg, run, layout, [])["model"]["cuda_graph"] == "full_iteration"
+    default, _ = build_config("gpt_smoke", common)
+    assert default.model.cuda_graph_impl == "none" and default.rerun_state_machine.check_for_nan_in_loss
+
+    for overrides, guarded in (([], False), (["kaiyuan.cuda_graph=true"], True)):
+        cfg, run = build_config("gpt_smoke", [*common, *overrides])
+        assert any(isinstance(c, NonFiniteLossCallback) for c in entry.worker_callbacks(cfg, run)) == guarded
+
+    guard = NonFiniteLossCallback()
+    state = type("State", (), {"train_state": type("TrainState", (), {"step": 41})()})()
+    guard.on_train_step_end(CallbackContext(state=state, model=[], loss_dict={"lm loss": torch.tensor(2.5)}))
+    guard.on_train_step_end(CallbackContext(state=state, model=[], loss_dict={}))  # a stage without the loss
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(NonFiniteLoss, match=f"lm loss is {bad} at iteration 42"):
+            guard.on_train_step_end(CallbackContext(state=state, model=[], loss_dict={"lm loss": torch.tensor(bad)}))
+
+
 def test_deterministic_knob(tmp_path, monkeypatch):
     """kaiyuan.deterministic=true: Megatron's deterministic_mode with what upstream requires of it (unfused
     cross-entropy, NCCL_ALGO, a fixed cuBLAS workspace), accepted by upstream's validation; the knob leaves

@@ -55,6 +55,7 @@ class RunSettings:
     sdpa_backend: str = "auto"
     compiled_norm: bool = True
     fused_adamw: bool = True
+    cuda_graph: bool = False
 
     @property
     def uses_fused_adamw(self) -> bool:
@@ -157,6 +158,7 @@ def resolve_run_settings(recipe: str, knobs: dict[str, Any]) -> RunSettings:
         sdpa_backend=knobs.get("sdpa_backend", "auto"),
         compiled_norm=bool(knobs.get("compiled_norm", True)),
         fused_adamw=bool(knobs.get("fused_adamw", True)),
+        cuda_graph=bool(knobs.get("cuda_graph", False)),
     )
 
 
@@ -179,6 +181,16 @@ def _megatron_fsdp_grads_as_declared(cfg: Any) -> None:
         import torch
 
         cfg.ddp.megatron_fsdp_main_grads_dtype = torch.float32
+
+
+def _apply_full_step_cuda_graph(cfg: Any) -> None:
+    """kaiyuan.cuda_graph: each step's forward and backward captured once (megatron-core's full-iteration graph,
+    after model.cuda_graph_warmup_steps eager steps) and replayed. It needs a graph-safe RNG tracker (without TE
+    megatron-core's own, asked for through use_te_rng_tracker) and Megatron's per-micro-batch NaN check off
+    (Bridge requires it: the check reads the loss on the host); training/loss_guard.py checks once a step."""
+    cfg.model.cuda_graph_impl = "full_iteration"
+    cfg.model.use_te_rng_tracker = cfg.rng.te_rng_tracker = True
+    cfg.rerun_state_machine.check_for_nan_in_loss = False
 
 
 # What deterministic training needs in the environment before CUDA / NCCL start (Megatron-Bridge checks
@@ -297,6 +309,8 @@ def build_config(recipe: str, overrides: list[str] | None = None) -> tuple[Any, 
         from kaiyuan_recipes.models.chunked_loss import install_chunked_loss
 
         cfg.model.register_pre_wrap_hook(install_chunked_loss)
+    if run.cuda_graph:
+        _apply_full_step_cuda_graph(cfg)
     if run.deterministic:
         cfg.model.deterministic_mode = True
         cfg.model.cross_entropy_loss_fusion = False  # upstream: not deterministic

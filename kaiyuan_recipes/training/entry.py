@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 from kaiyuan_recipes import compat
 from kaiyuan_recipes.training.config import RunSettings, build_config, deterministic_env
@@ -14,6 +15,25 @@ from kaiyuan_recipes.training.validate import validate
 def prepare_run_dirs(run: RunSettings) -> None:
     for path in (run.checkpoint_dir, run.tensorboard_dir, run.log_dir, run.state_dir):
         path.mkdir(parents=True, exist_ok=True)
+
+
+def worker_callbacks(cfg: Any, run: RunSettings) -> list[Any]:
+    """The Megatron-Bridge callbacks a worker trains with."""
+    from kaiyuan_recipes.training.metrics import RunMetricsCallback
+    from kaiyuan_recipes.training.profiling import ProfileSummaryCallback
+
+    callbacks = [RunMetricsCallback(run.state_dir, cfg.dataset.seq_length)]
+    if cfg.profiling is not None and cfg.profiling.use_pytorch_profiler:
+        callbacks.append(ProfileSummaryCallback(run.run_dir, cfg.profiling))
+    if not cfg.rerun_state_machine.check_for_nan_in_loss:  # e.g. kaiyuan.cuda_graph: Megatron's check is off
+        from kaiyuan_recipes.training.loss_guard import NonFiniteLossCallback
+
+        callbacks.append(NonFiniteLossCallback())
+    if run.uses_fused_adamw:
+        from kaiyuan_recipes.training.fused_adamw import FusedAdamWCallback
+
+        callbacks.append(FusedAdamWCallback())
+    return callbacks
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -29,17 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     from megatron.bridge.training.gpt_step import forward_step
     from megatron.bridge.training.pretrain import pretrain
 
-    from kaiyuan_recipes.training.metrics import RunMetricsCallback
-    from kaiyuan_recipes.training.profiling import ProfileSummaryCallback
-
-    callbacks = [RunMetricsCallback(run.state_dir, cfg.dataset.seq_length)]
-    if cfg.profiling is not None and cfg.profiling.use_pytorch_profiler:
-        callbacks.append(ProfileSummaryCallback(run.run_dir, cfg.profiling))
-    if run.uses_fused_adamw:
-        from kaiyuan_recipes.training.fused_adamw import FusedAdamWCallback
-
-        callbacks.append(FusedAdamWCallback())
-    pretrain(cfg, forward_step, callbacks=callbacks)
+    pretrain(cfg, forward_step, callbacks=worker_callbacks(cfg, run))
 
 
 if __name__ == "__main__":

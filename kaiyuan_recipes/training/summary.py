@@ -65,6 +65,7 @@ def summarize(cfg: Any, run: RunSettings, layout: dict[str, int], launch_argv: l
             "chunked_loss": run.uses_chunked_loss and unsupported_config_reason(cfg.model) is None,
             "sdpa_backend": run.sdpa_backend if run.layer_spec == "fast" else None,
             "compiled_norm": run.compiled_norm if run.layer_spec == "fast" else None,
+            "cuda_graph": cfg.model.cuda_graph_impl,
         },
         "batch": {
             "global_batch_size": cfg.train.global_batch_size,
