@@ -34,12 +34,14 @@ BATCH = {"qwen3_1p7b": (2, 4), "gpt_smoke": (4, 4)}
 # ours_full_logits, without the chunked cross-entropy (what it saves in memory and costs in time);
 # ours_cudnn_attention, SDPA's cuDNN kernels first; ours_torch_norm, torch's RMSNorm kernels instead of the
 # compiled one; ours_full_cuda_graph, kaiyuan.cuda_graph=true: forward + backward of the whole step replayed
-# as one CUDA graph (megatron-core's FullCudaGraphWrapper; for the time the GPU waits on the host).
+# as one CUDA graph (megatron-core's FullCudaGraphWrapper; for the time the GPU waits on the host);
+# ours_wgrad_fusion, kaiyuan.wgrad_fusion=true: weight gradients accumulated into fp32 by their GEMM.
 MEGATRON_IMPLS = {"ours": ("fast", ()), "megatron_local": ("local", ()),
                   "ours_full_logits": ("fast", ("kaiyuan.chunked_loss=false",)),
                   "ours_cudnn_attention": ("fast", ("kaiyuan.sdpa_backend=cudnn",)),
                   "ours_torch_norm": ("fast", ("kaiyuan.compiled_norm=false",)),
-                  "ours_full_cuda_graph": ("fast", ("kaiyuan.cuda_graph=true",))}
+                  "ours_full_cuda_graph": ("fast", ("kaiyuan.cuda_graph=true",)),
+                  "ours_wgrad_fusion": ("fast", ("kaiyuan.wgrad_fusion=true",))}
 TIMED_OUT = "timed out after"
 # "ValueError: …", "[rank0]: RuntimeError: …", "torch.OutOfMemoryError: …"
 EXCEPTION_LINE = re.compile(r"^(\[rank\d+\]: )?[\w.]*(Error|Exception|Interrupt)\b.*: ")

@@ -1,6 +1,7 @@
 """Each compat workaround: it works, and a test that fails once upstream fixes the defect (so the
 workaround can be deleted). Upstream behaviour is probed in fresh subprocesses, without compat."""
 
+import importlib.util
 import inspect
 import subprocess
 import sys
@@ -168,3 +169,58 @@ def test_upstream_bridge_rng_state_still_reads_cuda():
     assert "torch.cuda.get_rng_state()" in inspect.getsource(checkpointing.get_rng_state), (
         "get_rng_state no longer reads the CUDA generator unconditionally: drop it from compat._CHECKPOINT_SAVE_MODULES"
     )
+
+
+def test_upstream_layers_still_need_apex_to_fuse_weight_gradient_accumulation():
+    if importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None:
+        pytest.skip("Apex's extension is installed here")
+    probe = run_python("from megatron.core.tensor_parallel import layers; print(layers._grad_accum_fusion_available)")
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    assert probe.stdout.strip() == "False", (
+        "megatron-core fuses weight-gradient accumulation without Apex now: delete compat.torch_wgrad_accumulation")
+
+
+def test_torch_wgrad_accumulation_through_megatron_cores_linear_layer():
+    """Installed, megatron-core's ColumnParallelLinear with gradient_accumulation_fusion (a real layer, its real
+    backward) accumulates two micro-batches' weight gradients into main_grad through the shim and leaves no
+    .grad; fp32 on this CPU host. For bf16 inputs the shim asks torch for an fp32-output addmm in place (a CUDA
+    kernel: checked here on the meta device for dtype and aliasing; numerics in tests/gpu/test_fast_spec_gpu.py)."""
+    probe = run_python(
+        """
+        import os, torch
+        from kaiyuan_recipes import compat
+        compat.apply()
+        from megatron.core import parallel_state
+        from megatron.core.model_parallel_config import ModelParallelConfig
+        from megatron.core.tensor_parallel import layers
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29633")
+        torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+        parallel_state.initialize_model_parallel()
+        config = ModelParallelConfig(gradient_accumulation_fusion=True, use_cpu_initialization=True)
+        try:
+            layers.ColumnParallelLinear(16, 24, config=config, init_method=torch.nn.init.xavier_normal_, bias=False)
+            raise SystemExit("upstream built a fused layer without the extension")
+        except RuntimeError as err:
+            print("refused without:", "fused_weight_gradient_mlp_cuda" in str(err))
+        assert compat.torch_wgrad_accumulation()
+        torch.manual_seed(0)
+        layer = layers.ColumnParallelLinear(16, 24, config=config, init_method=torch.nn.init.xavier_normal_,
+                                            bias=False, skip_bias_add=True)
+        layer.weight.main_grad = torch.zeros_like(layer.weight, dtype=torch.float32)
+        xs = [torch.randn(5, 2, 16, requires_grad=True) for _ in range(2)]
+        for x in xs:
+            (layer(x)[0] ** 2).sum().backward()
+        w = layer.weight.detach().clone().requires_grad_()
+        for x in xs:
+            ((x.detach() @ w.t()) ** 2).sum().backward()
+        print("main_grad:", torch.allclose(layer.weight.main_grad, w.grad, atol=1e-5), "grad:", layer.weight.grad)
+        main = torch.zeros(24, 16, device="meta")
+        compat._wgrad_accum_fp32(torch.randn(10, 16, dtype=torch.bfloat16, device="meta"),
+                                 torch.randn(10, 24, dtype=torch.bfloat16, device="meta"), main)
+        out = torch.addmm(main, torch.randn(24, 10, dtype=torch.bfloat16, device="meta"),
+                          torch.randn(10, 16, dtype=torch.bfloat16, device="meta"), out_dtype=torch.float32, out=main)
+        print("bf16:", out is main and out.dtype == torch.float32)
+        """
+    )
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    assert probe.stdout.split("\n")[-4:] == ["refused without: True", "main_grad: True grad: None", "bf16: True", ""], probe.stdout

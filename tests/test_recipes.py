@@ -228,6 +228,24 @@ def test_cuda_graph_knob_and_the_loss_guard_that_replaces_megatrons_check(tmp_pa
             guard.on_train_step_end(CallbackContext(state=state, model=[], loss_dict={"lm loss": torch.tensor(bad)}))
 
 
+def test_wgrad_fusion_knob(tmp_path):
+    """kaiyuan.wgrad_fusion=true: megatron-core's gradient_accumulation_fusion on the fast spec (through the
+    compat shim without Apex), accepted by validate() and upstream; refused, naming the knob, where it cannot
+    run: the local spec (CPU hosts) and ZeRO 2 (Megatron-FSDP's fused path needs TE)."""
+    from kaiyuan_recipes.training.summary import summarize
+
+    common = [f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=mock"]
+    cfg, run = build_config("gpt_smoke", [*common, "kaiyuan.layer_spec=fast", "kaiyuan.wgrad_fusion=true"])
+    assert cfg.model.gradient_accumulation_fusion
+    layout = validate(cfg, 1, run.max_positions)
+    resolve_with_upstream(cfg, world_size=1)
+    assert summarize(cfg, run, layout, [])["model"]["wgrad_fusion"] is True
+    assert not build_config("gpt_smoke", [*common, "kaiyuan.layer_spec=fast"])[0].model.gradient_accumulation_fusion
+    for refused in (["kaiyuan.layer_spec=local"], ["kaiyuan.layer_spec=fast", "kaiyuan.zero_stage=2"]):
+        with pytest.raises(ValueError, match="kaiyuan.wgrad_fusion needs kaiyuan.layer_spec=fast"):
+            build_config("gpt_smoke", [*common, *refused, "kaiyuan.wgrad_fusion=true"])
+
+
 def test_deterministic_knob(tmp_path, monkeypatch):
     """kaiyuan.deterministic=true: Megatron's deterministic_mode with what upstream requires of it (unfused
     cross-entropy, NCCL_ALGO, a fixed cuBLAS workspace), accepted by upstream's validation; the knob leaves

@@ -264,6 +264,40 @@ def cpu_cuda_arch_list() -> bool:
     return True
 
 
+def _wgrad_accum_fp32(total_input: Any, grad_output: Any, main_grad: Any) -> None:
+    """main_grad (fp32) += grad_outputᵀ · total_input: for bf16/fp16 inputs one cuBLAS call accumulating in fp32."""
+    import torch
+
+    if total_input.dtype == torch.float32:
+        main_grad.addmm_(grad_output.t(), total_input)
+    else:
+        torch.addmm(main_grad, grad_output.t(), total_input, out_dtype=torch.float32, out=main_grad)
+
+
+def _wgrad_accum_same_dtype(total_input: Any, grad_output: Any, main_grad: Any) -> None:
+    main_grad.addmm_(grad_output.t(), total_input)
+
+
+def torch_wgrad_accumulation() -> bool:
+    """megatron-core fuses a linear layer's weight-gradient GEMM with the accumulation into the fp32 main grad
+    (gradient_accumulation_fusion) only through Apex's fused_weight_gradient_mlp_cuda extension or TE. Without
+    them every weight gradient is materialised in bf16 and added to main_grad by a separate kernel (34 ms of
+    qwen3_1p7b's step on the H200). torch's addmm with out_dtype (CUDA: bf16 inputs, fp32 output, torch 2.8+)
+    is that accumulate in one call: installed as the extension megatron-core's layers call. For
+    kaiyuan.wgrad_fusion; returns whether the layers can fuse now."""
+    import torch
+    from megatron.core.tensor_parallel import layers
+
+    if layers._grad_accum_fusion_available:
+        return True  # Apex's extension, or already installed
+    if not hasattr(torch.ops.aten.addmm, "dtype_out"):
+        return False
+    layers.fused_weight_gradient_mlp_cuda = types.SimpleNamespace(
+        wgrad_gemm_accum_fp32=_wgrad_accum_fp32, wgrad_gemm_accum_fp16=_wgrad_accum_same_dtype)
+    layers._grad_accum_fusion_available = True
+    return True
+
+
 def apply() -> None:
     """Apply every workaround that this host needs. Call before importing megatron.bridge."""
     install_lora_placeholder()

@@ -56,6 +56,7 @@ class RunSettings:
     compiled_norm: bool = True
     fused_adamw: bool = True
     cuda_graph: bool = False
+    wgrad_fusion: bool = False
 
     @property
     def uses_fused_adamw(self) -> bool:
@@ -159,6 +160,7 @@ def resolve_run_settings(recipe: str, knobs: dict[str, Any]) -> RunSettings:
         compiled_norm=bool(knobs.get("compiled_norm", True)),
         fused_adamw=bool(knobs.get("fused_adamw", True)),
         cuda_graph=bool(knobs.get("cuda_graph", False)),
+        wgrad_fusion=bool(knobs.get("wgrad_fusion", False)),
     )
 
 
@@ -191,6 +193,18 @@ def _apply_full_step_cuda_graph(cfg: Any) -> None:
     cfg.model.cuda_graph_impl = "full_iteration"
     cfg.model.use_te_rng_tracker = cfg.rng.te_rng_tracker = True
     cfg.rerun_state_machine.check_for_nan_in_loss = False
+
+
+def _apply_wgrad_fusion(cfg: Any, run: RunSettings) -> None:
+    """kaiyuan.wgrad_fusion: linear layers accumulate their weight gradient straight into the fp32 main grad
+    (megatron-core's gradient_accumulation_fusion, through torch's addmm without Apex: compat)."""
+    if run.layer_spec != "fast" or run.zero_stage > 1:
+        raise ValueError("kaiyuan.wgrad_fusion needs kaiyuan.layer_spec=fast (a CUDA kernel) and kaiyuan.zero_stage "
+                         f"0 or 1 (Megatron-FSDP's path needs TE); got layer_spec={run.layer_spec}, "
+                         f"zero_stage={run.zero_stage}")
+    if not compat.torch_wgrad_accumulation():
+        raise ValueError("kaiyuan.wgrad_fusion needs torch.addmm(..., out_dtype=) (torch 2.8+) or Apex")
+    cfg.model.gradient_accumulation_fusion = True
 
 
 # What deterministic training needs in the environment before CUDA / NCCL start (Megatron-Bridge checks
@@ -311,6 +325,8 @@ def build_config(recipe: str, overrides: list[str] | None = None) -> tuple[Any, 
         cfg.model.register_pre_wrap_hook(install_chunked_loss)
     if run.cuda_graph:
         _apply_full_step_cuda_graph(cfg)
+    if run.wgrad_fusion:
+        _apply_wgrad_fusion(cfg, run)
     if run.deterministic:
         cfg.model.deterministic_mode = True
         cfg.model.cross_entropy_loss_fusion = False  # upstream: not deterministic

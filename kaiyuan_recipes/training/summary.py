@@ -66,6 +66,7 @@ def summarize(cfg: Any, run: RunSettings, layout: dict[str, int], launch_argv: l
             "sdpa_backend": run.sdpa_backend if run.layer_spec == "fast" else None,
             "compiled_norm": run.compiled_norm if run.layer_spec == "fast" else None,
             "cuda_graph": cfg.model.cuda_graph_impl,
+            "wgrad_fusion": bool(cfg.model.gradient_accumulation_fusion),
         },
         "batch": {
             "global_batch_size": cfg.train.global_batch_size,
