@@ -195,7 +195,8 @@ def test_cuda_graphs_need_a_graph_safe_rng_tracker():
 
 def test_cuda_graph_knob_and_the_loss_guard_that_replaces_megatrons_check(tmp_path):
     """kaiyuan.cuda_graph=true: the full-iteration graph with what it needs (a graph-safe RNG tracker, Megatron's
-    host-side NaN check off), accepted by validate() and upstream's validation; the dry-run summary names it.
+    host-side NaN check off), accepted by validate() and upstream's validation; the dry-run summary names it;
+    refused for MoE models whose expert shapes vary per batch.
     With Megatron's check off the worker registers NonFiniteLossCallback, which raises on a NaN or Inf step loss
     (naming the loss and the iteration) and passes finite ones and stages without a loss."""
     import torch
@@ -218,6 +219,15 @@ def test_cuda_graph_knob_and_the_loss_guard_that_replaces_megatrons_check(tmp_pa
     for overrides, guarded in (([], False), (["kaiyuan.cuda_graph=true"], True)):
         cfg, run = build_config("gpt_smoke", [*common, *overrides])
         assert any(isinstance(c, NonFiniteLossCallback) for c in entry.worker_callbacks(cfg, run)) == guarded
+
+    # MoE: the token dispatchers read per-expert counts on the host unless experts are padded to a capacity
+    moe = ["kaiyuan.data=mock", f"kaiyuan.run_root={tmp_path}", "kaiyuan.layer_spec=fast", "kaiyuan.cuda_graph=true"]
+    cfg, run = build_config("laoyao_moe_2b", moe)
+    with pytest.raises(ConfigError, match="model.moe_pad_expert_input_to_capacity=true"):
+        validate(cfg, 1, run.max_positions)
+    cfg, run = build_config("laoyao_moe_2b", [*moe, "model.moe_expert_capacity_factor=1.0",
+                                              "model.moe_pad_expert_input_to_capacity=true"])
+    validate(cfg, 1, run.max_positions)
 
     guard = NonFiniteLossCallback()
     state = type("State", (), {"train_state": type("TrainState", (), {"step": 41})()})()

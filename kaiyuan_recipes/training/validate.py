@@ -88,6 +88,13 @@ def validate(cfg: Any, world_size: int, max_positions: int | None) -> dict[str, 
         raise ConfigError(f"model.cuda_graph_impl={m.cuda_graph_impl} needs model.use_te_rng_tracker=true (a CUDA-"
                           "graph-safe RNG tracker: TE's, or without TE megatron-core's own); or set "
                           "model.cuda_graph_impl=none")
+    if (m.cuda_graph_impl == "full_iteration" and getattr(m, "num_moe_experts", None)
+            and not getattr(m, "moe_pad_expert_input_to_capacity", False)):
+        # A graph replays fixed shapes and cannot read tensors on the host; the token dispatchers copy the
+        # per-expert token counts to the host (megatron/core/transformer/moe/token_dispatcher.py) unless padded.
+        raise ConfigError("a whole-step CUDA graph (kaiyuan.cuda_graph / model.cuda_graph_impl=full_iteration) with "
+                          f"{m.num_moe_experts} experts needs fixed expert shapes: model.moe_expert_capacity_factor and "
+                          "model.moe_pad_expert_input_to_capacity=true; or kaiyuan.cuda_graph=false")
     if cfg.profiling is not None and cfg.profiling.use_pytorch_profiler:
         check_profile_window(cfg)
     tok_vocab = tokenizer_vocab_size(cfg)

@@ -15,6 +15,9 @@ trap 'cp "$root"/interrupted/logs/* "$root"/interrupted/run_state/*.json* "$out/
 common=(kaiyuan.run_root=$root kaiyuan.layer_spec=${LAYER_SPEC:-local} train.train_iters=${ITERS:-45}
         train.global_batch_size=8 train.micro_batch_size=2 logger.log_interval=1
         scheduler.lr_warmup_iters=5 checkpoint.save_interval=1000)
+# EXTRA: more overrides for all three runs, e.g. EXTRA="kaiyuan.cuda_graph=true" (resume with a whole-step graph).
+read -ra extra <<< "${EXTRA:-}"
+common+=("${extra[@]}")
 stop_at=$(python3 -c "import random; print(random.randint(8, 20))")
 # The two uninterrupted runs share the GPU with the interrupted one (gpt_smoke at batch 8 is small):
 # same kernels and shapes, so sharing changes timing, not numerics.
@@ -46,4 +49,4 @@ kaiyuan status interrupted --run-root "$root"
 wait "${pids[@]}"
 python3 tests/gpu/stop_resume_report.py "$root" --stop-requested-at "$stop_at" --out "$out/stop_resume.json" \
   --stop-result "$out/stop.json" \
-  --command "bash tests/gpu/stop_resume.sh"
+  --command "LAYER_SPEC=${LAYER_SPEC:-local} EXTRA='${EXTRA:-}' bash tests/gpu/stop_resume.sh"
