@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import statistics
 import subprocess
@@ -43,8 +42,6 @@ MEGATRON_IMPLS = {"ours": ("fast", ()), "megatron_local": ("local", ()),
                   "ours_full_cuda_graph": ("fast", ("kaiyuan.cuda_graph=true",)),
                   "ours_wgrad_fusion": ("fast", ("kaiyuan.wgrad_fusion=true",))}
 TIMED_OUT = "timed out after"
-# "ValueError: …", "[rank0]: RuntimeError: …", "torch.OutOfMemoryError: …"
-EXCEPTION_LINE = re.compile(r"^(\[rank\d+\]: )?[\w.]*(Error|Exception|Interrupt)\b.*: ")
 TINY = dict(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,
             kv_channels=16)
 
@@ -109,16 +106,14 @@ def megatron_run(model: str, layer_spec: str, mbs: int, micro: int, seq: int, st
 
 
 def failure_summary(output: str, lines: int = 12) -> str:
-    """The last exception a rank raised, with the `lines` before it: torchrun's report after it says only that
-    a child failed, and start-up logs caught exceptions of their own (optional imports) before it. Else the
-    output's end."""
+    """The last exception a rank raised, with the `lines` before it (kaiyuan_recipes.launch.failure); else the
+    timeout line, or the output's end."""
+    from kaiyuan_recipes.launch.failure import last_exception
+
     text = output.splitlines()
     if text and text[-1].startswith(TIMED_OUT):
         return text[-1]
-    raised = [i for i, line in enumerate(text) if EXCEPTION_LINE.match(line) and "ChildFailedError" not in line]
-    if raised:
-        return "\n".join(text[max(0, raised[-1] + 1 - lines):raised[-1] + 1])
-    return output[-1500:]
+    return last_exception(output, lines_before=lines - 1) or output[-1500:]
 
 
 def hf_run_bounded(args: argparse.Namespace, model: str, impl: str) -> dict:

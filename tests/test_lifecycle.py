@@ -115,10 +115,15 @@ def test_finished_and_failed(tmp_path, job):
     assert wait_for(lambda: running_pid(RunPaths(ok)) is None)
     assert status(ok)["state"] == "finished" and status(ok)["iteration"] == 5
     bad = tmp_path / "runs" / "bad"
-    start(bad, [sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"])
+    # a caught start-up error first (as Bridge logs optional imports without TE), then the cause
+    failing = ("print('AttributeError: module x has no attribute FP8GlobalStateManager'); "
+               "raise ValueError('lm loss is nan at iteration 42')")
+    start(bad, [sys.executable, "-c", failing])
     assert wait_for(lambda: (bad / "run_state" / "exit.json").is_file())
     s = status(bad)
-    assert s["state"] == "failed" and s["exit"]["exit_code"] == 3
+    assert s["state"] == "failed" and s["exit"]["exit_code"] == 1
+    assert s["error"] == "ValueError: lm loss is nan at iteration 42"
+    assert "error" not in status(ok)
 
 
 def test_sigkill_only_after_grace(tmp_path, job):

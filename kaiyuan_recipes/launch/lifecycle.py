@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kaiyuan_recipes.launch.failure import last_exception, log_tail
 from kaiyuan_recipes.launch.supervise import kill_run, read_proc
 from kaiyuan_recipes.training.metrics_log import read_metrics
 
@@ -125,6 +126,8 @@ def status(run_dir: Path) -> dict[str, Any]:
         state = "finished" if exit_info["exit_code"] == 0 else "failed"
     steps = [r for r in read_metrics(paths.state) if r.get("event") == "step"]
     out: dict[str, Any] = {"run": paths.run_dir.name, "state": state, "exit": exit_info}
+    if state == "failed" and paths.log.is_file():
+        out["error"] = last_exception(log_tail(paths.log))
     if steps:
         last = steps[-1]
         recent = steps[-10:]
