@@ -200,10 +200,14 @@ def test_cuda_graph_knob_and_the_loss_guard_that_replaces_megatrons_check(tmp_pa
     With Megatron's check off the worker registers NonFiniteLossCallback, which raises on a NaN or Inf step loss
     (naming the loss and the iteration) and passes finite ones and stages without a loss."""
     import torch
+
+    from kaiyuan_recipes import compat
+
+    compat.apply()  # before Megatron-Bridge's training modules, which import TE-only code without it
     from megatron.bridge.training.callbacks import CallbackContext
 
     from kaiyuan_recipes.training import entry
-    from kaiyuan_recipes.training.loss_guard import NonFiniteLoss, NonFiniteLossCallback
+    from kaiyuan_recipes.training.loss_guard import NonFiniteLossCallback, NonFiniteLossError
     from kaiyuan_recipes.training.summary import summarize
 
     common = [f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=mock"]
@@ -234,7 +238,7 @@ def test_cuda_graph_knob_and_the_loss_guard_that_replaces_megatrons_check(tmp_pa
     guard.on_train_step_end(CallbackContext(state=state, model=[], loss_dict={"lm loss": torch.tensor(2.5)}))
     guard.on_train_step_end(CallbackContext(state=state, model=[], loss_dict={}))  # a stage without the loss
     for bad in (float("nan"), float("inf")):
-        with pytest.raises(NonFiniteLoss, match=f"lm loss is {bad} at iteration 42"):
+        with pytest.raises(NonFiniteLossError, match=f"lm loss is {bad} at iteration 42"):
             guard.on_train_step_end(CallbackContext(state=state, model=[], loss_dict={"lm loss": torch.tensor(bad)}))
 
 

@@ -27,7 +27,7 @@ def add_parser(sub: Any) -> None:
     multi.add_argument("--python", default="python", help="the Python on the hosts / in the container")
     p.set_defaults(func=start)
     for name, helptext in (("stop", "SIGTERM the run's process group, wait for the checkpoint, SIGKILL after --grace"),
-                           ("status", "running / finished / failed (and why) / stopped, iteration, loss, throughput, ETA"),
+                           ("status", "running / finished / failed (why) / stopped, iteration, loss, throughput, ETA"),
                            ("logs", "the run's console log")):
         q = sub.add_parser(name, help=helptext)
         q.add_argument("run_name", nargs="?" if name == "status" else None)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-# "ValueError: …", "[rank0]: RuntimeError: …", "torch.OutOfMemoryError: …", "kaiyuan_recipes….NonFiniteLoss: …"
-EXCEPTION_LINE = re.compile(r"^(\[rank\d+\]: )?[\w.]*(Error|Exception|Interrupt|NonFiniteLoss)\b.*: ")
+# "ValueError: …", "[rank0]: RuntimeError: …", "torch.OutOfMemoryError: …", "….NonFiniteLossError: …"
+EXCEPTION_LINE = re.compile(r"^(\[rank\d+\]: )?[\w.]*(Error|Exception|Interrupt)\b.*: ")
 TAIL_BYTES = 1 << 20
 
 

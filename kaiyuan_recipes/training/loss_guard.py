@@ -17,7 +17,7 @@ compat.apply()
 from megatron.bridge.training.callbacks import Callback  # noqa: E402
 
 
-class NonFiniteLoss(RuntimeError):
+class NonFiniteLossError(RuntimeError):
     pass
 
 
@@ -29,7 +29,7 @@ class NonFiniteLossCallback(Callback):
             loss = float(value.item() if hasattr(value, "item") else value)
             if not math.isfinite(loss):
                 iteration = context.state.train_state.step + 1  # the number Megatron's log and checkpoints use
-                raise NonFiniteLoss(
+                raise NonFiniteLossError(
                     f"{name} is {loss} at iteration {iteration}: the run stops before saving this iteration's "
                     "checkpoint (resume continues from the last one; a lower optimizer.lr or a different "
                     "data order usually gets past a divergence)")
