@@ -195,8 +195,9 @@ def test_cuda_graphs_need_a_graph_safe_rng_tracker():
 
 def test_cuda_graph_knob_and_the_loss_guard_that_replaces_megatrons_check(tmp_path):
     """kaiyuan.cuda_graph=true: the full-iteration graph with what it needs (a graph-safe RNG tracker, Megatron's
-    host-side NaN check off), accepted by validate() and upstream's validation; the dry-run summary names it;
-    refused for MoE models whose expert shapes vary per batch.
+    host-side NaN check off, the parameter all-gather not overlapped with a forward that a replay runs without its
+    hooks), accepted by validate() and upstream's validation; the dry-run summary names it; refused for MoE models
+    whose expert shapes vary per batch.
     With Megatron's check off the worker registers NonFiniteLossCallback, which raises on a NaN or Inf step loss
     (naming the loss and the iteration) and passes finite ones and stages without a loss."""
     import torch
@@ -215,7 +216,8 @@ def test_cuda_graph_knob_and_the_loss_guard_that_replaces_megatrons_check(tmp_pa
     assert run.cuda_graph and cfg.model.cuda_graph_impl == "full_iteration" and cfg.model.use_te_rng_tracker
     assert not cfg.rerun_state_machine.check_for_nan_in_loss
     layout = validate(cfg, 1, run.max_positions)
-    resolve_with_upstream(cfg, world_size=1)
+    resolved = resolve_with_upstream(cfg, world_size=2)  # upstream turns both on if either is
+    assert not resolved.ddp.overlap_param_gather and not resolved.optimizer.overlap_param_gather
     assert summarize(cfg, run, layout, [])["model"]["cuda_graph"] == "full_iteration"
     default, _ = build_config("gpt_smoke", common)
     assert default.model.cuda_graph_impl == "none" and default.rerun_state_machine.check_for_nan_in_loss

@@ -189,10 +189,13 @@ def _apply_full_step_cuda_graph(cfg: Any) -> None:
     """kaiyuan.cuda_graph: each step's forward and backward captured once (megatron-core's full-iteration graph,
     after model.cuda_graph_warmup_steps eager steps) and replayed. It needs a graph-safe RNG tracker (without TE
     megatron-core's own, asked for through use_te_rng_tracker) and Megatron's per-micro-batch NaN check off
-    (Bridge requires it: the check reads the loss on the host); training/loss_guard.py checks once a step."""
+    (Bridge requires it: the check reads the loss on the host); training/loss_guard.py checks once a step.
+    The distributed optimizer's parameter all-gather runs in its step instead of overlapping the next forward:
+    that overlap waits for the gather in forward pre-hooks, Python that a replayed graph skips."""
     cfg.model.cuda_graph_impl = "full_iteration"
     cfg.model.use_te_rng_tracker = cfg.rng.te_rng_tracker = True
     cfg.rerun_state_machine.check_for_nan_in_loss = False
+    cfg.ddp.overlap_param_gather = cfg.optimizer.overlap_param_gather = False
 
 
 def _apply_wgrad_fusion(cfg: Any, run: RunSettings) -> None:
