@@ -74,6 +74,16 @@ def test_a_dead_node_fails_the_job_and_stops_the_others(sshd, tmp_path):
     assert result["nodes"][0]["state"] != "running" and result["sigkill_after_grace"] is False
 
 
+def test_a_failed_nodes_status_names_its_error(sshd, tmp_path):
+    """Each failed node's status carries the exception its ranks raised, read from the node's log over SSH."""
+    job = MultiNodeJob(tmp_path / "run", spec_for(sshd))
+    job.start(["-m", "kaiyuan_recipes.launch.allreduce_check", "--backend", "no_such_backend"])
+    result = job.watch(poll=0.5, grace=60)
+    assert result["state"] == "failed", result
+    for node in result["nodes"]:
+        assert node["state"] == "failed" and "no_such_backend" in node["error"], node
+
+
 def test_unknown_host_keys_are_refused(sshd, tmp_path):
     spec = spec_for(sshd)
     spec.known_hosts = None

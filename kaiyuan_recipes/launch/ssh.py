@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kaiyuan_recipes.atomic import write_text_atomic
+from kaiyuan_recipes.launch.failure import TAIL_BYTES, last_exception
 from kaiyuan_recipes.launch.torchrun import TorchrunSpec
 
 # Passed from the launching environment to every node (never secrets).
@@ -159,7 +160,7 @@ class MultiNodeJob:
         return self.pids
 
     def node_status(self, rank: int) -> dict[str, Any]:
-        state, _ = node_paths(self.run_dir, rank)
+        state, log = node_paths(self.run_dir, rank)
         pid = self.pids.get(rank)
         probe = (f"cat {shlex.quote(state + '/exit.json')} 2>/dev/null || "
                  f"(kill -0 {int(pid or 0)} 2>/dev/null && echo RUNNING) || echo LOST")
@@ -173,7 +174,11 @@ class MultiNodeJob:
         if out == "LOST":
             return info | {"state": "lost"}
         exit_info = json.loads(out)
-        return info | {"state": "finished" if exit_info["exit_code"] == 0 else "failed", "exit": exit_info}
+        if exit_info["exit_code"] == 0:
+            return info | {"state": "finished", "exit": exit_info}
+        tail = self._run(rank, in_node(self.spec, f"tail -c {TAIL_BYTES} {shlex.quote(log)} 2>/dev/null || true"),
+                         warn=True).stdout
+        return info | {"state": "failed", "exit": exit_info, "error": last_exception(tail)}
 
     def status(self) -> dict[str, Any]:
         nodes = [self.node_status(r) for r in range(len(self.spec.nodes))]
