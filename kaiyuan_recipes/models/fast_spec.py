@@ -9,8 +9,8 @@ elementwise kernel through Megatron's fused-RoPE hook (register_compiled_rope), 
 
 Status: each piece is tested on the CPU against the unfused computation and on an H200
 (tests/gpu/test_fast_spec_gpu.py); the whole model equals the local spec in fp32 (tests/test_fast_spec.py).
-Measured there for qwen3_1p7b: 39,643 tokens/s, 2.6x the local spec's, at 54% of its peak memory
-(benchmarks/results/2026-11-30_train_throughput_compiled_norm_ab.json). In one pass over gpt_smoke's sample
+Measured there for qwen3_1p7b: 40,174 tokens/s, 2.65x the local spec's, at 54% of its peak memory
+(benchmarks/results/2026-11-30_train_throughput.json, the four implementations in one run). In one pass over gpt_smoke's sample
 corpus its loss runs ~1 % below the local spec's (2026-11-30_fast_vs_local_onepass.json)."""
 
 from __future__ import annotations

@@ -141,12 +141,16 @@ def resolve_run_settings(recipe: str, knobs: dict[str, Any]) -> RunSettings:
     if "/" in run_name or run_name in {".", ".."}:
         raise ValueError(f"kaiyuan.run_name: {run_name!r} must be a plain directory name")
     deterministic = bool(knobs.get("deterministic", False))
+    layer_spec = resolve_layer_spec(knobs.get("layer_spec", "auto"), deterministic)
+    if knobs.get("wgrad_fusion") and (layer_spec != "fast" or stage > 1):
+        raise ValueError("kaiyuan.wgrad_fusion needs kaiyuan.layer_spec=fast (a CUDA kernel) and kaiyuan.zero_stage "
+                         f"0 or 1 (Megatron-FSDP's path needs TE); got layer_spec={layer_spec}, zero_stage={stage}")
     return RunSettings(
         recipe=recipe,
         run_name=run_name,
         run_dir=Path(knobs.get("run_root", "./runs")).expanduser().resolve() / run_name,
         zero_stage=stage,
-        layer_spec=resolve_layer_spec(knobs.get("layer_spec", "auto"), deterministic),
+        layer_spec=layer_spec,
         data=knobs.get("data", "sample"),
         tokenizer=knobs.get("tokenizer"),
         curriculum=knobs.get("curriculum"),
@@ -198,13 +202,10 @@ def _apply_full_step_cuda_graph(cfg: Any) -> None:
     cfg.ddp.overlap_param_gather = cfg.optimizer.overlap_param_gather = False
 
 
-def _apply_wgrad_fusion(cfg: Any, run: RunSettings) -> None:
-    """kaiyuan.wgrad_fusion: linear layers accumulate their weight gradient straight into the fp32 main grad
-    (megatron-core's gradient_accumulation_fusion, through torch's addmm without Apex: compat)."""
-    if run.layer_spec != "fast" or run.zero_stage > 1:
-        raise ValueError("kaiyuan.wgrad_fusion needs kaiyuan.layer_spec=fast (a CUDA kernel) and kaiyuan.zero_stage "
-                         f"0 or 1 (Megatron-FSDP's path needs TE); got layer_spec={run.layer_spec}, "
-                         f"zero_stage={run.zero_stage}")
+def _apply_wgrad_fusion(cfg: Any) -> None:
+    """kaiyuan.wgrad_fusion (checked against the layer spec and ZeRO stage in resolve_run_settings): linear layers
+    accumulate their weight gradient straight into the fp32 main grad (megatron-core's
+    gradient_accumulation_fusion, through torch's addmm without Apex: compat)."""
     if not compat.torch_wgrad_accumulation():
         raise ValueError("kaiyuan.wgrad_fusion needs torch.addmm(..., out_dtype=) (torch 2.8+) or Apex")
     cfg.model.gradient_accumulation_fusion = True
@@ -329,7 +330,7 @@ def build_config(recipe: str, overrides: list[str] | None = None) -> tuple[Any, 
     if run.cuda_graph:
         _apply_full_step_cuda_graph(cfg)
     if run.wgrad_fusion:
-        _apply_wgrad_fusion(cfg, run)
+        _apply_wgrad_fusion(cfg)
     if run.deterministic:
         cfg.model.deterministic_mode = True
         cfg.model.cross_entropy_loss_fusion = False  # upstream: not deterministic
