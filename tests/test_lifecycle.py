@@ -198,3 +198,55 @@ def test_foreground_train_hands_sigterm_to_the_ranks(tmp_path, job):
     assert "saved checkpoint at" in out and "death signal" not in out
     assert '"checkpoint"' in (state / "metrics.jsonl").read_text()
     assert "saved checkpoint at" in (tmp_path / "train.log").read_text()
+
+
+STALLING = textwrap.dedent('''
+    import os, sys, time
+    import torch.distributed as dist
+    from kaiyuan_recipes.launch.stacks import enable_stack_dumps
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 0:  # rank 1 keeps SIGUSR1's default action: kaiyuan stacks must leave it alone
+        enable_stack_dumps()
+    print("ready", dist.get_rank(), flush=True)
+    def waiting_for_the_release(path):
+        while not os.path.exists(path):
+            time.sleep(0.05)
+    waiting_for_the_release(sys.argv[1])
+    dist.barrier()
+    dist.destroy_process_group()
+''')
+
+
+def test_stacks_of_a_stalled_run(tmp_path):
+    """kaiyuan stacks: SIGUSR1 reaches the ranks that registered the dump (and no other process), the stack
+    names the function the rank waits in, and the run carries on and finishes."""
+    from kaiyuan_recipes.launch.stacks import STACK_SIGNAL, catches, dump_stacks
+
+    prog, release = tmp_path / "stall.py", tmp_path / "release"
+    prog.write_text(STALLING)
+    run = tmp_path / "runs" / "stalled"
+    with pytest.raises(RunStateError, match="not running"):
+        dump_stacks(run)
+    start(run, [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone", str(prog),
+                str(release)])
+    log = RunPaths(run).log
+    assert wait_for(lambda: log.read_text().count("ready") == 2)
+    ranks = training_ranks(int((run / "run_state" / "child.pid").read_text()))
+    assert len(ranks) == 2 and sum(catches(pid, STACK_SIGNAL) for pid in ranks) == 1
+    dumped, text = dump_stacks(run)
+    assert len(dumped) == 1 and dumped[0] in ranks
+    assert "most recent call first" in text and "in waiting_for_the_release" in text
+    assert all(_alive(pid) for pid in ranks) and status(run)["state"] == "running"
+    release.touch()
+    assert wait_for(lambda: running_pid(RunPaths(run)) is None)
+    assert status(run)["state"] == "finished"
+
+
+def test_training_workers_enable_stack_dumps_first(monkeypatch):
+    from kaiyuan_recipes.training import entry
+
+    calls = []
+    monkeypatch.setattr(entry, "enable_stack_dumps", lambda: calls.append("stacks"))
+    with pytest.raises(SystemExit, match="usage"):
+        entry.main([])
+    assert calls == ["stacks"]

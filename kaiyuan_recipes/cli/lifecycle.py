@@ -1,4 +1,4 @@
-"""`kaiyuan start | stop | status | logs`: detached runs on this node (kaiyuan_recipes.launch.lifecycle)."""
+"""`kaiyuan start | stop | status | logs | stacks`: detached runs on this node (kaiyuan_recipes.launch.lifecycle)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=start)
     for name, helptext in (("stop", "SIGTERM the run's process group, wait for the checkpoint, SIGKILL after --grace"),
                            ("status", "running / finished / failed (why) / stopped, iteration, loss, throughput, ETA"),
-                           ("logs", "the run's console log")):
+                           ("logs", "the run's console log"),
+                           ("stacks", "every rank's Python stacks now (where a stalled run waits)")):
         q = sub.add_parser(name, help=helptext)
         q.add_argument("run_name", nargs="?" if name == "status" else None)
         q.add_argument("--run-root", type=Path, default=Path("./runs"))
@@ -36,7 +37,7 @@ def add_parser(sub: Any) -> None:
             q.add_argument("--grace", type=float, default=300.0)
         if name == "logs":
             q.add_argument("-f", "--follow", action="store_true")
-        q.set_defaults(func={"stop": stop, "status": status, "logs": logs}[name])
+        q.set_defaults(func={"stop": stop, "status": status, "logs": logs, "stacks": stacks}[name])
 
 
 def start(args: Any) -> int:
@@ -115,4 +116,15 @@ def logs(args: Any) -> int:
             print(job.logs(rank, 200), end="")
         return 0
     follow_log(args.run_root / args.run_name, args.follow)
+    return 0
+
+
+def stacks(args: Any) -> int:
+    from kaiyuan_recipes.launch.stacks import dump_stacks
+
+    if multinode_job(args.run_root / args.run_name) is not None:
+        raise ValueError("kaiyuan stacks: single-node runs only (on a node: kaiyuan stacks with that node's run root)")
+    ranks, text = dump_stacks(args.run_root / args.run_name)
+    print(f"==> SIGUSR1 to rank process(es) {ranks} <==")
+    print(text, end="")
     return 0

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from kaiyuan_recipes import compat
+from kaiyuan_recipes.launch.stacks import enable_stack_dumps
 from kaiyuan_recipes.training.config import RunSettings, build_config, deterministic_env
 from kaiyuan_recipes.training.validate import validate
 
@@ -37,6 +38,7 @@ def worker_callbacks(cfg: Any, run: RunSettings) -> list[Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    enable_stack_dumps()  # `kaiyuan stacks RUN`
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
         raise SystemExit("usage: python -m kaiyuan_recipes.training.entry RECIPE [section.field=value ...]")

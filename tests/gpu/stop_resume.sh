@@ -8,7 +8,9 @@
 set -euo pipefail
 source tests/gpu/env.sh
 root=/tmp/stop_resume; rm -rf "$root"
-trap 'cp "$root"/interrupted/logs/* "$root"/interrupted/run_state/*.json* "$out/" 2>/dev/null || true' EXIT  # even on a timeout
+# Even on a timeout: a run still going first says where its ranks are (kaiyuan stacks), then the logs are kept.
+trap 'kaiyuan stacks interrupted --run-root "$root" > "$out/stacks.txt" 2>&1 || true
+      cp "$root"/interrupted/logs/* "$root"/interrupted/run_state/*.json* "$out/" 2>/dev/null || true' EXIT
 # The local spec: two same-seed runs of it were bit-identical on the H200, while the fast spec's (SDPA
 # attention backward) differed from step 3 (benchmarks/results/2026-11-30_determinism_gpt_smoke.json). Micro batch 2
 # keeps three of them (27 GB each) on one GPU.
@@ -44,7 +46,11 @@ do
 done
 kaiyuan stop interrupted --run-root "$root" --grace 240 | tee "$out/stop.json"
 kaiyuan start gpt_smoke interrupted "${common[@]}"
-while kaiyuan status interrupted --run-root "$root" | grep -q '"state": "running"'; do sleep 2; done
+deadline=$((SECONDS + ${RESUME_TIMEOUT:-240}))
+while kaiyuan status interrupted --run-root "$root" | grep -q '"state": "running"'; do
+  if [ $SECONDS -gt $deadline ]; then echo "the resumed run did not end within ${RESUME_TIMEOUT:-240}s"; exit 1; fi
+  sleep 2
+done
 kaiyuan status interrupted --run-root "$root"
 wait "${pids[@]}"
 python3 tests/gpu/stop_resume_report.py "$root" --stop-requested-at "$stop_at" --out "$out/stop_resume.json" \
