@@ -224,3 +224,26 @@ def test_torch_wgrad_accumulation_through_megatron_cores_linear_layer():
     )
     assert probe.returncode == 0, probe.stderr[-3000:]
     assert probe.stdout.split("\n")[-4:] == ["refused without: True", "main_grad: True grad: None", "bf16: True", ""], probe.stdout
+
+
+def test_upstream_still_captures_the_final_evaluation_in_the_deleted_training_graphs_pool():
+    """What compat.separate_full_graph_pools works around: after Bridge's end-of-training _delete_cuda_graphs
+    the shared pool handle of the deleted training graph is still what the next (validation) capture gets.
+    Fails once upstream releases or renews the handle with the graph (then drop the workaround)."""
+    compat.apply()
+    from megatron.bridge.training import train
+    from megatron.core import full_cuda_graph
+
+    stale_pool = ("pool of the training graph",)
+    graphs = dict(full_cuda_graph.FullCudaGraphWrapper.cuda_graph)
+    saved_pool = full_cuda_graph._shared_graph_pool
+    try:
+        full_cuda_graph.FullCudaGraphWrapper.cuda_graph.update(training=object(), validation=None)
+        full_cuda_graph._shared_graph_pool = stale_pool
+        train._delete_cuda_graphs(None)
+        assert "training" not in full_cuda_graph.FullCudaGraphWrapper.cuda_graph  # the graph is gone ...
+        assert full_cuda_graph.get_graph_pool(use_single_mempool=True) is stale_pool  # ... its pool handle is not
+    finally:
+        full_cuda_graph.FullCudaGraphWrapper.cuda_graph.clear()
+        full_cuda_graph.FullCudaGraphWrapper.cuda_graph.update(graphs)
+        full_cuda_graph._shared_graph_pool = saved_pool

@@ -214,6 +214,7 @@ def test_cuda_graph_knob_and_the_loss_guard_that_replaces_megatrons_check(tmp_pa
     common = [f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=mock"]
     cfg, run = build_config("gpt_smoke", [*common, "kaiyuan.cuda_graph=true"])
     assert run.cuda_graph and cfg.model.cuda_graph_impl == "full_iteration" and cfg.model.use_te_rng_tracker
+    assert cfg.model.cuda_graph_use_single_mempool is False  # compat.separate_full_graph_pools
     assert not cfg.rerun_state_machine.check_for_nan_in_loss
     layout = validate(cfg, 1, run.max_positions)
     resolved = resolve_with_upstream(cfg, world_size=2)  # upstream turns both on if either is

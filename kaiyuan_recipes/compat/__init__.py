@@ -298,6 +298,16 @@ def torch_wgrad_accumulation() -> bool:
     return True
 
 
+def separate_full_graph_pools(model_cfg: Any) -> None:
+    """Megatron-Bridge deletes the training step's full-iteration CUDA graph when training ends
+    (train._delete_cuda_graphs), but megatron-core keeps the process-wide pool handle that graph owned
+    (full_cuda_graph._shared_graph_pool). The final evaluation then captures its graph into that released pool
+    and PyTorch asserts (`use_count > 0 INTERNAL ASSERT FAILED`, CUDACachingAllocator.cpp): every run with
+    model.cuda_graph_impl=full_iteration that reaches train_iters failed there on the H200. With one pool per
+    capture the validation graph gets a pool of its own; the cost is that pool's memory beside training's."""
+    model_cfg.cuda_graph_use_single_mempool = False
+
+
 def apply() -> None:
     """Apply every workaround that this host needs. Call before importing megatron.bridge."""
     install_lora_placeholder()

@@ -200,6 +200,7 @@ def _apply_full_step_cuda_graph(cfg: Any) -> None:
     cfg.model.use_te_rng_tracker = cfg.rng.te_rng_tracker = True
     cfg.rerun_state_machine.check_for_nan_in_loss = False
     cfg.ddp.overlap_param_gather = cfg.optimizer.overlap_param_gather = False
+    compat.separate_full_graph_pools(cfg.model)  # else the run fails in its final evaluation
 
 
 def _apply_wgrad_fusion(cfg: Any) -> None:
