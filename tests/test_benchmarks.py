@@ -140,6 +140,7 @@ def test_every_throughput_variant_is_a_config_upstream_accepts(tmp_path):
         assert command[3:6] == ["train", "qwen3_1p7b", "--nproc-per-node=1"], impl
         cfg, run = build_config("qwen3_1p7b", command[6:])
         assert run.layer_spec == spec and cfg.train.global_batch_size == mbs * micro, impl
+        assert cfg.validation.eval_iters == 0, impl  # timed steps only: no evaluation compiles after them
         resolve_with_upstream(cfg, world_size=1)
 
 
