@@ -140,6 +140,17 @@ def test_vocab_smaller_than_tokenizer():
         validate(cfg, 1, run.max_positions)
 
 
+def test_exit_signal_must_be_the_one_kaiyuan_stop_sends():
+    import signal
+
+    cfg, run = build_config("gpt_smoke", [])
+    cfg.train.exit_signal = signal.SIGUSR1
+    with pytest.raises(ConfigError, match="train.exit_signal=SIGUSR1: `kaiyuan stop` and torchrun send SIGTERM"):
+        validate(cfg, 1, run.max_positions)
+    cfg.train.exit_signal_handler = False  # no graceful stop asked for: any signal is the user's business
+    validate(cfg, 1, run.max_positions)
+
+
 def test_world_not_divisible_by_model_parallel():
     cfg, run = build_config("gpt_smoke", ["model.tensor_model_parallel_size=2"])
     with pytest.raises(ConfigError, match="world size 3 is not divisible by TP×PP×CP"):

@@ -3,6 +3,7 @@ which fields disagree and what was expected."""
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,9 @@ def validate(cfg: Any, world_size: int, max_positions: int | None) -> dict[str, 
         raise ConfigError("a whole-step CUDA graph (kaiyuan.cuda_graph / model.cuda_graph_impl=full_iteration) with "
                           f"{m.num_moe_experts} experts needs fixed expert shapes: model.moe_expert_capacity_factor and "
                           "model.moe_pad_expert_input_to_capacity=true; or kaiyuan.cuda_graph=false")
+    if cfg.train.exit_signal_handler and cfg.train.exit_signal != signal.SIGTERM:
+        raise ConfigError(f"train.exit_signal={signal.Signals(cfg.train.exit_signal).name}: `kaiyuan stop` and torchrun "
+                          "send SIGTERM for the checkpoint-and-exit (and `kaiyuan stacks` uses SIGUSR1); keep SIGTERM")
     if cfg.profiling is not None and cfg.profiling.use_pytorch_profiler:
         check_profile_window(cfg)
     tok_vocab = tokenizer_vocab_size(cfg)
