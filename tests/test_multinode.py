@@ -146,3 +146,17 @@ def test_sigkill_reaches_the_ranks_in_their_own_sessions(sshd, tmp_path):
     assert len(_processes_with(tag)) >= 4  # two torchrun agents and their two ranks (loopback nodes)
     job.signal_all("KILL")
     wait_for(lambda: not _processes_with(tag), what="every process of the job gone")
+
+
+def test_stacks_from_every_node(sshd, tmp_path):
+    """kaiyuan stacks on a multi-node job: each node's ranks dump their stacks (SIGUSR1, over SSH), the job keeps
+    running and then stops cleanly."""
+    job = MultiNodeJob(tmp_path / "run", spec_for(sshd))
+    job.start(CHECK + ["--hold", "300"])
+    wait_for(lambda: all("allreduce ok" in job.logs(r) for r in (0, 1)), what="both nodes up")
+    for rank in (0, 1):
+        out = job.stacks(rank)
+        assert "SIGUSR1 to rank process(es)" in out and "in hold_after_the_check" in out, out
+    assert job.status()["state"] == "running"
+    result = job.stop(grace=60, poll=0.5)
+    assert result["sigkill_after_grace"] is False and result["state"] == "stopped"

@@ -122,8 +122,11 @@ def logs(args: Any) -> int:
 def stacks(args: Any) -> int:
     from kaiyuan_recipes.launch.stacks import dump_stacks
 
-    if multinode_job(args.run_root / args.run_name) is not None:
-        raise ValueError("kaiyuan stacks: single-node runs only (on a node: kaiyuan stacks with that node's run root)")
+    if (job := multinode_job(args.run_root / args.run_name)) is not None:
+        for rank, node in enumerate(job.spec.nodes):
+            print(f"==> node {rank} ({node.host}) <==")
+            print(job.stacks(rank), end="")
+        return 0
     ranks, text = dump_stacks(args.run_root / args.run_name)
     print(f"==> SIGUSR1 to rank process(es) {ranks} <==")
     print(text, end="")

@@ -1,6 +1,7 @@
 """A cluster check under torchrun: every rank all-reduces its rank+1 and checks the sum, then prints one
 line. `kaiyuan cluster check` runs it on every node; the launcher tests run it over real SSH.
---hold S keeps the job alive S seconds after the check (to exercise stop / node failure)."""
+--hold S keeps the job alive S seconds after the check (to exercise stop / node failure). Its ranks dump their
+stacks on SIGUSR1 (kaiyuan stacks), as the training workers do: a check that hangs in NCCL says where."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import sys
 import time
 from datetime import timedelta
 
+from kaiyuan_recipes.launch.stacks import enable_stack_dumps
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
@@ -17,6 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hold", type=float, default=0.0)
     ap.add_argument("--tag", default="", help="echoed back verbatim (argument-passing checks)")
     args = ap.parse_args(argv)
+    enable_stack_dumps()
     import torch
     import torch.distributed as dist
 
@@ -29,11 +33,15 @@ def main(argv: list[str] | None = None) -> int:
     ok = value.item() == expected
     print(f"allreduce {'ok' if ok else 'FAILED'} rank={rank} world={world} sum={value.item():g} "
           f"expected={expected:g} host={os.uname().nodename} tag={args.tag}", flush=True)
-    deadline = time.monotonic() + args.hold
-    while time.monotonic() < deadline:
-        time.sleep(0.2)
+    hold_after_the_check(args.hold)
     dist.destroy_process_group()
     return 0 if ok else 1
+
+
+def hold_after_the_check(seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def _cuda() -> bool:

@@ -229,6 +229,13 @@ class MultiNodeJob:
                 return status
             time.sleep(poll)
 
+    def stacks(self, rank: int) -> str:
+        """Node `rank`'s ranks' Python stacks now (launch/stacks.py on the node), or why there are none."""
+        _, log = node_paths(self.run_dir, rank)
+        line = shlex.join([self.spec.python, "-m", "kaiyuan_recipes.launch.stacks", str(int(self.pids[rank])), log])
+        result = self._run(rank, in_node(self.spec, f"cd {shlex.quote(self.spec.workdir)} && {line} 2>&1"), warn=True)
+        return result.stdout
+
     def logs(self, rank: int, lines: int = 200) -> str:
         _, log = node_paths(self.run_dir, rank)
         return self._run(rank, in_node(self.spec, f"tail -n {int(lines)} {shlex.quote(log)}"), warn=True).stdout

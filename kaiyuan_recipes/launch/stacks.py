@@ -1,13 +1,16 @@
 """Where a running run's ranks are, without a debugger: each rank registers Python's faulthandler on SIGUSR1
 (enable_stack_dumps, the first thing training/entry.py does); `kaiyuan stacks RUN` sends SIGUSR1 to the ranks
 that registered it and prints what they wrote to the run's log. For a run that stalls (no new step, no error):
-a collective one rank never joined, a checkpoint load, a compile."""
+a collective one rank never joined, a checkpoint load, a compile. On each node of a multi-node job the same
+runs over SSH: `python -m kaiyuan_recipes.launch.stacks SUPERVISOR_PID LOG` (launch/ssh.py)."""
 
 from __future__ import annotations
 
+import argparse
 import faulthandler
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -34,17 +37,22 @@ def catches(pid: int, sig: int) -> bool:
 
 
 def dump_stacks(run_dir: Path, timeout: float = 10.0, quiet: float = 0.5) -> tuple[list[int], str]:
-    """SIGUSR1 to the run's ranks that dump stacks; returns their pids and what the log gained (until it has
-    been quiet for `quiet` seconds, at most `timeout`)."""
+    """Stacks of a detached run on this node (kaiyuan start); see signal_and_read."""
     paths = RunPaths(Path(run_dir))
     pid = running_pid(paths)
     if pid is None:
         raise RunStateError(f"run {paths.run_dir.name!r} is not running")
-    ranks = [r for r in training_ranks(pid) if catches(r, STACK_SIGNAL)]
+    return signal_and_read(pid, paths.log, timeout, quiet)
+
+
+def signal_and_read(supervisor: int, log: Path, timeout: float = 10.0, quiet: float = 0.5) -> tuple[list[int], str]:
+    """SIGUSR1 to the ranks below `supervisor` that dump stacks; returns their pids and what `log` gained (until
+    it has been quiet for `quiet` seconds, at most `timeout`)."""
+    ranks = [r for r in training_ranks(supervisor) if catches(r, STACK_SIGNAL)]
     if not ranks:
-        raise RunStateError(f"run {paths.run_dir.name!r}: no rank handles SIGUSR1 yet (still starting, or started "
+        raise RunStateError(f"no rank below process {supervisor} handles SIGUSR1 yet (still starting, or started "
                             "by a version without stack dumps)")
-    start = paths.log.stat().st_size
+    start = log.stat().st_size
     for rank in ranks:
         try:
             os.kill(rank, STACK_SIGNAL)
@@ -53,11 +61,30 @@ def dump_stacks(run_dir: Path, timeout: float = 10.0, quiet: float = 0.5) -> tup
     size, changed, deadline = start, time.monotonic(), time.monotonic() + timeout
     while time.monotonic() < deadline:
         time.sleep(0.1)
-        now = paths.log.stat().st_size
+        now = log.stat().st_size
         if now != size:
             size, changed = now, time.monotonic()
         elif size > start and time.monotonic() - changed >= quiet:
             break
-    with open(paths.log, "rb") as log:
-        log.seek(start)
-        return ranks, log.read(size - start).decode(errors="replace")
+    with open(log, "rb") as fh:
+        fh.seek(start)
+        return ranks, fh.read(size - start).decode(errors="replace")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="stacks of the ranks below a supervisor, from its log (one node)")
+    ap.add_argument("supervisor", type=int)
+    ap.add_argument("log", type=Path)
+    args = ap.parse_args(argv)
+    try:
+        ranks, text = signal_and_read(args.supervisor, args.log)
+    except (RunStateError, OSError) as err:
+        print(err, file=sys.stderr)
+        return 1
+    print(f"==> SIGUSR1 to rank process(es) {ranks} <==")
+    print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
