@@ -21,7 +21,8 @@ STACK_SIGNAL = signal.SIGUSR1
 
 
 def enable_stack_dumps() -> None:
-    """Dump every thread's Python stack to stderr on SIGUSR1 (in C: works while Python waits in a kernel)."""
+    """Dump every thread's Python stack to stderr on SIGUSR1. A C signal handler writes it, so it works while
+    the main thread is blocked in a C call (an NCCL wait, a CUDA synchronize)."""
     faulthandler.register(STACK_SIGNAL, all_threads=True, chain=False)
 
 
