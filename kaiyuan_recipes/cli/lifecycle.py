@@ -120,14 +120,12 @@ def logs(args: Any) -> int:
 
 
 def stacks(args: Any) -> int:
-    from kaiyuan_recipes.launch.stacks import dump_stacks
+    from kaiyuan_recipes.launch.stacks import dump_stacks, report
 
     if (job := multinode_job(args.run_root / args.run_name)) is not None:
         for rank, node in enumerate(job.spec.nodes):
             print(f"==> node {rank} ({node.host}) <==")
             print(job.stacks(rank), end="")
         return 0
-    ranks, text = dump_stacks(args.run_root / args.run_name)
-    print(f"==> SIGUSR1 to rank process(es) {ranks} <==")
-    print(text, end="")
+    print(report(*dump_stacks(args.run_root / args.run_name)), end="")
     return 0

@@ -269,7 +269,7 @@ def _wgrad_accum_fp32(total_input: Any, grad_output: Any, main_grad: Any) -> Non
     import torch
 
     if total_input.dtype == torch.float32:
-        main_grad.addmm_(grad_output.t(), total_input)
+        _wgrad_accum_same_dtype(total_input, grad_output, main_grad)
     else:
         torch.addmm(main_grad, grad_output.t(), total_input, out_dtype=torch.float32, out=main_grad)
 

@@ -136,6 +136,10 @@ class MultiNodeJob:
     def _run(self, rank: int, line: str, warn: bool = False) -> Any:
         return run_on(self.spec, self.spec.nodes[rank], line, warn)
 
+    def _run_in_workdir(self, rank: int, line: str) -> Any:
+        """`line` in the job's working directory on node `rank` (in its container where one is used)."""
+        return self._run(rank, in_node(self.spec, f"cd {shlex.quote(self.spec.workdir)} && {line}"), warn=True)
+
     def _save(self) -> None:
         write_text_atomic(self.state_file, json.dumps({"spec": asdict(self.spec), "pids": self.pids}, indent=2))
 
@@ -200,8 +204,7 @@ class MultiNodeJob:
                 line = shlex.join([self.spec.python, "-m", "kaiyuan_recipes.launch.supervise", "--kill", str(int(pid))])
             else:
                 line = f"kill -{sig} {int(pid)}"
-            self._run(rank, in_node(self.spec, f"cd {shlex.quote(self.spec.workdir)} && {line} 2>/dev/null || true"),
-                      warn=True)
+            self._run_in_workdir(rank, f"{line} 2>/dev/null || true")
 
     def stop(self, grace: float = 300.0, poll: float = 1.0, reason: str = "requested") -> dict[str, Any]:
         """SIGTERM every node's supervisor (it stops the ranks); wait for all to exit; SIGKILL the rest after `grace`."""
@@ -233,8 +236,7 @@ class MultiNodeJob:
         """Node `rank`'s ranks' Python stacks now (launch/stacks.py on the node), or why there are none."""
         _, log = node_paths(self.run_dir, rank)
         line = shlex.join([self.spec.python, "-m", "kaiyuan_recipes.launch.stacks", str(int(self.pids[rank])), log])
-        result = self._run(rank, in_node(self.spec, f"cd {shlex.quote(self.spec.workdir)} && {line} 2>&1"), warn=True)
-        return result.stdout
+        return self._run_in_workdir(rank, f"{line} 2>&1").stdout
 
     def logs(self, rank: int, lines: int = 200) -> str:
         _, log = node_paths(self.run_dir, rank)

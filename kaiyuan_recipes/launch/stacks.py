@@ -72,6 +72,10 @@ def signal_and_read(supervisor: int, log: Path, timeout: float = 10.0, quiet: fl
         return ranks, fh.read(size - start).decode(errors="replace")
 
 
+def report(ranks: list[int], text: str) -> str:
+    return f"==> SIGUSR1 to rank process(es) {ranks} <==\n{text}"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="stacks of the ranks below a supervisor, from its log (one node)")
     ap.add_argument("supervisor", type=int)
@@ -82,8 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     except (RunStateError, OSError) as err:
         print(err, file=sys.stderr)
         return 1
-    print(f"==> SIGUSR1 to rank process(es) {ranks} <==")
-    print(text, end="")
+    print(report(ranks, text), end="")
     return 0
 
 
