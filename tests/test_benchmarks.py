@@ -42,21 +42,22 @@ def test_plot_results_refuses_mixed_kinds(tmp_path):
 
 
 def test_zero_stages_compares_like_for_like():
-    """Every configuration, the 1-GPU baseline included, computes the loss the same way (the chunked loss
-    does not apply under ZeRO 2), and each names its stage and GPU count."""
+    """Every configuration, the 1-GPU baseline included, runs the same step (the chunked loss, the whole-step
+    graph and the fused weight-gradient accumulation do not apply under ZeRO 2), and each names its stage and
+    GPU count."""
     proc = run("benchmarks/zero_stages.py", "--out", "unused.json", "--layer-spec", "fast", "--print-commands")
     assert proc.returncode == 0, proc.stderr
     lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
     assert set(lines) == {"1gpu", "2gpu_zero0", "2gpu_zero1", "2gpu_zero2"}
     for name, command in lines.items():
-        assert "kaiyuan.chunked_loss=false" in command and "kaiyuan.layer_spec=fast" in command
+        assert "kaiyuan.chunked_loss=false kaiyuan.cuda_graph=false kaiyuan.wgrad_fusion=false" in command
+        assert "kaiyuan.layer_spec=fast" in command
         assert f"--nproc-per-node={1 if name == '1gpu' else 2}" in command
         assert f"kaiyuan.zero_stage={name[-1] if name != '1gpu' else 1}" in command
     proc = run("benchmarks/zero_stages.py", "--out", "unused.json", "--print-commands",
                "--variant", "zero2_nccl_ub", "2", "ddp.nccl_ub=true", "ddp.bucket_size=1000")
     lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
-    assert lines["2gpu_zero2_nccl_ub"].endswith("kaiyuan.zero_stage=2 kaiyuan.chunked_loss=false ddp.nccl_ub=true "
-                                                "ddp.bucket_size=1000")
+    assert lines["2gpu_zero2_nccl_ub"].endswith("kaiyuan.wgrad_fusion=false ddp.nccl_ub=true ddp.bucket_size=1000")
     assert "nccl_ub" not in lines["2gpu_zero2"]
     proc = run("benchmarks/zero_stages.py", "--out", "unused.json", "--print-commands", "--variant", "x", "3")
     assert proc.returncode == 2 and "--variant x: stage must be one of (0, 1, 2)" in proc.stderr

@@ -184,8 +184,8 @@ def test_cuda_graphs_need_a_graph_safe_rng_tracker():
 
     from kaiyuan_recipes import compat
 
-    overrides = ["kaiyuan.layer_spec=fast", "model.cuda_graph_impl=full_iteration",
-                 "rerun_state_machine.check_for_nan_in_loss=false"]
+    overrides = ["kaiyuan.layer_spec=fast", "kaiyuan.cuda_graph=false", "model.cuda_graph_impl=full_iteration",
+                 "rerun_state_machine.check_for_nan_in_loss=false"]  # the graph by hand, without the knob
     cfg, run = build_config("gpt_smoke", overrides)
     with pytest.raises(ConfigError, match="model.cuda_graph_impl=full_iteration needs model.use_te_rng_tracker=true"):
         validate(cfg, 1, run.max_positions)
@@ -231,6 +231,7 @@ def test_cuda_graph_knob_and_the_loss_guard_that_replaces_megatrons_check(tmp_pa
     resolved = resolve_with_upstream(cfg, world_size=2)  # upstream turns both on if either is
     assert not resolved.ddp.overlap_param_gather and not resolved.optimizer.overlap_param_gather
     assert summarize(cfg, run, layout, [])["model"]["cuda_graph"] == "full_iteration"
+    # the default (auto) leaves the local spec (this CPU host's) eager
     default, _ = build_config("gpt_smoke", common)
     assert default.model.cuda_graph_impl == "none" and default.rerun_state_machine.check_for_nan_in_loss
 
@@ -268,10 +269,39 @@ def test_wgrad_fusion_knob(tmp_path):
     layout = validate(cfg, 1, run.max_positions)
     resolve_with_upstream(cfg, world_size=1)
     assert summarize(cfg, run, layout, [])["model"]["wgrad_fusion"] is True
-    assert not build_config("gpt_smoke", [*common, "kaiyuan.layer_spec=fast"])[0].model.gradient_accumulation_fusion
+    eager = build_config("gpt_smoke", [*common, "kaiyuan.layer_spec=fast", "kaiyuan.cuda_graph=false"])[0]
+    assert not eager.model.gradient_accumulation_fusion  # auto: only with the graph
     for refused in (["kaiyuan.layer_spec=local"], ["kaiyuan.layer_spec=fast", "kaiyuan.zero_stage=2"]):
         with pytest.raises(ValueError, match="kaiyuan.wgrad_fusion needs kaiyuan.layer_spec=fast"):
             build_config("gpt_smoke", [*common, *refused, "kaiyuan.wgrad_fusion=true"])
+
+
+def test_step_fusion_auto_turns_on_only_where_measured(tmp_path):
+    """kaiyuan.cuda_graph / wgrad_fusion = auto (the defaults): the whole-step graph and the fused weight-gradient
+    accumulation together for the fast spec at ZeRO 0/1 with a dense model and TP = PP = 1; eager and unfused
+    everywhere else, with the reason; an explicit true / false wins; anything else is refused, naming the knob."""
+    from kaiyuan_recipes.training.config import graph_ineligible_reason
+
+    common = [f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=mock"]
+    cfg, run = build_config("qwen3_1p7b", [*common, "kaiyuan.layer_spec=fast"])
+    assert run.cuda_graph is True and run.wgrad_fusion is True
+    assert cfg.model.cuda_graph_impl == "full_iteration" and cfg.model.gradient_accumulation_fusion
+    validate(cfg, 1, run.max_positions)
+    resolve_with_upstream(cfg, world_size=1)
+    for overrides, reason in ((["kaiyuan.layer_spec=local"], "layer_spec=local"),
+                              (["kaiyuan.layer_spec=fast", "kaiyuan.zero_stage=2"], "ZeRO 2"),
+                              (["kaiyuan.layer_spec=fast", "model.tensor_model_parallel_size=2"], "tensor or pipeline")):
+        cfg, run = build_config("qwen3_1p7b", [*common, *overrides])
+        assert run.cuda_graph is False and run.wgrad_fusion is False, overrides
+        assert cfg.model.cuda_graph_impl == "none" and not cfg.model.gradient_accumulation_fusion
+        assert reason in graph_ineligible_reason(cfg, run)
+    cfg, run = build_config("laoyao_moe_2b", [*common, "kaiyuan.layer_spec=fast"])
+    assert run.cuda_graph is False and "MoE" in graph_ineligible_reason(cfg, run)
+    validate(cfg, 1, run.max_positions)  # auto never produces the graph validate() refuses for MoE
+    cfg, run = build_config("qwen3_1p7b", [*common, "kaiyuan.layer_spec=fast", "kaiyuan.wgrad_fusion=false"])
+    assert run.cuda_graph is True and not cfg.model.gradient_accumulation_fusion
+    with pytest.raises(ValueError, match="kaiyuan.cuda_graph: expected true, false or auto, got 'yes'"):
+        build_config("qwen3_1p7b", [*common, "kaiyuan.cuda_graph=yes"])
 
 
 def test_deterministic_knob(tmp_path, monkeypatch):

@@ -30,6 +30,7 @@ ZERO_STAGES = {
     1: dict(use_distributed_optimizer=True, data_parallel_sharding_strategy="optim", use_megatron_fsdp=False),
     2: dict(use_distributed_optimizer=True, data_parallel_sharding_strategy="optim_grads", use_megatron_fsdp=True),
 }
+AUTO = "auto"  # a knob decided on the final config (resolve_step_fusion)
 DATA_SOURCES = ("sample", "mock", "blend", "curriculum", "plan")
 
 
@@ -55,8 +56,8 @@ class RunSettings:
     sdpa_backend: str = "auto"
     compiled_norm: bool = True
     fused_adamw: bool = True
-    cuda_graph: bool = False
-    wgrad_fusion: bool = False
+    cuda_graph: bool | str = AUTO  # resolved to a bool by build_config (resolve_step_fusion)
+    wgrad_fusion: bool | str = AUTO
 
     @property
     def uses_fused_adamw(self) -> bool:
@@ -142,7 +143,10 @@ def resolve_run_settings(recipe: str, knobs: dict[str, Any]) -> RunSettings:
         raise ValueError(f"kaiyuan.run_name: {run_name!r} must be a plain directory name")
     deterministic = bool(knobs.get("deterministic", False))
     layer_spec = resolve_layer_spec(knobs.get("layer_spec", "auto"), deterministic)
-    if knobs.get("wgrad_fusion") and (layer_spec != "fast" or stage > 1):
+    for knob in ("cuda_graph", "wgrad_fusion"):
+        if knobs.get(knob, AUTO) not in (True, False, AUTO):
+            raise ValueError(f"kaiyuan.{knob}: expected true, false or auto, got {knobs[knob]!r}")
+    if knobs.get("wgrad_fusion") is True and (layer_spec != "fast" or stage > 1):
         raise ValueError("kaiyuan.wgrad_fusion needs kaiyuan.layer_spec=fast (a CUDA kernel) and kaiyuan.zero_stage "
                          f"0 or 1 (Megatron-FSDP's path needs TE); got layer_spec={layer_spec}, zero_stage={stage}")
     return RunSettings(
@@ -163,8 +167,8 @@ def resolve_run_settings(recipe: str, knobs: dict[str, Any]) -> RunSettings:
         sdpa_backend=knobs.get("sdpa_backend", "auto"),
         compiled_norm=bool(knobs.get("compiled_norm", True)),
         fused_adamw=bool(knobs.get("fused_adamw", True)),
-        cuda_graph=bool(knobs.get("cuda_graph", False)),
-        wgrad_fusion=bool(knobs.get("wgrad_fusion", False)),
+        cuda_graph=knobs.get("cuda_graph", AUTO),
+        wgrad_fusion=knobs.get("wgrad_fusion", AUTO),
     )
 
 
@@ -187,6 +191,34 @@ def _megatron_fsdp_grads_as_declared(cfg: Any) -> None:
         import torch
 
         cfg.ddp.megatron_fsdp_main_grads_dtype = torch.float32
+
+
+def graph_ineligible_reason(cfg: Any, run: RunSettings) -> str | None:
+    """Why `auto` leaves the whole-step CUDA graph off for this run, or None. Auto turns it on only where it was
+    measured: the fast spec, ZeRO 0/1, a dense model, no tensor or pipeline parallelism."""
+    m = cfg.model
+    if run.layer_spec != "fast":
+        return f"layer_spec={run.layer_spec}"
+    if run.zero_stage > 1:
+        return "ZeRO 2 (Megatron-FSDP)"
+    if getattr(m, "num_moe_experts", None):
+        return "MoE (per-batch expert shapes)"
+    if m.tensor_model_parallel_size != 1 or m.pipeline_model_parallel_size != 1:
+        return "tensor or pipeline parallel"
+    if not compat.torch_wgrad_accumulation():
+        return "no fp32-output addmm in this torch"
+    return None
+
+
+def resolve_step_fusion(cfg: Any, run: RunSettings) -> None:
+    """kaiyuan.cuda_graph / kaiyuan.wgrad_fusion = auto (the default): both on where graph_ineligible_reason finds
+    nothing. They go together: the fused weight-gradient GEMMs pay off only in a replayed graph (qwen3_1p7b on
+    one H200: eager 38,851 -> eager + fusion 36,664 -> graph 40,416 -> graph + fusion 41,358 tokens/s,
+    benchmarks/results/2026-11-30_train_throughput_step_fusion.json)."""
+    if run.cuda_graph == AUTO:
+        run.cuda_graph = graph_ineligible_reason(cfg, run) is None
+    if run.wgrad_fusion == AUTO:
+        run.wgrad_fusion = bool(run.cuda_graph) and graph_ineligible_reason(cfg, run) is None
 
 
 def _apply_full_step_cuda_graph(cfg: Any) -> None:
@@ -328,15 +360,16 @@ def build_config(recipe: str, overrides: list[str] | None = None) -> tuple[Any, 
         from kaiyuan_recipes.models.chunked_loss import install_chunked_loss
 
         cfg.model.register_pre_wrap_hook(install_chunked_loss)
-    if run.cuda_graph:
-        _apply_full_step_cuda_graph(cfg)
-    if run.wgrad_fusion:
-        _apply_wgrad_fusion(cfg)
     if run.deterministic:
         cfg.model.deterministic_mode = True
         cfg.model.cross_entropy_loss_fusion = False  # upstream: not deterministic
     _apply_run_layout(cfg, run)
     _apply_data_source(cfg, run)
     ov.apply_to_container(cfg, container_overrides)
+    resolve_step_fusion(cfg, run)  # on the final model shape (an override may add TP or experts)
+    if run.cuda_graph:
+        _apply_full_step_cuda_graph(cfg)
+    if run.wgrad_fusion:
+        _apply_wgrad_fusion(cfg)
     _megatron_fsdp_grads_as_declared(cfg)
     return cfg, run
