@@ -21,9 +21,9 @@ from train_throughput import BATCH, megatron_command, megatron_run  # noqa: E402
 
 MODEL = "qwen3_1p7b"
 STAGES = (0, 1, 2)
-# Every run runs the same step: the fast spec's chunked cross-entropy, its whole-step CUDA graph and fused
-# weight-gradient accumulation do not apply under ZeRO 2 (Megatron-FSDP), so they are off for all, the 1-GPU
-# baseline included.
+# Every run runs the same step: the fast spec's whole-step CUDA graph and fused weight-gradient accumulation do
+# not apply under ZeRO 2 (Megatron-FSDP), so they are off for all, the 1-GPU baseline included; so is the
+# chunked cross-entropy unless --chunked-loss.
 SAME_STEP = ("kaiyuan.chunked_loss=false", "kaiyuan.cuda_graph=false", "kaiyuan.wgrad_fusion=false")
 
 
@@ -65,8 +65,10 @@ def main() -> None:
                          "under ZeRO 2 (its no_sync does not defer that), ZeRO 0/1 once a step")
     ap.add_argument("--only", nargs="+", metavar="ROW",
                     help="run these rows only (1gpu, 2gpu_zero0..2, 2gpu_<variant>); keep 1gpu for the scaling")
+    ap.add_argument("--chunked-loss", action="store_true", help="every row with the chunked cross-entropy")
     ap.add_argument("--print-commands", action="store_true")
     args = ap.parse_args()
+    same_step = SAME_STEP[1:] if args.chunked_loss else SAME_STEP
     mbs, micro = args.micro_batch, args.micro_batches
     runs = {"1gpu": (1, 1, ())} | {f"2gpu_zero{s}": (2, s, ()) for s in STAGES}
     for name, stage, *overrides in args.variant:
@@ -80,13 +82,13 @@ def main() -> None:
     if args.print_commands:
         for name, (gpus, stage, extra) in runs.items():
             cmd = megatron_command(MODEL, args.layer_spec, mbs, micro, args.seq, args.steps, Path("RUN_ROOT"), gpus,
-                                   (f"kaiyuan.zero_stage={stage}", *SAME_STEP, *extra))
+                                   (f"kaiyuan.zero_stage={stage}", *same_step, *extra))
             print(name, shlex.join(cmd))
         return
     results = {}
     for name, (gpus, stage, extra) in runs.items():
         measured = megatron_run(MODEL, args.layer_spec, mbs, micro, args.seq, args.steps, gpus,
-                                (f"kaiyuan.zero_stage={stage}", *SAME_STEP, *extra), args.run_timeout)
+                                (f"kaiyuan.zero_stage={stage}", *same_step, *extra), args.run_timeout)
         results[name] = measured | {"gpus": gpus, "zero_stage": stage} | ({"overrides": list(extra)} if extra else {})
         print(name, results[name], flush=True)
     base = results.get("1gpu", {}).get("tokens_per_s")

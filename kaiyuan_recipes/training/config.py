@@ -66,10 +66,8 @@ class RunSettings:
 
     @property
     def uses_chunked_loss(self) -> bool:
-        """The fast path's chunked linear + cross-entropy (models/chunked_loss.py; installed where TP is 1).
-        Not under Megatron-FSDP (ZeRO 2): it reshards the output layer's weight after the layer's forward,
-        before the loss that now reads it."""
-        return self.layer_spec == "fast" and self.chunked_loss and self.zero_stage < 2
+        """The fast path's chunked linear + cross-entropy (models/chunked_loss.py; installed where TP is 1)."""
+        return self.layer_spec == "fast" and self.chunked_loss
 
     @property
     def checkpoint_dir(self) -> Path:
