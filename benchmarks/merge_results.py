@@ -1,8 +1,11 @@
 """One result file from several runs of one benchmark made in the same device call, e.g. train_throughput.py
 with qwen3_1p7b on one GPU and gpt_smoke on the other (each model's rows still measured side by side in one
-process). Refuses files of different revisions or benchmarks, and a model measured in two of them.
+process). Refuses files of different revisions or benchmarks, and a model measured in two of them unless
+--replace: then each row comes from the last file that measured it (a row a call could not finish, measured
+again in a later call at the same revision), and the merged file names each row's file.
 
-usage: python benchmarks/merge_results.py A.json B.json --out benchmarks/results/<date>_train_throughput.json"""
+usage: python benchmarks/merge_results.py A.json B.json --out benchmarks/results/<date>_train_throughput.json
+       [--replace] [--note "..."]"""
 
 from __future__ import annotations
 
@@ -19,23 +22,46 @@ from provenance import provenance, write_json  # noqa: E402
 SHARED = ("revision", "seq_length")
 
 
-def merge(paths: list[Path]) -> dict:
+RATIOS = {"ours_vs_hf_compile": "hf_compile", "ours_vs_megatron_local": "megatron_local"}
+
+
+def _rows(rows: dict) -> dict:
+    """A model's measured rows, without the ratios train_throughput derives from them."""
+    return {name: row for name, row in rows.items() if isinstance(row, dict)}
+
+
+def _with_ratios(rows: dict) -> dict:
+    for ratio, baseline in RATIOS.items():
+        ours, base = rows.get("ours", {}).get("tokens_per_s"), rows.get(baseline, {}).get("tokens_per_s")
+        if ours and base:
+            rows[ratio] = ours / base
+    return rows
+
+
+def merge(paths: list[Path], replace: bool = False) -> dict:
     files = [(path, json.loads(path.read_text())) for path in paths]
     for key in SHARED:
         values = {json.dumps(data.get(key)) for _, data in files}
         if len(values) > 1:
             raise SystemExit(f"{key} differs between {', '.join(str(p) for p, _ in files)}: {sorted(values)}")
     merged: dict = {"results": {}, "batch": {}, "runs": []}
+    row_files: dict[str, dict[str, str]] = {}
     for path, data in files:
         if not isinstance(data.get("results"), dict):
             raise SystemExit(f"{path}: no 'results' object (expected a benchmark result file)")
         for model, rows in data["results"].items():
-            if model in merged["results"]:
-                raise SystemExit(f"{path}: {model} is also measured in another file; merge distinct models only")
-            merged["results"][model] = rows
+            if model in merged["results"] and not replace:
+                raise SystemExit(f"{path}: {model} is also measured in another file; merge distinct models only "
+                                 "(or --replace: each row from the last file that has it)")
+            merged["results"].setdefault(model, {}).update(_rows(rows))
+            row_files.setdefault(model, {}).update({name: path.name for name in _rows(rows)})
         merged["batch"] |= data.get("batch", {})
         merged["runs"].append({"file": path.name, "models": sorted(data["results"]), "command": data.get("command"),
                                "host": data.get("host"), "date": data.get("date")})
+    for model, rows in merged["results"].items():
+        _with_ratios(rows)
+        if replace:
+            rows["row_files"] = row_files[model]
     return {key: files[0][1].get(key) for key in SHARED} | merged
 
 
@@ -44,8 +70,9 @@ def main() -> None:
     ap.add_argument("files", nargs="+", type=Path)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--note", help="what a reader must know about these runs (kept in the file)")
+    ap.add_argument("--replace", action="store_true", help="a row in several files: the last file's")
     args = ap.parse_args()
-    merged = merge(args.files)
+    merged = merge(args.files, args.replace)
     record = provenance(" ".join(["python", *sys.argv]))
     host = {json.dumps(run["host"], sort_keys=True) for run in merged["runs"]}
     write_json(args.out, {**record, "revision": merged.pop("revision"),

@@ -166,6 +166,19 @@ def test_merge_results_joins_models_measured_in_separate_runs(tmp_path, monkeypa
     proc = run("benchmarks/merge_results.py", str(tmp_path / "gpt_smoke.json"), str(tmp_path / "gpt_smoke.json"),
                "--out", str(tmp_path / "x.json"))
     assert proc.returncode != 0 and "gpt_smoke is also measured in another file" in proc.stderr
+    # --replace: a row measured again in a later call replaces the earlier one; the file names each row's source
+    first, again = json.loads((tmp_path / "gpt_smoke.json").read_text()), tmp_path / "again.json"
+    first["results"]["gpt_smoke"] = {"ours": {"tokens_per_s": 300.0}, "hf_compile": {"tokens_per_s": 100.0},
+                                     "hf_eager": {"error": "timed out after 80.0 s"}}
+    (tmp_path / "first.json").write_text(json.dumps(first))
+    again.write_text(json.dumps(first | {"results": {"gpt_smoke": {"hf_eager": {"tokens_per_s": 150.0},
+                                                                   "ours": {"tokens_per_s": 200.0}}}}))
+    proc = run("benchmarks/merge_results.py", str(tmp_path / "first.json"), str(again), "--replace",
+               "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(out.read_text())["results"]["gpt_smoke"]
+    assert rows["hf_eager"] == {"tokens_per_s": 150.0} and rows["ours_vs_hf_compile"] == 2.0
+    assert rows["row_files"] == {"ours": "again.json", "hf_compile": "first.json", "hf_eager": "again.json"}
     other = json.loads((tmp_path / "qwen3_1p7b.json").read_text()) | {"revision": "def5678"}
     (tmp_path / "other.json").write_text(json.dumps(other))
     proc = run("benchmarks/merge_results.py", str(tmp_path / "gpt_smoke.json"), str(tmp_path / "other.json"),

@@ -92,6 +92,9 @@ def test_auto_layer_spec(monkeypatch):
     cfg, run = build_config("gpt_smoke", [])
     assert run.layer_spec == "fast" and cfg.model.transformer_layer_spec is fast_layer_spec
     assert run.uses_chunked_loss and run.uses_fused_adamw
+    # under Megatron-FSDP too: ZeRO 2's losses with it equal those with full logits on 2 H200s
+    # (benchmarks/results/2026-12-01_zero_stages_zero2_chunked_mb8x1.json)
+    assert build_config("gpt_smoke", ["kaiyuan.zero_stage=2"])[1].uses_chunked_loss
     assert build_config("gpt_smoke", ["kaiyuan.deterministic=true"])[1].layer_spec == "local"
     assert build_config("gpt_smoke", ["kaiyuan.layer_spec=local"])[1].layer_spec == "local"
 

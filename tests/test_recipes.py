@@ -281,6 +281,7 @@ def test_step_fusion_auto_turns_on_only_where_measured(tmp_path):
     accumulation together for the fast spec at ZeRO 0/1 with a dense model and TP = PP = 1; eager and unfused
     everywhere else, with the reason; an explicit true / false wins; anything else is refused, naming the knob."""
     from kaiyuan_recipes.training.config import graph_ineligible_reason
+    from kaiyuan_recipes.training.summary import summarize
 
     common = [f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=mock"]
     cfg, run = build_config("qwen3_1p7b", [*common, "kaiyuan.layer_spec=fast"])
@@ -295,6 +296,8 @@ def test_step_fusion_auto_turns_on_only_where_measured(tmp_path):
         assert run.cuda_graph is False and run.wgrad_fusion is False, overrides
         assert cfg.model.cuda_graph_impl == "none" and not cfg.model.gradient_accumulation_fusion
         assert reason in graph_ineligible_reason(cfg, run)
+        summary = summarize(cfg, run, validate(cfg, 2, run.max_positions), [])["model"]
+        assert summary["cuda_graph"].startswith("none (auto: ") and reason in summary["cuda_graph"]
     cfg, run = build_config("laoyao_moe_2b", [*common, "kaiyuan.layer_spec=fast"])
     assert run.cuda_graph is False and "MoE" in graph_ineligible_reason(cfg, run)
     validate(cfg, 1, run.max_positions)  # auto never produces the graph validate() refuses for MoE

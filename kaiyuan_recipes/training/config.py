@@ -58,6 +58,7 @@ class RunSettings:
     fused_adamw: bool = True
     cuda_graph: bool | str = AUTO  # resolved to a bool by build_config (resolve_step_fusion)
     wgrad_fusion: bool | str = AUTO
+    graph_off_reason: str | None = None  # why `auto` left the graph off (the dry-run summary shows it)
 
     @property
     def uses_fused_adamw(self) -> bool:
@@ -213,10 +214,11 @@ def resolve_step_fusion(cfg: Any, run: RunSettings) -> None:
     nothing. They go together: the fused weight-gradient GEMMs pay off only in a replayed graph (qwen3_1p7b on
     one H200: eager 38,851 -> eager + fusion 36,664 -> graph 40,416 -> graph + fusion 41,358 tokens/s,
     benchmarks/results/2026-11-30_train_throughput_step_fusion.json)."""
+    reason = graph_ineligible_reason(cfg, run)
     if run.cuda_graph == AUTO:
-        run.cuda_graph = graph_ineligible_reason(cfg, run) is None
+        run.cuda_graph, run.graph_off_reason = reason is None, reason
     if run.wgrad_fusion == AUTO:
-        run.wgrad_fusion = bool(run.cuda_graph) and graph_ineligible_reason(cfg, run) is None
+        run.wgrad_fusion = bool(run.cuda_graph) and reason is None
 
 
 def _apply_full_step_cuda_graph(cfg: Any) -> None:

@@ -65,7 +65,7 @@ def summarize(cfg: Any, run: RunSettings, layout: dict[str, int], launch_argv: l
             "chunked_loss": run.uses_chunked_loss and unsupported_config_reason(cfg.model) is None,
             "sdpa_backend": run.sdpa_backend if run.layer_spec == "fast" else None,
             "compiled_norm": run.compiled_norm if run.layer_spec == "fast" else None,
-            "cuda_graph": cfg.model.cuda_graph_impl,
+            "cuda_graph": cfg.model.cuda_graph_impl + (f" (auto: {run.graph_off_reason})" if run.graph_off_reason else ""),
             "wgrad_fusion": bool(cfg.model.gradient_accumulation_fusion),
         },
         "batch": {
