@@ -204,8 +204,6 @@ def graph_ineligible_reason(cfg: Any, run: RunSettings) -> str | None:
         return "MoE (per-batch expert shapes)"
     if m.tensor_model_parallel_size != 1 or m.pipeline_model_parallel_size != 1:
         return "tensor or pipeline parallel"
-    if not compat.torch_wgrad_accumulation():
-        return "no fp32-output addmm in this torch"
     return None
 
 
@@ -217,8 +215,8 @@ def resolve_step_fusion(cfg: Any, run: RunSettings) -> None:
     reason = graph_ineligible_reason(cfg, run)
     if run.cuda_graph == AUTO:
         run.cuda_graph, run.graph_off_reason = reason is None, reason
-    if run.wgrad_fusion == AUTO:
-        run.wgrad_fusion = bool(run.cuda_graph) and reason is None
+    if run.wgrad_fusion == AUTO:  # (the check installs the addmm path into megatron-core: only when wanted)
+        run.wgrad_fusion = bool(run.cuda_graph) and reason is None and compat.torch_wgrad_accumulation()
 
 
 def _apply_full_step_cuda_graph(cfg: Any) -> None:
