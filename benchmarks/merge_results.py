@@ -22,6 +22,7 @@ from provenance import provenance, write_json  # noqa: E402
 SHARED = ("revision", "seq_length")
 
 
+# The ratios a model's rows carry (train_throughput.py writes them, a merge recomputes them).
 RATIOS = {"ours_vs_hf_compile": "hf_compile", "ours_vs_megatron_local": "megatron_local"}
 
 
@@ -30,7 +31,7 @@ def _rows(rows: dict) -> dict:
     return {name: row for name, row in rows.items() if isinstance(row, dict)}
 
 
-def _with_ratios(rows: dict) -> dict:
+def with_ratios(rows: dict) -> dict:
     for ratio, baseline in RATIOS.items():
         ours, base = rows.get("ours", {}).get("tokens_per_s"), rows.get(baseline, {}).get("tokens_per_s")
         if ours and base:
@@ -59,7 +60,7 @@ def merge(paths: list[Path], replace: bool = False) -> dict:
         merged["runs"].append({"file": path.name, "models": sorted(data["results"]), "command": data.get("command"),
                                "host": data.get("host"), "date": data.get("date")})
     for model, rows in merged["results"].items():
-        _with_ratios(rows)
+        with_ratios(rows)
         if replace:
             rows["row_files"] = row_files[model]
     return {key: files[0][1].get(key) for key in SHARED} | merged

@@ -25,6 +25,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from merge_results import with_ratios  # noqa: E402
 from provenance import provenance, write_json  # noqa: E402
 
 # The baseline settings of ../shared/gpu-host/README.md: micro batch and micro batches per step.
@@ -209,10 +210,7 @@ def main() -> None:
         for r in row.values():
             if "tflops" not in r and flops_per_token and "tokens_per_s" in r:
                 r["tflops"] = r["tokens_per_s"] * flops_per_token / 1e12
-        if row.get("ours", {}).get("tokens_per_s") and row.get("hf_compile", {}).get("tokens_per_s"):
-            row["ours_vs_hf_compile"] = row["ours"]["tokens_per_s"] / row["hf_compile"]["tokens_per_s"]
-        if row.get("ours", {}).get("tokens_per_s") and row.get("megatron_local", {}).get("tokens_per_s"):
-            row["ours_vs_megatron_local"] = row["ours"]["tokens_per_s"] / row["megatron_local"]["tokens_per_s"]
+        with_ratios(row)
     write_results(args, results)
     print(json.dumps(results, indent=1))
 
