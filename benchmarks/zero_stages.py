@@ -10,13 +10,14 @@ usage: python benchmarks/zero_stages.py --out zero_stages.json [--layer-spec fas
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from provenance import provenance, write_json  # noqa: E402
+from provenance import provenance, revision, write_json  # noqa: E402
 from train_throughput import BATCH, megatron_command, megatron_run  # noqa: E402
 
 MODEL = "qwen3_1p7b"
@@ -49,6 +50,16 @@ def plot(results: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def baseline_row(path: Path, settings: dict) -> dict:
+    """The 1gpu row of an earlier run of this script, refused unless it ran the same step at the same revision."""
+    earlier = json.loads(path.read_text())
+    if differ := {k: (earlier.get(k), v) for k, v in settings.items() if earlier.get(k) != v}:
+        raise SystemExit(f"--baseline {path}: not the same run settings (file, this run): {differ}")
+    if "tokens_per_s" not in earlier["results"].get("1gpu", {}):
+        raise SystemExit(f"--baseline {path}: no measured 1gpu row")
+    return earlier["results"]["1gpu"] | {"from_file": path.name}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
@@ -67,9 +78,15 @@ def main() -> None:
     ap.add_argument("--only", nargs="+", metavar="ROW",
                     help="run these rows only (1gpu, 2gpu_zero0..2, 2gpu_<variant>); keep 1gpu for the scaling")
     ap.add_argument("--chunked-loss", action="store_true", help="every row with the chunked cross-entropy")
+    ap.add_argument("--recipe-step", action="store_true",
+                    help="every row with the recipe's own step (kaiyuan.cuda_graph / wgrad_fusion left at auto: on "
+                         "at ZeRO 0/1, off at ZeRO 2) instead of both pinned off; the stages then differ in step")
+    ap.add_argument("--baseline", type=Path, metavar="JSON",
+                    help="the 1gpu row from this file of this script (same revision and settings; measured while "
+                         "the other GPU ran something else) instead of measuring it again")
     ap.add_argument("--print-commands", action="store_true")
     args = ap.parse_args()
-    same_step = SAME_STEP if args.chunked_loss else (*FULL_LOGITS, *SAME_STEP)
+    same_step = (*(() if args.chunked_loss else FULL_LOGITS), *(() if args.recipe_step else SAME_STEP))
     mbs, micro = args.micro_batch, args.micro_batches
     runs = {"1gpu": (1, 1, ())} | {f"2gpu_zero{s}": (2, s, ()) for s in STAGES}
     for name, stage, *overrides in args.variant:
@@ -86,18 +103,22 @@ def main() -> None:
                                    (f"kaiyuan.zero_stage={stage}", *same_step, *extra))
             print(name, shlex.join(cmd))
         return
+    settings = {"model": MODEL, "seq_length": args.seq, "layer_spec": args.layer_spec, "micro_batch": mbs,
+                "micro_batches_per_gpu": micro, "chunked_loss": args.chunked_loss, "recipe_step": args.recipe_step}
     results = {}
+    if args.baseline:
+        results["1gpu"] = baseline_row(args.baseline, {"revision": revision()} | settings)
+        runs.pop("1gpu", None)
     for name, (gpus, stage, extra) in runs.items():
         measured = megatron_run(MODEL, args.layer_spec, mbs, micro, args.seq, args.steps, gpus,
                                 (f"kaiyuan.zero_stage={stage}", *same_step, *extra), args.run_timeout)
         results[name] = measured | {"gpus": gpus, "zero_stage": stage} | ({"overrides": list(extra)} if extra else {})
         print(name, results[name], flush=True)
     base = results.get("1gpu", {}).get("tokens_per_s")
-    for name in runs:
+    for name in results:
         if name != "1gpu" and base and results[name].get("tokens_per_s"):
             results[name]["scaling_efficiency"] = results[name]["tokens_per_s"] / base
-    write_json(args.out, {**provenance(" ".join(["python", *sys.argv])), "model": MODEL, "seq_length": args.seq,
-                          "layer_spec": args.layer_spec, "micro_batch": mbs, "micro_batches_per_gpu": micro,
+    write_json(args.out, {**provenance(" ".join(["python", *sys.argv])), **settings,
                           "target_scaling_efficiency": 0.95, "results": results})
     plot(results, args.out.with_suffix(".png"))
 

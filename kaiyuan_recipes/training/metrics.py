@@ -24,7 +24,8 @@ class RunMetricsCallback(Callback):
         self.path = Path(state_dir) / METRICS_FILE
         self.seq_length = seq_length
         self._t0 = 0.0
-        self._last_end: tuple[float, int] | None = None
+        self._last_end: float | None = None  # the previous step's end, unless an evaluation or a save followed it
+        self._last_flops = 0
 
     def _is_writer(self) -> bool:
         import torch.distributed as dist
@@ -52,7 +53,10 @@ class RunMetricsCallback(Callback):
         import torch.distributed as dist
 
         now = time.perf_counter()
-        elapsed = now - self._t0
+        # A step's wall time runs from the previous step's end, so Megatron's logging and the next step's setup
+        # (which a whole-step CUDA graph leaves the GPU idle for) count, as in a plain loop timed end to end; the
+        # first step, and one after an evaluation or a checkpoint save, runs from its own start.
+        elapsed = now - (self._last_end if self._last_end is not None else self._t0)
         ts = context.state.train_state
         cfg = context.state.cfg
         world = dist.get_world_size() if dist.is_initialized() else 1
@@ -61,12 +65,12 @@ class RunMetricsCallback(Callback):
             value = context.loss_dict.get("lm loss", next(iter(context.loss_dict.values())))
             loss = float(value.item() if hasattr(value, "item") else value)
         tokens = cfg.train.global_batch_size * self.seq_length
-        # Megatron adds a step's FLOPs to the running total after this hook, so measure model
-        # TFLOP/s between consecutive step ends (one step's FLOPs over one step's wall time).
+        # Megatron adds a step's FLOPs to the running total after this hook: the previous step's FLOPs over
+        # the same window, one step later.
         tflops = None
-        if self._last_end is not None and ts.floating_point_operations_so_far > self._last_end[1]:
-            tflops = (ts.floating_point_operations_so_far - self._last_end[1]) / (now - self._last_end[0]) / world / 1e12
-        self._last_end = (now, ts.floating_point_operations_so_far)
+        if self._last_flops and ts.floating_point_operations_so_far > self._last_flops:
+            tflops = (ts.floating_point_operations_so_far - self._last_flops) / elapsed / world / 1e12
+        self._last_end, self._last_flops = now, ts.floating_point_operations_so_far
         self._write(
             {
                 "event": "step",
@@ -80,13 +84,17 @@ class RunMetricsCallback(Callback):
                 "step_time_s": elapsed,
                 "tokens_per_s_per_gpu": tokens / elapsed / world,
                 "model_tflops_per_gpu": tflops,
-                "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
+                "peak_mem_gb": torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None,
                 "skipped": bool(context.skipped_iter),
                 "time": time.time(),
             }
         )
 
+    def on_eval_start(self, context: Any) -> None:
+        self._last_end = None
+
     def on_checkpoint_save(self, context: Any) -> None:
+        self._last_end = None
         self._write({"event": "checkpoint", "iteration": context.state.train_state.step, "time": time.time()})
 
     def on_train_end(self, context: Any) -> None:
