@@ -247,3 +247,46 @@ def test_upstream_still_captures_the_final_evaluation_in_the_deleted_training_gr
         full_cuda_graph.FullCudaGraphWrapper.cuda_graph.clear()
         full_cuda_graph.FullCudaGraphWrapper.cuda_graph.update(graphs)
         full_cuda_graph._shared_graph_pool = saved_pool
+
+
+@needs_no_te
+def test_upstream_grad_norm_fallback_still_reads_every_norm_on_the_host():
+    """What compat.foreach_grad_clip works around: megatron-core's fallback l2 norm (no Apex, no TE) builds a
+    host tensor from the per-parameter norms, one device-to-host read each (a CUDA tensor on the GPU host)."""
+    probe = run_python(
+        """
+        import inspect
+        from megatron.core import utils
+        from megatron.core.optimizer import clip_grads
+        print(clip_grads.l2_norm_impl is utils.local_multi_tensor_l2_norm,
+              "torch.tensor(l2)" in inspect.getsource(utils.local_multi_tensor_l2_norm))
+        """
+    )
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    assert probe.stdout.split()[-2:] == ["True", "True"], (
+        "megatron-core's fallback grad norm changed: check whether compat.foreach_grad_clip is still needed")
+
+
+def test_foreach_grad_clip_computes_what_upstreams_fallback_does():
+    """Installed by compat.apply(): the clip path's norm is the norm of all gradients together, left on the
+    device as a 1-element tensor; the scale is bitwise upstream's `dst.copy_(src * scale)`, in place and across
+    dtypes (megatron-core's own _multi_tensor_copy_this_to_that, fp32 main params to bf16 ones, goes through it)."""
+    import torch
+    from megatron.core import utils
+    from megatron.core.optimizer import clip_grads, optimizer
+
+    compat.apply()
+    assert clip_grads.l2_norm_impl is compat._foreach_l2_norm
+    assert clip_grads.multi_tensor_scale_impl is optimizer.multi_tensor_scale_impl is compat._foreach_scale
+    torch.manual_seed(0)
+    grads = [torch.randn(n) for n in (7, 300, 1)] + [torch.randn(4, 5)]
+    norm, per_tensor = clip_grads.multi_tensor_applier(clip_grads.l2_norm_impl, None, [grads], False)
+    assert norm.shape == (1,) and per_tensor is None
+    torch.testing.assert_close(norm, torch.cat([g.flatten() for g in grads]).norm().reshape(1))
+    ours, theirs = [g.clone() for g in grads], [g.clone() for g in grads]
+    compat._foreach_scale(0, None, [ours, ours], 0.37)
+    utils.local_multi_tensor_scale(0, None, [theirs, theirs], 0.37)
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+    bf16 = [torch.empty_like(g, dtype=torch.bfloat16) for g in grads]
+    optimizer._multi_tensor_copy_this_to_that(grads, bf16, overflow_buf=torch.zeros(1))
+    assert all(torch.equal(b, g.to(torch.bfloat16)) for b, g in zip(bf16, grads))

@@ -127,6 +127,17 @@ def test_fast_spec_rope_goes_through_megatrons_fused_hook_compiled(megatron_para
     unfused = rope_utils._apply_rotary_pos_emb_bshd(t, freqs)
     torch.testing.assert_close(fused, unfused, atol=1e-5, rtol=1e-5)
     assert not torch.equal(fused, t)
+    # cos / sin are computed once per angle tensor (Megatron hands every layer the same one), and again when
+    # those angles change in place or another tensor comes
+    from kaiyuan_recipes.models import fast_spec
+
+    assert fast_spec._cos_sin(freqs, t.dtype)[0] is fast_spec._cos_sin(freqs, t.dtype)[0]
+    freqs.mul_(0.5)
+    torch.testing.assert_close(rope_utils.apply_rotary_pos_emb(t, freqs, provider),
+                               rope_utils._apply_rotary_pos_emb_bshd(t, freqs), atol=1e-5, rtol=1e-5)
+    other = torch.randn(32, 1, 1, 8)  # a partial rotary dimension: the rest of t passes through
+    torch.testing.assert_close(rope_utils.apply_rotary_pos_emb(t, other, provider),
+                               rope_utils._apply_rotary_pos_emb_bshd(t, other), atol=1e-5, rtol=1e-5)
     local = build_provider(shape, "local")
     assert not local.apply_rope_fusion  # the local spec stays on the unfused path
 

@@ -298,6 +298,45 @@ def torch_wgrad_accumulation() -> bool:
     return True
 
 
+def _foreach_l2_norm(chunk_size: int, noop_flag: Any, tensor_lists: list, per_tensor: bool, *args: Any) -> Any:
+    """amp_C.multi_tensor_l2norm's interface: the norm over every tensor, left on the device."""
+    import torch
+
+    norms = torch.stack(torch._foreach_norm(tensor_lists[0], dtype=torch.float32))
+    return torch.linalg.vector_norm(norms).reshape(1), norms if per_tensor else None
+
+
+def _foreach_scale(chunk_size: int, noop_flag: Any, tensor_lists: list, scale: float) -> None:
+    """amp_C.multi_tensor_scale's interface (dst = src * scale) in a few foreach kernels."""
+    import torch
+
+    src, dst = tensor_lists
+    if all(a is b for a, b in zip(src, dst)):
+        torch._foreach_mul_(dst, scale)
+    else:
+        torch._foreach_copy_(dst, src if scale == 1.0 else torch._foreach_mul(src, scale))
+
+
+def foreach_grad_clip() -> bool:
+    """Without Apex or TE, megatron-core's gradient clipping falls back to megatron.core.utils'
+    local_multi_tensor_l2_norm, which turns each parameter's norm into a Python float (one device-to-host sync
+    per parameter, 227 a step for qwen3_1p7b), and local_multi_tensor_scale, two kernels per parameter.
+    Route both through torch's foreach kernels; megatron-core still reads the total norm once, as with Apex."""
+    from megatron.core import utils
+    from megatron.core.optimizer import clip_grads, optimizer
+
+    patched = False
+    for module, name, local, ours in ((clip_grads, "l2_norm_impl", utils.local_multi_tensor_l2_norm, _foreach_l2_norm),
+                                      (clip_grads, "multi_tensor_scale_impl", utils.local_multi_tensor_scale,
+                                       _foreach_scale),
+                                      (optimizer, "multi_tensor_scale_impl", utils.local_multi_tensor_scale,
+                                       _foreach_scale)):
+        if getattr(module, name) is local:
+            setattr(module, name, ours)
+            patched = True
+    return patched
+
+
 def separate_full_graph_pools(model_cfg: Any) -> None:
     """Megatron-Bridge deletes the training step's full-iteration CUDA graph when training ends
     (train._delete_cuda_graphs), but megatron-core keeps the process-wide pool handle that graph owned
@@ -314,6 +353,7 @@ def apply() -> None:
     skip_prebuilt_helpers_build()
     init_optimizer_state_before_load()
     restore_adam_step_per_parameter()
+    foreach_grad_clip()
     cpu_checkpoint_save()
 
 

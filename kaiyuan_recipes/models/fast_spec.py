@@ -52,13 +52,39 @@ FAST_SPEC_SETTINGS = dict(bias_activation_fusion=True, bias_dropout_fusion=True,
 
 
 @jit_fuser
-def _rope_bshd(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool) -> torch.Tensor:
-    return rope_utils._apply_rotary_pos_emb_bshd(t, freqs, rotary_interleaved=interleaved)
+def _rope_bshd(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """megatron-core's _apply_rotary_pos_emb_bshd with cos / sin given (already in t's dtype, as it casts them)."""
+    rot_dim = cos.shape[-1]
+    t, t_pass = t[..., :rot_dim], t[..., rot_dim:]
+    t = (t * cos) + (rope_utils._rotate_half(t, interleaved) * sin)
+    return torch.cat((t, t_pass), dim=-1)
+
+
+# cos / sin of the RoPE angles, per angle tensor and dtype. Megatron's RotaryEmbedding.forward is lru_cached, so
+# every layer of every step gets the same `freqs` tensor: computed once here instead of in each of the 2 x layers
+# RoPE kernels a micro-batch (where the compiled kernel spent more time on sin / cos than on memory).
+_trig: dict[tuple[int, torch.dtype], tuple[Any, int, torch.Tensor, torch.Tensor]] = {}
+
+
+def _cos_sin(freqs: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    import weakref
+
+    key = (id(freqs), dtype)
+    hit = _trig.get(key)
+    if hit is not None and hit[0]() is freqs and hit[1] == freqs._version:
+        return hit[2], hit[3]
+    for stale in [k for k, v in _trig.items() if v[0]() is None]:  # angle tensors since freed
+        del _trig[stale]
+    with torch.no_grad():
+        cos, sin = torch.cos(freqs).to(dtype), torch.sin(freqs).to(dtype)
+    _trig[key] = (weakref.ref(freqs), freqs._version, cos, sin)
+    return cos, sin
 
 
 def compiled_rope(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
-    """TE's fused_apply_rotary_pos_emb interface on megatron-core's own unfused RoPE math, compiled."""
-    return _rope_bshd(t, freqs, interleaved)
+    """TE's fused_apply_rotary_pos_emb interface on megatron-core's own unfused RoPE math, compiled, with the
+    angles' cos / sin computed once per angle tensor."""
+    return _rope_bshd(t, *_cos_sin(freqs, t.dtype), interleaved)
 
 
 def rope_thd(t: torch.Tensor, cu_seqlens: torch.Tensor, freqs: torch.Tensor, cp_size: int = 1, cp_rank: int = 0,
