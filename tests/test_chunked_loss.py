@@ -214,3 +214,33 @@ def test_fast_spec_runs_register_the_hook(tmp_path):
         assert fast_spec._sdpa_priority[0].name == "CUDNN_ATTENTION"
     finally:
         fast_spec.set_sdpa_backend("auto")
+
+
+def test_weight_gradient_accumulates_into_the_main_grad_with_wgrad_fusion():
+    """kaiyuan.wgrad_fusion: over two micro-batches the output layer's weight gradient lands in the fp32 main grad
+    (megatron-core's accumulate, installed by compat.torch_wgrad_accumulation) equal to the sum of the ordinary
+    gradients, and the weight gets megatron-core's dummy grad with grad_added_to_main_grad set, so DDP's hook adds
+    nothing; a weight without a main grad (no DDP) gets its ordinary gradient."""
+    from kaiyuan_recipes import compat
+
+    assert compat.torch_wgrad_accumulation()
+    torch.manual_seed(0)
+    hidden = [torch.randn(21, 16, requires_grad=True) for _ in range(2)]
+    labels = [torch.randint(0, 300, (21,)) for _ in range(2)]
+    upstream = torch.rand(21)
+    weight = torch.randn(300, 16, requires_grad=True)
+    for h, y in zip(hidden, labels):
+        (ChunkedLinearCrossEntropy.apply(h, weight, y, 8, True, False) * upstream).sum().backward()
+    expected, weight.grad = weight.grad.clone(), None
+    weight.main_grad = torch.zeros_like(weight)
+    weight.grad_added_to_main_grad = False
+    for h, y in zip(hidden, labels):
+        (ChunkedLinearCrossEntropy.apply(h.detach().requires_grad_(), weight, y, 8, True, True) * upstream).sum().backward()
+    torch.testing.assert_close(weight.main_grad, expected, atol=1e-5, rtol=1e-5)
+    assert weight.grad_added_to_main_grad and weight.grad.shape == weight.shape
+    weight.zero_out_wgrad, weight.grad = True, None  # tied to the embedding: megatron-core's zero dummy
+    (ChunkedLinearCrossEntropy.apply(hidden[0], weight, labels[0], 8, True, True) * upstream).sum().backward()
+    assert torch.count_nonzero(weight.grad) == 0
+    plain = torch.randn(300, 16, requires_grad=True)
+    (ChunkedLinearCrossEntropy.apply(hidden[0], plain, labels[0], 8, True, True) * upstream).sum().backward()
+    assert plain.grad is not None and not hasattr(plain, "main_grad")

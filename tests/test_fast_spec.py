@@ -189,3 +189,25 @@ def test_whole_fast_spec_model_computes_what_the_local_spec_computes(megatron_pa
     for name, p in fast.named_parameters():
         torch.testing.assert_close(p.grad, local_params[name].grad, atol=1e-5, rtol=1e-4, msg=name)
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in fast.parameters())
+
+
+def test_swiglu_backward_is_installed_and_keeps_upstreams_gradient(megatron_parallel):
+    """Building a fast-spec provider installs the SwiGLU backward kernel into megatron-core's SwiGLUFunction; the
+    gradient through megatron-core's bias_swiglu_impl (the fast spec's MLP activation) equals autograd's
+    through silu(a) · b. On this CPU host the tensors take upstream's path; the kernel itself is compared with
+    upstream on CUDA in tests/gpu/test_fast_spec_gpu.py."""
+    from megatron.core.fusions import fused_bias_swiglu
+
+    from kaiyuan_recipes.models import swiglu_backward
+
+    build_provider(tiny_gpt_shape(), "fast")
+    assert fused_bias_swiglu.SwiGLUFunction.backward is swiglu_backward._backward
+    torch.manual_seed(0)
+    y = torch.randn(6, 2, 32, requires_grad=True)
+    out = fused_bias_swiglu.bias_swiglu_impl(y, None)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    y_ref = y.detach().clone().requires_grad_()
+    a, b = y_ref.chunk(2, -1)
+    (torch.nn.functional.silu(a) * b).backward(grad)
+    torch.testing.assert_close(y.grad, y_ref.grad, atol=1e-6, rtol=1e-6)

@@ -368,11 +368,14 @@ def import_megatron_bridge() -> types.ModuleType:
 
     skip_prebuilt_helpers_build()
     # Not workarounds: a fast-spec checkpoint's run_config.yaml names our layer-spec function (Megatron-Bridge
-    # instantiates only allowlisted modules) and apply_rope_fusion=True (refused while RoPE's hooks are empty).
+    # instantiates only allowlisted modules) and apply_rope_fusion=True (refused while RoPE's hooks are empty);
+    # the fast spec's SwiGLU backward kernel (models/swiglu_backward.py).
     from megatron.bridge.utils.instantiate_utils import register_allowed_target_prefix
 
     from kaiyuan_recipes.models.fast_spec import register_compiled_rope
+    from kaiyuan_recipes.models.swiglu_backward import register_swiglu_backward
 
     register_allowed_target_prefix(CONFIG_TARGET_PREFIX)
     register_compiled_rope()
+    register_swiglu_backward()
     return bridge

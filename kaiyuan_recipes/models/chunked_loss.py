@@ -78,11 +78,12 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
     by the upstream gradient g exactly, whatever the loss mask did to it: d hidden rows scale by g, and
     d W = Gᵀ (g · h), the weights applied to the small hidden side. Three lm-head GEMMs in all, as with whole
     logits, and nothing read on the host (a CUDA graph replays this unchanged). Without it (no grad needed in
-    the forward, or a second backward) the backward recomputes each chunk's logits (a fourth GEMM)."""
+    the forward, or a second backward) the backward recomputes each chunk's logits (a fourth GEMM).
+    With `into_main_grad` (kaiyuan.wgrad_fusion) d W accumulates straight into the weight's fp32 main grad."""
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int,
-                grads_in_forward: bool = False) -> torch.Tensor:
+                grads_in_forward: bool = False, into_main_grad: bool = False) -> torch.Tensor:
         n = hidden.shape[0]
         lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
         loss = torch.empty(n, dtype=torch.float32, device=hidden.device)
@@ -100,7 +101,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         if grads_in_forward:
             ctx.unit_grads = unit_hidden, unit_logits
         ctx.save_for_backward(hidden, weight, labels, lse)
-        ctx.chunk = chunk
+        ctx.chunk, ctx.into_main_grad = chunk, into_main_grad
         return loss
 
     @staticmethod
@@ -111,18 +112,41 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         if unit_grads is not None:
             unit_hidden, unit_logits = unit_grads
             grad_hidden = (unit_hidden * grad_loss[:, None]).to(hidden.dtype) if want_hidden else None
-            grad_weight = torch.zeros_like(weight) if want_weight else None
+            accumulate = _main_grad_accumulate(weight) if want_weight and ctx.into_main_grad else None
+            grad_weight = torch.zeros_like(weight) if want_weight and accumulate is None else None
             for i, grad_logits in enumerate(unit_logits if want_weight else ()):
                 rows = slice(i * ctx.chunk, (i + 1) * ctx.chunk)
-                grad_weight.addmm_(grad_logits.t(), (hidden[rows] * grad_loss[rows, None]).to(hidden.dtype))
-            return grad_hidden, grad_weight, None, None, None
+                scaled_hidden = (hidden[rows] * grad_loss[rows, None]).to(hidden.dtype)
+                if accumulate is None:
+                    grad_weight.addmm_(grad_logits.t(), scaled_hidden)
+                else:
+                    accumulate(scaled_hidden, grad_logits, weight.main_grad)
+            if accumulate is not None:  # as megatron-core's fused linear layers: a dummy grad, the flag set;
+                # zeros where the embedding shares the weight (its gradient is added to this one by autograd)
+                dummy = torch.zeros if getattr(weight, "zero_out_wgrad", False) else torch.empty
+                grad_weight = dummy(weight.main_grad.shape, dtype=hidden.dtype, device=hidden.device)
+                weight.grad_added_to_main_grad = True
+            return grad_hidden, grad_weight, None, None, None, None
         grad_hidden = torch.empty_like(hidden) if want_hidden else None
         grad_weight = torch.zeros_like(weight) if want_weight else None
         for start in range(0, hidden.shape[0], ctx.chunk):
             rows = slice(start, start + ctx.chunk)
             grad_logits = _grad_logits(hidden[rows] @ weight.t(), lse[rows], labels[rows], grad_loss[rows])
             _add_chunk_grads(grad_logits, rows, hidden, weight, grad_hidden, grad_weight)
-        return grad_hidden, grad_weight, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None
+
+
+def _main_grad_accumulate(weight: torch.Tensor) -> Any:
+    """kaiyuan.wgrad_fusion for the output layer: megatron-core's weight-gradient accumulate (Apex's extension or
+    compat.torch_wgrad_accumulation) into the DDP main grad, in fp32 across chunks and micro-batches, instead of a
+    bf16 weight gradient that DDP's hook then adds; None where the weight has no main grad to take it."""
+    from megatron.core.tensor_parallel import layers
+
+    main_grad = getattr(weight, "main_grad", None)
+    if main_grad is None or not hasattr(weight, "grad_added_to_main_grad") or not layers._grad_accum_fusion_available:
+        return None
+    extension = layers.fused_weight_gradient_mlp_cuda
+    return extension.wgrad_gemm_accum_fp32 if main_grad.dtype == torch.float32 else extension.wgrad_gemm_accum_fp16
 
 
 class DeferredLogits:
@@ -152,7 +176,7 @@ def _chunked_language_model_loss(self, labels: torch.Tensor, logits: Any) -> tor
     training = torch.is_grad_enabled() and (hidden.requires_grad or logits.weight.requires_grad)
     loss = ChunkedLinearCrossEntropy.apply(hidden.reshape(s * b, h), logits.weight,
                                            labels.transpose(0, 1).reshape(s * b), chunk_tokens(logits.weight.shape[0]),
-                                           training)
+                                           training, bool(self.config.gradient_accumulation_fusion))
     return loss.view(s, b).transpose(0, 1).contiguous()
 
 

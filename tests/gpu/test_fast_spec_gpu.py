@@ -3,7 +3,7 @@ GroupedGemmSequentialMLP against SequentialMLP (64 experts of 320, hidden 1024, 
 bf16: outputs, input and weight gradients) and SDPA core attention against Megatron's local attention
 (causal, GQA 16/4, head 128, seq 4096); at qwen3_1p7b's shape the chunked linear + cross-entropy against
 full logits (and its peak memory), the compiled RoPE against the unfused one, the compiled RMSNorm
-against torch's, and the fused weight-gradient accumulate (kaiyuan.wgrad_fusion) against fp32. Prints the times
+against torch's, the SwiGLU backward kernel against megatron-core's, and the fused weight-gradient accumulate (kaiyuan.wgrad_fusion) against fp32. Prints the times
 of both sides (information only).
 
 usage (GPU host): python -m pytest -q -s tests/gpu/test_fast_spec_gpu.py"""
@@ -166,6 +166,24 @@ def test_compiled_rope_matches_unfused_on_cuda():
     t_fused = _timed(lambda: rope_utils.apply_rotary_pos_emb(t, freqs, provider))
     t_unfused = _timed(lambda: rope_utils._apply_rotary_pos_emb_bshd(t, freqs))
     print(f"\nRoPE, [4096, 2, 16, 128] bf16: compiled {t_fused * 1e3:.3f} ms, unfused {t_unfused * 1e3:.3f} ms")
+
+
+def test_swiglu_backward_kernel_matches_upstream_on_cuda():
+    """The SwiGLU backward kernel (models/swiglu_backward.py) against megatron-core's compiled swiglu_back at
+    qwen3_1p7b's fc1 output (8192 tokens x 2 x 6144, bf16); both sides compute in fp32 and round once."""
+    from megatron.core.fusions import fused_bias_swiglu
+
+    from kaiyuan_recipes.models.swiglu_backward import swiglu_back
+
+    torch.manual_seed(0)
+    y = torch.randn(8192, 12288, dtype=torch.bfloat16, device=DEVICE)
+    g = torch.randn(8192, 6144, dtype=torch.bfloat16, device=DEVICE)
+    ours, theirs = swiglu_back(g, y), fused_bias_swiglu.swiglu_back(g, y)
+    torch.testing.assert_close(ours.float(), theirs.float(), atol=1e-2, rtol=1e-2)
+    assert (ours != theirs).float().mean() < 0.01  # at most a last-bit difference, and rarely
+    t_ours = _timed(lambda: swiglu_back(g, y), reps=20)
+    t_theirs = _timed(lambda: fused_bias_swiglu.swiglu_back(g, y), reps=20)
+    print(f"\nSwiGLU backward, [8192, 12288] bf16: kernel {t_ours * 1e3:.3f} ms, upstream {t_theirs * 1e3:.3f} ms")
 
 
 @pytest.mark.parametrize("shape", [(4096, 2, 2048), (4096, 2, 16, 128)])  # qwen3's hidden norms; its q norm
