@@ -235,7 +235,8 @@ def test_weight_gradient_accumulates_into_the_main_grad_with_wgrad_fusion():
     weight.main_grad = torch.zeros_like(weight)
     weight.grad_added_to_main_grad = False
     for h, y in zip(hidden, labels):
-        (ChunkedLinearCrossEntropy.apply(h.detach().requires_grad_(), weight, y, 8, True, True) * upstream).sum().backward()
+        h = h.detach().requires_grad_()
+        (ChunkedLinearCrossEntropy.apply(h, weight, y, 8, True, True) * upstream).sum().backward()
     torch.testing.assert_close(weight.main_grad, expected, atol=1e-5, rtol=1e-5)
     assert weight.grad_added_to_main_grad and weight.grad.shape == weight.shape
     weight.zero_out_wgrad, weight.grad = True, None  # tied to the embedding: megatron-core's zero dummy

@@ -4,14 +4,16 @@ GQA without materialising repeated K/V, no O(s²) score tensor), and turns back 
 that need neither TE nor Apex (FAST_SPEC_SETTINGS: SwiGLU, bias-dropout-add and the vocab-parallel
 cross-entropy, each a torch.compile'd function in megatron.core.fusions; SwiGLU's backward is a Triton kernel,
 models/swiglu_backward.py); RoPE runs as one compiled elementwise kernel through Megatron's fused-RoPE hook
-(register_compiled_rope), RMSNorm compiled too (models/compiled_norm.py); MoE experts run as grouped GEMMs (models/grouped_experts.py). Chosen by
-`kaiyuan.layer_spec=auto` on CUDA hosts without TE (providers.resolve_layer_spec), or `kaiyuan.layer_spec=fast`.
+(register_compiled_rope), RMSNorm compiled too (models/compiled_norm.py); MoE experts run as grouped GEMMs
+(models/grouped_experts.py). Chosen by `kaiyuan.layer_spec=auto` on CUDA hosts without TE
+(providers.resolve_layer_spec), or `kaiyuan.layer_spec=fast`.
 
 Status: each piece is tested on the CPU against the unfused computation and on an H200
 (tests/gpu/test_fast_spec_gpu.py); the whole model equals the local spec in fp32 (tests/test_fast_spec.py).
 Measured there for qwen3_1p7b with the recipe defaults: 42,775 tokens/s, 1.27x HF + torch.compile and 2.8x the
 local spec, at 55% of the local spec's peak memory (benchmarks/results/2026-12-01_train_throughput.json). In one
-pass over gpt_smoke's sample corpus its loss runs ~1 % below the local spec's (2026-11-30_fast_vs_local_onepass.json)."""
+pass over gpt_smoke's sample corpus its loss runs ~1 % below the local spec's
+(2026-11-30_fast_vs_local_onepass.json)."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ class RunMetricsCallback(Callback):
         self.seq_length = seq_length
         self._t0 = 0.0
         self._last_end: float | None = None  # the previous step's end, unless an evaluation or a save followed it
-        self._last_flops = 0
+        self._last_flops: float | None = None
 
     def _is_writer(self) -> bool:
         import torch.distributed as dist
@@ -68,7 +68,7 @@ class RunMetricsCallback(Callback):
         # Megatron adds a step's FLOPs to the running total after this hook: the previous step's FLOPs over
         # the same window, one step later.
         tflops = None
-        if self._last_flops and ts.floating_point_operations_so_far > self._last_flops:
+        if self._last_flops is not None and ts.floating_point_operations_so_far > self._last_flops:
             tflops = (ts.floating_point_operations_so_far - self._last_flops) / elapsed / world / 1e12
         self._last_end, self._last_flops = now, ts.floating_point_operations_so_far
         self._write(

@@ -3,8 +3,8 @@ GroupedGemmSequentialMLP against SequentialMLP (64 experts of 320, hidden 1024, 
 bf16: outputs, input and weight gradients) and SDPA core attention against Megatron's local attention
 (causal, GQA 16/4, head 128, seq 4096); at qwen3_1p7b's shape the chunked linear + cross-entropy against
 full logits (and its peak memory), the compiled RoPE against the unfused one, the compiled RMSNorm
-against torch's, the SwiGLU backward kernel against megatron-core's, and the fused weight-gradient accumulate (kaiyuan.wgrad_fusion) against fp32. Prints the times
-of both sides (information only).
+against torch's, the SwiGLU backward kernel against megatron-core's, and the fused weight-gradient
+accumulate (kaiyuan.wgrad_fusion) against fp32. Prints the times of both sides (information only).
 
 usage (GPU host): python -m pytest -q -s tests/gpu/test_fast_spec_gpu.py"""
 
