@@ -69,6 +69,26 @@ def test_zero_stages_compares_like_for_like():
     assert "train.micro_batch_size=4 train.global_batch_size=16 " in proc.stdout  # 4 x 2 per GPU, 2 GPUs
     proc = run("benchmarks/zero_stages.py", "--out", "unused.json", "--print-commands", "--only", "2gpu_zero3")
     assert proc.returncode == 2 and "--only: no row named 2gpu_zero3; the rows are 1gpu, 2gpu_zero0" in proc.stderr
+    proc = run("benchmarks/zero_stages.py", "--out", "unused.json", "--print-commands", "--recipe-step",
+               "--chunked-loss")
+    assert proc.returncode == 0, proc.stderr
+    assert "kaiyuan.cuda_graph" not in proc.stdout and "kaiyuan.chunked_loss" not in proc.stdout  # auto, defaults
+
+
+def test_zero_stages_baseline_must_be_the_same_run(tmp_path):
+    """--baseline takes the 1gpu row of an earlier file only when it ran the same step at the same revision."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from provenance import revision
+    from zero_stages import baseline_row
+
+    settings = {"model": "qwen3_1p7b", "seq_length": 4096, "layer_spec": "fast", "micro_batch": 2,
+                "micro_batches_per_gpu": 4, "chunked_loss": True, "recipe_step": False}
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps({"revision": revision(), **settings, "results": {"1gpu": {"tokens_per_s": 9.0}}}))
+    assert baseline_row(earlier, {"revision": revision()} | settings) == {"tokens_per_s": 9.0,
+                                                                           "from_file": "earlier.json"}
+    with pytest.raises(SystemExit, match="recipe_step.*False, True"):
+        baseline_row(earlier, {"revision": revision()} | settings | {"recipe_step": True})
 
 
 def test_failed_megatron_row_names_the_ranks_exception(tmp_path, monkeypatch):

@@ -302,6 +302,8 @@ def _foreach_l2_norm(chunk_size: int, noop_flag: Any, tensor_lists: list, per_te
     """amp_C.multi_tensor_l2norm's interface: the norm over every tensor, left on the device."""
     import torch
 
+    if not tensor_lists[0]:
+        return torch.zeros(1, dtype=torch.float32, device="cuda"), None  # upstream's fallback: a CUDA zero
     norms = torch.stack(torch._foreach_norm(tensor_lists[0], dtype=torch.float32))
     return torch.linalg.vector_norm(norms).reshape(1), norms if per_tensor else None
 
@@ -373,9 +375,11 @@ def import_megatron_bridge() -> types.ModuleType:
     from megatron.bridge.utils.instantiate_utils import register_allowed_target_prefix
 
     from kaiyuan_recipes.models.fast_spec import register_compiled_rope
-    from kaiyuan_recipes.models.swiglu_backward import register_swiglu_backward
 
     register_allowed_target_prefix(CONFIG_TARGET_PREFIX)
     register_compiled_rope()
-    register_swiglu_backward()
+    if importlib.util.find_spec("triton") is not None:  # absent with a CPU-only torch: upstream's backward stays
+        from kaiyuan_recipes.models.swiglu_backward import register_swiglu_backward
+
+        register_swiglu_backward()
     return bridge

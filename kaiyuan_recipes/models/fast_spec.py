@@ -79,7 +79,8 @@ def _cos_sin(freqs: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, tor
         del _trig[stale]
     with torch.no_grad():
         cos, sin = torch.cos(freqs).to(dtype), torch.sin(freqs).to(dtype)
-    _trig[key] = (weakref.ref(freqs), freqs._version, cos, sin)
+    if not (freqs.is_cuda and torch.cuda.is_current_stream_capturing()):  # captured kernels have not run yet
+        _trig[key] = (weakref.ref(freqs), freqs._version, cos, sin)
     return cos, sin
 
 
