@@ -327,15 +327,14 @@ def foreach_grad_clip() -> bool:
     from megatron.core import utils
     from megatron.core.optimizer import clip_grads, optimizer
 
+    replacements = {"l2_norm_impl": (utils.local_multi_tensor_l2_norm, _foreach_l2_norm),
+                    "multi_tensor_scale_impl": (utils.local_multi_tensor_scale, _foreach_scale)}
     patched = False
-    for module, name, local, ours in ((clip_grads, "l2_norm_impl", utils.local_multi_tensor_l2_norm, _foreach_l2_norm),
-                                      (clip_grads, "multi_tensor_scale_impl", utils.local_multi_tensor_scale,
-                                       _foreach_scale),
-                                      (optimizer, "multi_tensor_scale_impl", utils.local_multi_tensor_scale,
-                                       _foreach_scale)):
-        if getattr(module, name) is local:
-            setattr(module, name, ours)
-            patched = True
+    for module in (clip_grads, optimizer):  # each binds the fallbacks it imported under these names
+        for name, (local, ours) in replacements.items():
+            if getattr(module, name, None) is local:
+                setattr(module, name, ours)
+                patched = True
     return patched
 
 

@@ -17,6 +17,7 @@ pass over gpt_smoke's sample corpus its loss runs ~1 % below the local spec's
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Optional
 
 import torch
@@ -69,8 +70,6 @@ _trig: dict[tuple[int, torch.dtype], tuple[Any, int, torch.Tensor, torch.Tensor]
 
 
 def _cos_sin(freqs: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    import weakref
-
     key = (id(freqs), dtype)
     hit = _trig.get(key)
     if hit is not None and hit[0]() is freqs and hit[1] == freqs._version:
