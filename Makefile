@@ -7,8 +7,11 @@ PY312 ?= $(shell p=$$(pyenv prefix 3.12.1 2>/dev/null) && [ -x "$$p/bin/python" 
 BIN := $(VENV)/bin
 
 VENV2 ?= .venv-nemo2
+# Every package of both environments at the version CI tested (upgrading = `make lock`, a reviewed change).
+LOCK := constraints/bridge.txt
+LOCK2 := constraints/nemo2.txt
 
-.PHONY: env env-nemo2 run test clean gpu-wheels
+.PHONY: env env-nemo2 run test test-services lock clean gpu-wheels
 
 env: $(VENV)/.installed
 
@@ -16,10 +19,11 @@ env: $(VENV)/.installed
 # a second environment (the `nemo2` extra).
 env-nemo2: $(VENV2)/.installed
 
-$(VENV2)/.installed: pyproject.toml
+$(VENV2)/.installed: pyproject.toml $(LOCK2)
+	@test -n "$(PY312)" || { echo "Python 3.12 not found (pyenv 3.12.1 or python3.12 on PATH)"; exit 1; }
 	$(PY312) -m venv $(VENV2)
-	$(VENV2)/bin/pip install -q --upgrade pip
-	$(VENV2)/bin/pip install -q -e ".[nemo2]"
+	$(VENV2)/bin/pip install -q -c $(LOCK2) pip
+	$(VENV2)/bin/pip install -q -c $(LOCK2) -e ".[nemo2]"
 	# kaiyuan_recipes.compat.cpu_cuda_arch_list at interpreter start (see its docstring)
 	echo "import kaiyuan_recipes.compat as c; c.cpu_cuda_arch_list()" > \
 		"$$($(VENV2)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/kaiyuan_compat.pth"
@@ -28,13 +32,25 @@ $(VENV2)/.installed: pyproject.toml
 # megatron-bridge's declared dependencies include GPU-only builds (transformer-engine, mamba-ssm)
 # that cannot build on a CPU host, so it is installed with --no-deps after the packages it
 # imports (the `bridge` extra). nvidia-resiliency-ext is left out: it needs glibc >= 2.39.
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(LOCK)
 	@test -n "$(PY312)" || { echo "Python 3.12 not found (pyenv 3.12.1 or python3.12 on PATH)"; exit 1; }
 	$(PY312) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[bridge,run,serve,dev]"
-	$(BIN)/pip install -q --no-deps megatron-bridge==0.6.2
+	$(BIN)/pip install -q -c $(LOCK) pip
+	$(BIN)/pip install -q -c $(LOCK) -e ".[bridge,run,serve,dev]"
+	$(BIN)/pip install -q -c $(LOCK) --no-deps megatron-bridge
 	touch $@
+
+# A deliberate upgrade: resolve both environments afresh from pyproject.toml (no constraints) in scratch venvs
+# and write what they installed to the lock files; review the diff, run `make test`, commit.
+lock:
+	rm -rf .lock-venv .lock-venv2
+	$(PY312) -m venv .lock-venv && .lock-venv/bin/pip install -q --upgrade pip
+	.lock-venv/bin/pip install -q ".[bridge,run,serve,dev]" && .lock-venv/bin/pip install -q --no-deps megatron-bridge==0.6.2
+	$(PY312) -m venv .lock-venv2 && .lock-venv2/bin/pip install -q --upgrade pip && .lock-venv2/bin/pip install -q ".[nemo2]"
+	for pair in ".lock-venv:$(LOCK)" ".lock-venv2:$(LOCK2)"; do v=$${pair%%:*}; f=$${pair#*:}; \
+	  { sed -n '1,2p' $$f; echo "pip==$$($$v/bin/pip --version | awk '{print $$2}')"; \
+	    $$v/bin/pip freeze --exclude-editable | grep -v '^kaiyuan'; } > $$f.new && mv $$f.new $$f; done
+	rm -rf .lock-venv .lock-venv2
 
 run: env
 	@if nvidia-smi -L >/dev/null 2>&1; then \
@@ -44,8 +60,18 @@ run: env
 		$(BIN)/kaiyuan train gpt_smoke --dry-run; \
 	fi
 
+# What the tests need beyond Python: OpenSSH's sshd for the multi-node tests (they start their own on
+# loopback). Installed with apt-get when this is root on Debian; otherwise a clear message and a failure.
+test-services:
+	@if command -v sshd >/dev/null || [ -x /usr/sbin/sshd ]; then exit 0; fi; \
+	if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	  echo "installing openssh-server (the multi-node tests start sshd on loopback)"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server >/dev/null; }; \
+	else echo "the multi-node tests need OpenSSH's sshd: install openssh-server (or run make test as root on Debian)" >&2; exit 1; fi
+
 # pytest exits 5 when it collected no test: that is a failure here, not a pass.
-test: env env-nemo2
+test: env env-nemo2 test-services
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 

@@ -5,9 +5,7 @@ renamed when complete: an interrupted export leaves no half-written output."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -26,12 +24,8 @@ def ensure_single_process_group() -> None:
 
     if dist.is_initialized():
         return
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    if "MASTER_PORT" not in os.environ:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    # An in-process store: no port, so a MASTER_PORT inherited from a training job or a parent cannot collide.
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     from megatron.core import parallel_state
 
     if not parallel_state.model_parallel_is_initialized():
@@ -95,14 +89,23 @@ def require_torch_dist(checkpoint: Path) -> None:
     config_file, config = run_config(checkpoint)
     fmt = ((config or {}).get("checkpoint") or {}).get("ckpt_format")
     if fmt not in (None, "torch_dist"):
-        raise ValueError(f"{config_file}: checkpoint.ckpt_format is {fmt!r}; the export reads 'torch_dist' "
-                         "(train with kaiyuan.zero_stage 0 or 1, or convert the checkpoint first)")
+        raise ValueError(f"{config_file}: checkpoint.ckpt_format is {fmt!r} (kaiyuan.zero_stage=2, Megatron-FSDP); "
+                         "the export reads 'torch_dist' only, which Megatron-FSDP cannot save. For an exportable "
+                         "checkpoint train with kaiyuan.zero_stage=1 (optimizer state sharded, saved as torch_dist)")
 
 
 def single_rank_overrides(shape: dict[str, Any]) -> dict[str, Any] | None:
     """Settings for rebuilding a model in one process: MoE token routing with the all-gather dispatcher
     (the all-to-all one creates a CUDA stream when built; with one rank both route identically)."""
     return {"moe_token_dispatcher_type": "allgather"} if shape.get("num_moe_experts") else None
+
+
+def rebuild_overrides(shape: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint's recorded model config must change to be rebuilt here, outside training: one rank,
+    and the training-step-only fields (kaiyuan.cuda_graph / wgrad_fusion) off."""
+    from kaiyuan_recipes.training.config import TRAINING_STEP_MODEL_FIELDS
+
+    return TRAINING_STEP_MODEL_FIELDS | (single_rank_overrides(shape) or {})
 
 
 def bridge_for(shape: dict[str, Any], tokenizer_vocab: int | None = None, tokenizer_dir: Path | None = None):
@@ -128,7 +131,7 @@ def export_hf(checkpoint: Path, out: Path, shape: dict[str, Any] | None = None, 
     ensure_single_process_group()
     shape = shape or checkpoint_shape(checkpoint)
     bridge = bridge_for(shape, tokenizer_dir=tokenizer_dir)
-    model = bridge.load_megatron_model(str(newest_iteration_dir(checkpoint)), mp_overrides=single_rank_overrides(shape),
+    model = bridge.load_megatron_model(str(newest_iteration_dir(checkpoint)), mp_overrides=rebuild_overrides(shape),
                                        wrap_with_ddp=False)
     return write_hf_dir(bridge, model, out, tokenizer_dir, show_progress)
 

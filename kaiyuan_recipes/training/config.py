@@ -31,6 +31,12 @@ ZERO_STAGES = {
     2: dict(use_distributed_optimizer=True, data_parallel_sharding_strategy="optim_grads", use_megatron_fsdp=True),
 }
 AUTO = "auto"  # a knob decided on the final config (resolve_step_fusion)
+# The model fields kaiyuan.cuda_graph and kaiyuan.wgrad_fusion set, with their off values. They decide how a
+# training step runs (a captured graph, the fused weight-gradient GEMM), not the model's weights or maths; a
+# checkpoint's run_config.yaml records them, and a model rebuilt outside training (export, serving,
+# evaluation) takes these values instead: it has neither training's kernels nor its step.
+TRAINING_STEP_MODEL_FIELDS: dict[str, Any] = {"cuda_graph_impl": "none", "use_te_rng_tracker": False,
+                                             "gradient_accumulation_fusion": False}
 DATA_SOURCES = ("sample", "mock", "blend", "curriculum", "plan")
 
 
