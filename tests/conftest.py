@@ -81,7 +81,7 @@ def free_port() -> int:
 def sshd(tmp_path_factory):
     binary = shutil.which("sshd") or "/usr/sbin/sshd"
     if not os.path.exists(binary):
-        pytest.fail("OpenSSH's sshd is needed for the multi-node tests (.ci/run installs openssh-server)")
+        pytest.fail("OpenSSH's sshd is needed for the multi-node tests (make test installs openssh-server)")
     d = tmp_path_factory.mktemp("sshd")
     for name in ("host_key", "client_key"):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / name)], check=True)

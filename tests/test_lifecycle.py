@@ -178,26 +178,97 @@ def test_cli_start_refuses_bad_config_before_launch(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-def test_foreground_train_hands_sigterm_to_the_ranks(tmp_path, job):
-    """`kaiyuan train` in the foreground (kaiyuan_recipes.launch.supervise.run_foreground) under `timeout` or a
-    scheduler: its SIGTERM reaches the ranks, which save and exit; torchrun and the launcher end cleanly."""
-    import signal
+def _foreground(tmp_path, job, steps):
+    """`kaiyuan train` in the foreground (lifecycle.run_in_foreground): this process is the supervisor."""
     import subprocess
 
-    state = tmp_path / "state"
-    state.mkdir()
-    code = ("import sys; from pathlib import Path; from kaiyuan_recipes.launch.supervise import run_foreground; "
-            "sys.exit(run_foreground(sys.argv[2:], Path(sys.argv[1])))")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "train.log"), *job(state, 100000)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert wait_for(lambda: (state / "metrics.jsonl").is_file()
-                    and (state / "metrics.jsonl").read_text().count('"step"') >= 3)
+    run = tmp_path / "fg"
+    script = tmp_path / "kaiyuan"  # named as the console script, whose process is the foreground supervisor
+    script.write_text("import sys; from pathlib import Path; from kaiyuan_recipes.launch.lifecycle import "
+                      "run_in_foreground\n"
+                      "sys.exit(run_in_foreground(Path(sys.argv[1]), sys.argv[3:], Path(sys.argv[2]), "
+                      "{'train_iters': 5}))\n")
+    (run / "run_state").mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if k != "KAIYUAN_SUPERVISED"}
+    proc = subprocess.Popen([sys.executable, str(script), str(run), str(tmp_path / "train.log"),
+                             *job(run / "run_state", steps)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env)
+    return run, proc
+
+
+def test_foreground_train_hands_sigterm_to_the_ranks_and_status_says_stopped(tmp_path, job):
+    """Under `timeout` or a scheduler: the SIGTERM reaches the ranks, which save and exit; torchrun and the
+    launcher end cleanly; `kaiyuan status` says stopped; while it ran, a second start was refused."""
+    import signal
+
+    run, proc = _foreground(tmp_path, job, 100000)
+    metrics = run / "run_state" / "metrics.jsonl"
+    assert wait_for(lambda: metrics.is_file() and metrics.read_text().count('"step"') >= 3)
+    assert status(run)["state"] == "running"
+    with pytest.raises(RunStateError, match="already running"):
+        start(run, [sys.executable, "-c", "pass"])
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out[-2000:]
     assert "saved checkpoint at" in out and "death signal" not in out
-    assert '"checkpoint"' in (state / "metrics.jsonl").read_text()
+    assert '"checkpoint"' in metrics.read_text()
     assert "saved checkpoint at" in (tmp_path / "train.log").read_text()
+    assert status(run)["state"] == "stopped"
+
+
+def test_foreground_train_that_finishes_or_fails_says_so(tmp_path, job):
+    run, proc = _foreground(tmp_path, job, 5)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-2000:]
+    result = status(run)
+    assert result["state"] == "finished" and result["iteration"] == 5 and result["exit"]["exit_code"] == 0
+
+
+def test_stop_signals_only_the_recorded_supervisor(tmp_path):
+    """A stale or forged record (an unrelated process's PID, a reused PID, a non-positive PID) is never signalled."""
+    import json
+    import signal
+    import subprocess
+
+    from kaiyuan_recipes.launch.identity import ProcessIdentity
+
+    bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        run = tmp_path / "r"
+        (run / "run_state").mkdir(parents=True)
+        record = run / "run_state" / "supervisor.json"
+        real = ProcessIdentity.of(bystander.pid)
+        cases = {"unrelated live process": real,  # matches a live process, but not a supervisor's argv
+                 "reused pid": ProcessIdentity(bystander.pid, real.start_ticks + 1, real.boot_id,
+                                               ("python", "-m", "kaiyuan_recipes.launch.supervise")),
+                 "other boot": ProcessIdentity(bystander.pid, real.start_ticks, "another-boot",
+                                               ("python", "-m", "kaiyuan_recipes.launch.supervise"))}
+        for what, identity in cases.items():
+            identity.save(record)
+            with pytest.raises(RunStateError, match="is not running"):
+                stop(run, grace=1)
+            assert bystander.poll() is None, what
+            assert status(run)["state"].startswith("unknown"), what
+        for forged in ({"pid": -1, "start_ticks": 1, "boot_id": "", "argv": []}, {"pid": 0}, "12345"):
+            record.write_text(json.dumps(forged))
+            with pytest.raises(RunStateError, match="not a process record"):
+                stop(run, grace=1)
+        (run / "run_state" / "supervisor.json").unlink()
+        (run / "run_state" / "supervisor.pid").write_text(str(bystander.pid))  # an old-style record: not trusted
+        with pytest.raises(RunStateError, match="is not running"):
+            stop(run, grace=1)
+        assert bystander.poll() is None
+    finally:
+        bystander.send_signal(signal.SIGKILL)
+        bystander.wait()
+
+
+@pytest.mark.parametrize("verb", ["stop", "status", "logs", "stacks"])
+@pytest.mark.parametrize("name", ["../x", "/etc", "", "-rf", ".hidden"])
+def test_every_verb_checks_the_run_name(tmp_path, verb, name):
+    from kaiyuan_recipes.cli.main import main
+
+    assert main([verb, "--run-root", str(tmp_path), "--", name]) == 2
 
 
 STALLING = textwrap.dedent('''

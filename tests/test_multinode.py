@@ -1,4 +1,4 @@
-"""Multi-node launch over a real OpenSSH sshd on this machine (.ci/run installs openssh-server): two
+"""Multi-node launch over a real OpenSSH sshd on this machine (make test installs openssh-server): two
 "nodes" are two loopback addresses (127.0.0.1, 127.0.0.2) served by one sshd; each gets its own torchrun
 over SSH, and the two rendezvous (gloo) to all-reduce and check the sum. Status / logs / stop round
 trips, a node killed mid-run, shell metacharacters passed as data, and the docker-exec command line."""
@@ -43,7 +43,7 @@ def test_two_nodes_rendezvous_and_all_reduce(sshd, tmp_path):
     pids = job.start(CHECK + ["--tag", tag])
     assert sorted(pids) == [0, 1]
     status = job.watch(poll=0.5)
-    assert status["state"] == "finished", status
+    assert status["state"] == "finished", str(status)
     reloaded = MultiNodeJob(tmp_path / "run")  # from run_state/multinode.json, as `kaiyuan status` does
     assert reloaded.status()["state"] == "finished"
     for rank in (0, 1):
@@ -97,19 +97,25 @@ def test_unknown_host_keys_are_refused(sshd, tmp_path):
 
 
 def test_docker_exec_command_line(tmp_path):
-    spec = MultiNodeSpec(nodes=["alice@gpu1:2222", "gpu2"], nproc_per_node=8, container="kaiyuan; rm -rf /",
+    spec = MultiNodeSpec(nodes=["alice@gpu1:2222", "gpu2"], nproc_per_node=8, container="kaiyuan_2.b",
                          workdir="/workspace/kaiyuan", env={"NCCL_SOCKET_IFNAME": "eth0"})
     assert spec.nodes[0] == Node("gpu1", 2222, "alice") and spec.nodes[1] == Node("gpu2", 22, None)
     line = launch_line(spec, Path("/runs/r 1"), 1, ["-m", "kaiyuan_recipes.training.entry", "gpt_smoke", "x=$(id)"])
     argv = shlex.split(line)
-    assert argv[:7] == ["docker", "exec", "-w", "/workspace/kaiyuan", "kaiyuan; rm -rf /", "sh", "-c"]
+    assert argv[:7] == ["docker", "exec", "-w", "/workspace/kaiyuan", "kaiyuan_2.b", "sh", "-c"]
     inner = shlex.split(argv[7].split("nohup ", 1)[1].split(" > ", 1)[0])
     assert inner[0] == "env" and "NCCL_SOCKET_IFNAME=eth0" in inner[: inner.index("--")]
     at = inner.index("--nnodes=2")
     assert inner[at: at + 4] == ["--nnodes=2", "--node-rank=1", "--master-addr=gpu1", "--master-port=29500"]
     assert inner[-1] == "x=$(id)" and "/runs/r 1/run_state/nodes/1" in inner
-    with pytest.raises(ValueError, match="expected"):
-        Node.parse("host:notaport")
+    for bad in ("host:notaport", "host:0", "-oProxyCommand=x", "a b", "h$(id)", "user;x@host", "@host", ""):
+        with pytest.raises(ValueError, match="expected"):
+            Node.parse(bad)
+    for bad in ("kaiyuan; rm -rf /", "--privileged", "-x", ""):  # a shell line, or an option docker would read
+        with pytest.raises(ValueError, match="--container-name"):
+            MultiNodeSpec(nodes=["gpu1"], container=bad)
+    with pytest.raises(ValueError, match="--python"):
+        MultiNodeSpec(nodes=["gpu1"], python="--version")
 
 
 def test_cluster_check_cli_over_ssh(sshd):

@@ -131,6 +131,32 @@ def test_bad_megatron_input_is_a_400_with_a_message(server, payload, fragment):
     assert fragment in r.json()["error"]["message"]
 
 
+# The three inputs an outside test found answered with a plain-text 500 (streamed: a 200 with an empty body).
+@pytest.mark.parametrize("field, value, fragment", [
+    ("seed", 2**64, "seed"),
+    ("temperature", 2.2e-313, "temperature"),
+    ("prompt", "lone \ud800 surrogate", "lone surrogate"),
+])
+@pytest.mark.parametrize("stream", [False, True])
+def test_out_of_range_or_unencodable_values_are_a_400(server, field, value, fragment, stream):
+    body = {"prompt": "Hello", "max_tokens": 2, "stream": stream, field: value}
+    content = json.dumps(body).encode()  # json.dumps escapes the surrogate as \ud800, as a client would send it
+    r = httpx.post(server + "/v1/completions", content=content, headers=AUTH | {"Content-Type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert fragment in r.json()["error"]["message"]
+    if field != "seed":
+        m = httpx.put(server + "/api", headers=AUTH | {"Content-Type": "application/json"}, content=json.dumps(
+            {"prompts": [value if field == "prompt" else "Hello"], "tokens_to_generate": 2,
+             **({"temperature": value} if field == "temperature" else {})}).encode())
+        assert m.status_code == 400 and fragment in m.json()["error"]["message"], m.text
+
+
+def test_largest_seed_and_smallest_temperature_are_served(server):
+    r = httpx.post(server + "/v1/completions", headers=AUTH, timeout=60,
+                   json={"prompt": "Hello", "max_tokens": 2, "seed": 2**64 - 1, "temperature": 1e-4})
+    assert r.status_code == 200, r.text
+
+
 def test_malformed_json_oversized_body_and_auth(server):
     r = httpx.put(server + "/api", content=b'{"prompts": [', headers=AUTH | {"Content-Type": "application/json"})
     assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]

@@ -40,14 +40,20 @@ def add_parser(sub: Any) -> None:
         q.set_defaults(func={"stop": stop, "status": status, "logs": logs, "stacks": stacks}[name])
 
 
+def checked_run_name(name: str) -> str:
+    """One check for every verb: a run name is a plain directory name under the run root."""
+    if not RUN_NAME.fullmatch(name or ""):
+        raise ValueError(f"run name {name!r}: use letters, digits, '.', '_' and '-' only (not starting with '.' or '-')")
+    return name
+
+
 def start(args: Any) -> int:
     from kaiyuan_recipes.launch.lifecycle import start as start_run
     from kaiyuan_recipes.launch.torchrun import TorchrunSpec
     from kaiyuan_recipes.training.config import build_config
     from kaiyuan_recipes.training.validate import validate
 
-    if not RUN_NAME.fullmatch(args.run_name):
-        raise ValueError(f"run name {args.run_name!r}: use letters, digits, '.', '_' and '-' only")
+    checked_run_name(args.run_name)
     overrides = [*args.overrides, f"kaiyuan.run_name={args.run_name}"]
     cfg, run = build_config(args.recipe, overrides)  # bad input fails here, before anything starts
     if args.hosts:
@@ -83,12 +89,15 @@ def multinode_job(run_dir: Path):
 
 
 def stop(args: Any) -> int:
+    checked_run_name(args.run_name)
     from kaiyuan_recipes.launch.lifecycle import stop as stop_run
 
     if (job := multinode_job(args.run_root / args.run_name)) is not None:
         result = job.stop(grace=args.grace)
+        for node in result["unreachable"]:
+            print(f"{args.run_name}: node {node['rank']} not stopped: {node['error']}", file=sys.stderr)
         print(json.dumps(result))
-        return 1 if result["sigkill_after_grace"] else 0
+        return 1 if result["sigkill_after_grace"] or result["unreachable"] else 0
     result = stop_run(args.run_root / args.run_name, grace=args.grace)
     if result["sigkill_after_grace"]:
         print(f"{args.run_name}: did not exit within {args.grace:g}s of SIGTERM; sent SIGKILL", file=sys.stderr)
@@ -99,7 +108,7 @@ def stop(args: Any) -> int:
 def status(args: Any) -> int:
     from kaiyuan_recipes.launch.lifecycle import status as run_status
 
-    runs = [args.run_root / args.run_name] if args.run_name else sorted(
+    runs = [args.run_root / checked_run_name(args.run_name)] if args.run_name is not None else sorted(
         p.parent for p in args.run_root.glob("*/run_state"))
     for run_dir in runs:
         job = multinode_job(run_dir)
@@ -108,6 +117,7 @@ def status(args: Any) -> int:
 
 
 def logs(args: Any) -> int:
+    checked_run_name(args.run_name)
     from kaiyuan_recipes.launch.lifecycle import follow_log
 
     if (job := multinode_job(args.run_root / args.run_name)) is not None:
@@ -120,6 +130,7 @@ def logs(args: Any) -> int:
 
 
 def stacks(args: Any) -> int:
+    checked_run_name(args.run_name)
     from kaiyuan_recipes.launch.stacks import dump_stacks, report
 
     if (job := multinode_job(args.run_root / args.run_name)) is not None:

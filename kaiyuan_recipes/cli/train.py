@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kaiyuan_recipes.launch.supervise import run_foreground
+from kaiyuan_recipes.launch.lifecycle import run_in_foreground
 from kaiyuan_recipes.launch.torchrun import TorchrunSpec
 from kaiyuan_recipes.training.config import build_config
 from kaiyuan_recipes.training.entry import prepare_run_dirs
@@ -50,7 +50,9 @@ def run(args: Any) -> int:
     prepare_run_dirs(settings)
     log_path = settings.log_dir / f"train-{time.strftime('%Y%m%d-%H%M%S')}.log"
     print(f"launching: {summary['launch_command']}\nlog: {log_path}", flush=True)
-    return run_foreground(argv, log_path)  # SIGTERM -> the ranks save a checkpoint and exit
+    # SIGTERM -> the ranks save a checkpoint and exit; run_state/ records it for `kaiyuan status`
+    return run_in_foreground(settings.run_dir, argv, log_path,
+                             {"recipe": args.recipe, "train_iters": cfg.train.train_iters, "foreground": True})
 
 
 def plot(args: Any) -> int:

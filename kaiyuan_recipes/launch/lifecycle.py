@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from kaiyuan_recipes.launch.failure import last_exception, log_tail
-from kaiyuan_recipes.launch.supervise import kill_run, read_proc
+from kaiyuan_recipes.launch.identity import IdentityError, ProcessIdentity, signal_if_alive
+from kaiyuan_recipes.launch.supervise import (IDENTITY_FILE, SUPERVISED_ENV, kill_run, live_supervisor, read_proc,
+                                              record_exit, run_foreground)
 from kaiyuan_recipes.training.metrics_log import read_metrics
 
 # Environment variables recorded with a run (never tokens or keys).
@@ -41,8 +43,8 @@ class RunPaths:
         return self.run_dir / "logs" / "console.log"
 
     @property
-    def pid_file(self) -> Path:
-        return self.state / "supervisor.pid"
+    def identity_file(self) -> Path:
+        return self.state / IDENTITY_FILE
 
 
 def _alive(pid: int) -> bool:
@@ -56,48 +58,87 @@ def _alive(pid: int) -> bool:
     return proc is None or proc.state != "Z"  # a zombie is not running
 
 
-def running_pid(paths: RunPaths) -> int | None:
-    if not paths.pid_file.is_file():
+def running_supervisor(paths: RunPaths) -> ProcessIdentity | None:
+    """The run's supervisor while it runs: the recorded identity, matched against the live process."""
+    if (paths.state / "exit.json").is_file():
         return None
-    pid = int(paths.pid_file.read_text().strip() or 0)
-    return pid if pid and _alive(pid) and not (paths.state / "exit.json").is_file() else None
+    try:
+        return live_supervisor(paths.state)
+    except IdentityError as err:
+        raise RunStateError(str(err)) from None
 
 
-def start(run_dir: Path, argv: list[str], extra: dict[str, Any] | None = None) -> int:
-    """Start `argv` detached, supervised, in its own process group. Refuses a run already running."""
-    paths = RunPaths(Path(run_dir))
+def running_pid(paths: RunPaths) -> int | None:
+    identity = running_supervisor(paths)
+    return identity.pid if identity else None
+
+
+def _prepare_state(paths: RunPaths, argv: list[str], extra: dict[str, Any] | None) -> None:
     if (pid := running_pid(paths)) is not None:
         raise RunStateError(f"run {paths.run_dir.name!r} is already running (pid {pid}); stop it first")
     paths.state.mkdir(parents=True, exist_ok=True)
     paths.log.parent.mkdir(parents=True, exist_ok=True)
-    for stale in ("exit.json", "stop.json", "child.pid"):
+    for stale in ("exit.json", "stop.json", "child.pid", IDENTITY_FILE):
         (paths.state / stale).unlink(missing_ok=True)
     (paths.state / "command.json").write_text(json.dumps(
         {"argv": argv, "started_at": time.time(), "env": {k: os.environ[k] for k in RECORDED_ENV if k in os.environ},
          **(extra or {})}, indent=2))
+
+
+def start(run_dir: Path, argv: list[str], extra: dict[str, Any] | None = None, timeout: float = 30.0) -> int:
+    """Start `argv` detached, supervised, in its own process group. Refuses a run already running."""
+    paths = RunPaths(Path(run_dir))
+    _prepare_state(paths, argv, extra)
     with open(paths.log, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "kaiyuan_recipes.launch.supervise", str(paths.state), "--", *argv],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )
-    paths.pid_file.write_text(str(proc.pid))
+    deadline = time.monotonic() + timeout  # the supervisor records its identity first thing
+    while not paths.identity_file.is_file() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not paths.identity_file.is_file():
+        raise RunStateError(f"run {paths.run_dir.name!r}: the supervisor did not start (see {paths.log})")
     return proc.pid
+
+
+def run_in_foreground(run_dir: Path, argv: list[str], log_path: Path, extra: dict[str, Any] | None = None) -> int:
+    """`kaiyuan train`: run `argv` here with the same run state a detached run has (this process is the
+    supervisor), so `kaiyuan status` tells finished / failed / stopped and a second start is refused. Under a
+    supervisor (`kaiyuan start`), that one records the state."""
+    if os.environ.get(SUPERVISED_ENV):
+        return run_foreground(argv, log_path)
+    paths = RunPaths(Path(run_dir))
+    _prepare_state(paths, argv, extra)
+    me = ProcessIdentity.of(os.getpid())
+    assert me is not None
+    me.save(paths.identity_file)
+
+    def stopped() -> None:
+        (paths.state / "stop.json").write_text(json.dumps({"run": paths.run_dir.name, "signal": "SIGTERM",
+                                                           "foreground": True, "at": time.time()}))
+
+    code = 1
+    try:
+        code = run_foreground(argv, log_path, on_stop=stopped)
+    finally:
+        record_exit(paths.state, code)
+    return code
 
 
 def stop(run_dir: Path, grace: float = 300.0, poll: float = 0.5) -> dict[str, Any]:
     paths = RunPaths(Path(run_dir))
-    pid = running_pid(paths)
-    if pid is None:
+    supervisor = running_supervisor(paths)
+    if supervisor is None or not signal_if_alive(supervisor, signal.SIGTERM):  # it hands it to the ranks
         raise RunStateError(f"run {paths.run_dir.name!r} is not running")
     last_ckpt = _last_checkpoint(paths)
-    os.kill(pid, signal.SIGTERM)  # the supervisor hands it to the training ranks (launch/supervise.py)
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and not (paths.state / "exit.json").is_file() and _alive(pid):
+    while time.monotonic() < deadline and not (paths.state / "exit.json").is_file() and supervisor.is_alive():
         time.sleep(poll)
     killed = False
     if not (paths.state / "exit.json").is_file():
-        killed = True
-        kill_run(pid)  # torchrun starts each rank in its own session: our group alone would miss them
+        # torchrun starts each rank in its own session: our group alone would miss them
+        killed = kill_run(supervisor)
     new_ckpt = _last_checkpoint(paths)
     result = {"run": paths.run_dir.name, "sigkill_after_grace": killed, "grace_s": grace,
               "checkpoint_saved": new_ckpt is not None and new_ckpt != last_ckpt, "last_checkpoint": new_ckpt}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import time
 from dataclasses import asdict, dataclass, field
@@ -32,6 +33,12 @@ class MultiNodeError(RuntimeError):
     pass
 
 
+# Strict shapes for what reaches ssh and docker as words: an ssh config's `Match exec %h` shell-evaluates the
+# host string, and a container name starting with '-' would be read by docker as an option.
+HOST_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+CONTAINER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # docker's own rule for names
+
+
 @dataclass
 class Node:
     host: str
@@ -43,8 +50,9 @@ class Node:
         """[user@]host[:port]"""
         user, _, rest = text.rpartition("@")
         host, _, port = rest.partition(":")
-        if not host or (port and not port.isdigit()):
-            raise ValueError(f"host {text!r}: expected [user@]host[:port]")
+        if (not HOST_PART.fullmatch(host) or ("@" in text and not HOST_PART.fullmatch(user))
+                or (port and not (port.isdigit() and 0 < int(port) < 65536))):
+            raise ValueError(f"host {text!r}: expected [user@]host[:port] (letters, digits, '.', '_', '-')")
         return cls(host, int(port) if port else 22, user or None)
 
 
@@ -62,10 +70,16 @@ class MultiNodeSpec:
     known_hosts: str | None = None  # extra known_hosts file; ~/.ssh/known_hosts is always read
     accept_unknown_hosts: bool = False  # like StrictHostKeyChecking=no; off: unknown host keys are refused
     connect_timeout: float = 15.0
+    command_timeout: float = 120.0  # one remote command (status, signal, log tail); a start waits as long
 
     def __post_init__(self) -> None:
         if not self.nodes:
             raise ValueError("multi-node launch: no hosts given")
+        if self.container is not None and not CONTAINER_NAME.fullmatch(self.container):
+            raise ValueError(f"--container-name {self.container!r}: expected a docker container name "
+                             "([A-Za-z0-9][A-Za-z0-9_.-]*)")
+        if self.python.startswith("-"):
+            raise ValueError(f"--python {self.python!r}: expected a path or command name")
         self.nodes = [Node.parse(n) if isinstance(n, str) else Node(**n) if isinstance(n, dict) else n
                       for n in self.nodes]
         for key in PASS_THROUGH_ENV:
@@ -93,8 +107,14 @@ def run_on(spec: MultiNodeSpec, node: Node, line: str, warn: bool = False) -> An
         conn.client.load_system_host_keys()
         if spec.known_hosts:
             conn.client.load_host_keys(spec.known_hosts)
-    with conn:
-        return conn.run(line, hide=True, warn=warn, in_stream=False)
+    try:
+        with conn:
+            return conn.run(line, hide=True, warn=warn, in_stream=False, timeout=spec.command_timeout)
+    except Exception as err:  # noqa: BLE001  (paramiko / invoke / socket errors: one line naming the host)
+        if type(err).__name__ in ("UnexpectedExit",):
+            raise
+        cause = type(err).__name__ if type(err).__name__ == "CommandTimedOut" else f"{type(err).__name__}: {err}"
+        raise MultiNodeError(f"{node.host}:{node.port}: unreachable ({str(cause).splitlines()[0][:200]})") from None
 
 
 def node_paths(run_dir: Path, rank: int) -> tuple[str, str]:
@@ -113,9 +133,13 @@ def launch_line(spec: MultiNodeSpec, run_dir: Path, rank: int, target: list[str]
     state, log = node_paths(run_dir, rank)
     command = ["env", *(f"{k}={v}" for k, v in sorted(spec.env.items())), spec.python, "-m",
                "kaiyuan_recipes.launch.supervise", "--new-session", state, "--", *spec.torchrun(rank).command(target)]
+    identity = shlex.quote(state + "/supervisor.json")
+    # The node's supervisor records its identity first thing (launch/identity.py); wait for it (bounded), so a
+    # status right after the start finds it.
     line = (f"cd {shlex.quote(spec.workdir)} && mkdir -p {shlex.quote(state)} {shlex.quote(str(Path(log).parent))} && "
-            f"rm -f {shlex.quote(state + '/exit.json')} && "
-            f"{{ nohup {shlex.join(command)} > {shlex.quote(log)} 2>&1 < /dev/null & echo $!; }}")
+            f"rm -f {shlex.quote(state + '/exit.json')} {identity} && "
+            f"{{ nohup {shlex.join(command)} > {shlex.quote(log)} 2>&1 < /dev/null & pid=$!; "
+            f"for i in $(seq 200); do [ -f {identity} ] && break; sleep 0.05; done; echo $pid; }}")
     return in_node(spec, line)
 
 
@@ -166,8 +190,10 @@ class MultiNodeJob:
     def node_status(self, rank: int) -> dict[str, Any]:
         state, log = node_paths(self.run_dir, rank)
         pid = self.pids.get(rank)
-        probe = (f"cat {shlex.quote(state + '/exit.json')} 2>/dev/null || "
-                 f"(kill -0 {int(pid or 0)} 2>/dev/null && echo RUNNING) || echo LOST")
+        # Running means: the supervisor that recorded its identity on the node is that live process (a PID alone
+        # could be any process by now; a node with none on record is lost, not running).
+        probe = (f"cd {shlex.quote(self.spec.workdir)} && "
+                 + shlex.join([self.spec.python, "-m", "kaiyuan_recipes.launch.supervise", "--status", state]))
         try:
             out = self._run(rank, in_node(self.spec, probe)).stdout.strip()
         except Exception as err:  # noqa: BLE001  (an unreachable node is a state, reported)
@@ -196,28 +222,35 @@ class MultiNodeJob:
             overall = "stopped" if stopped else "failed"
         return {"run": self.run_dir.name, "state": overall, "nodes": nodes}
 
-    def signal_all(self, sig: str) -> None:
+    def signal_all(self, sig: str) -> list[dict[str, Any]]:
         """TERM to each node's supervisor (it hands it to the ranks: launch/supervise.py); KILL to its group
-        and to the ranks' own sessions."""
-        for rank, pid in self.pids.items():
-            if sig == "KILL":
-                line = shlex.join([self.spec.python, "-m", "kaiyuan_recipes.launch.supervise", "--kill", str(int(pid))])
-            else:
-                line = f"kill -{sig} {int(pid)}"
-            self._run_in_workdir(rank, f"{line} 2>/dev/null || true")
+        and to the ranks' own sessions. On the node, and only to the supervisor whose identity it recorded.
+        Every reachable node is signalled; the unreachable ones are returned."""
+        verb = "--kill" if sig == "KILL" else "--term"
+        unreachable = []
+        for rank in range(len(self.spec.nodes)):
+            state, _ = node_paths(self.run_dir, rank)
+            line = shlex.join([self.spec.python, "-m", "kaiyuan_recipes.launch.supervise", verb, state])
+            try:
+                self._run_in_workdir(rank, f"{line} 2>/dev/null || true")
+            except MultiNodeError as err:
+                unreachable.append({"rank": rank, "host": self.spec.nodes[rank].host, "error": str(err)})
+        return unreachable
 
     def stop(self, grace: float = 300.0, poll: float = 1.0, reason: str = "requested") -> dict[str, Any]:
-        """SIGTERM every node's supervisor (it stops the ranks); wait for all to exit; SIGKILL the rest after `grace`."""
+        """SIGTERM every node's supervisor (it stops the ranks); wait for all to exit; SIGKILL the rest after `grace`.
+        A node that cannot be reached does not keep the others from being stopped; it is reported."""
         (self.run_dir / "run_state").mkdir(parents=True, exist_ok=True)
         (self.run_dir / "run_state" / "stop.json").write_text(json.dumps({"reason": reason, "at": time.time()}))
-        self.signal_all("TERM")
+        unreachable = self.signal_all("TERM")
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and self.status()["state"] == "running":
             time.sleep(poll)
         killed = self.status()["state"] == "running"
         if killed:
-            self.signal_all("KILL")
-        return {"run": self.run_dir.name, "sigkill_after_grace": killed, "grace_s": grace, **self.status()}
+            unreachable += [u for u in self.signal_all("KILL") if u["rank"] not in {v["rank"] for v in unreachable}]
+        return {"run": self.run_dir.name, "sigkill_after_grace": killed, "grace_s": grace,
+                "unreachable": unreachable, **self.status()}
 
     def watch(self, poll: float = 2.0, grace: float = 300.0) -> dict[str, Any]:
         """Wait for the job; when one node fails or disappears while others run, stop the others."""

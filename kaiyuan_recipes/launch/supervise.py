@@ -18,9 +18,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from kaiyuan_recipes.atomic import write_text_atomic
+from kaiyuan_recipes.launch.identity import ProcessIdentity, signal_if_alive
+
+IDENTITY_FILE = "supervisor.json"  # in the state dir: the supervisor's ProcessIdentity
+SUPERVISED_ENV = "KAIYUAN_SUPERVISED"  # set for the command a supervisor runs: it records nothing itself
 
 TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 
@@ -90,13 +94,19 @@ def forward_stop(child_pid: int) -> list[int]:
     return ranks
 
 
-def run_foreground(argv: list[str], log_path: Path) -> int:
+def run_foreground(argv: list[str], log_path: Path, on_stop: Callable[[], None] | None = None) -> int:
     """Run `argv` (torchrun) in the foreground, its output to stdout and `log_path`; a SIGTERM to this
     process (a scheduler's, `timeout`'s) is handed to the ranks as `kaiyuan stop` would, so they save a
-    checkpoint and exit instead of being killed by torchrun."""
+    checkpoint and exit instead of being killed by torchrun (`on_stop` is called first)."""
+
+    def stop(*_: Any) -> None:
+        if on_stop is not None:
+            on_stop()
+        forward_stop(proc.pid)
+
     with open(log_path, "w", encoding="utf-8") as log:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-        previous = signal.signal(signal.SIGTERM, lambda *_: forward_stop(proc.pid))
+        previous = signal.signal(signal.SIGTERM, stop)
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
@@ -108,36 +118,93 @@ def run_foreground(argv: list[str], log_path: Path) -> int:
             signal.signal(signal.SIGTERM, previous)
 
 
-def kill_run(supervisor_pid: int) -> None:
-    """SIGKILL a run: the supervisor's process group, and each rank's own session (torchrun's)."""
-    ranks = training_ranks(supervisor_pid)
-    for group in (supervisor_pid, *[r for r in ranks if r != supervisor_pid]):
+def kill_run(supervisor: ProcessIdentity) -> bool:
+    """SIGKILL a run: the supervisor's process group, and each rank's own session (torchrun's). Only while the
+    recorded supervisor is still that process (launch/identity.py); False when it is not."""
+    if not supervisor.is_alive():
+        return False
+    ranks = training_ranks(supervisor.pid)
+    for group in (supervisor.pid, *[r for r in ranks if r != supervisor.pid]):
         try:
             os.killpg(group, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+    return True
+
+
+def is_supervisor_argv(argv: tuple[str, ...] | list[str]) -> bool:
+    """A supervisor's command line: this module, or the `kaiyuan` CLI (a foreground `kaiyuan train` supervises
+    itself). A recorded identity naming anything else is never signalled, even when it matches a live process."""
+    return any(a in ("kaiyuan_recipes.launch.supervise", "kaiyuan_recipes.cli.main") for a in argv) or any(
+        Path(a).name == "kaiyuan" for a in argv[:2])
+
+
+def live_supervisor(state_dir: Path) -> ProcessIdentity | None:
+    """The supervisor recorded in `state_dir` while that very process runs (an IdentityError for a record that
+    kaiyuan would not have written)."""
+    identity = ProcessIdentity.load(Path(state_dir) / IDENTITY_FILE)
+    if identity is None or not is_supervisor_argv(identity.argv) or not identity.is_alive():
+        return None
+    return identity
+
+
+def record_exit(state_dir: Path, code: int) -> None:
+    record = {"exit_code": code, "signal": -code if code < 0 else None, "ended_at": time.time()}
+    write_text_atomic(Path(state_dir) / "exit.json", json.dumps(record))
+
+
+def node_verb(verb: str, state_dir: Path) -> int:
+    """What `kaiyuan stop` / `status` run on a node, against the identity the node's supervisor recorded:
+    --term (SIGTERM), --kill (the run's groups), --status (the exit record, or RUNNING or LOST)."""
+    try:
+        identity = live_supervisor(state_dir)
+    except ValueError as err:
+        print(f"kaiyuan supervisor: {err}", file=sys.stderr)
+        identity = None
+    if verb == "--status":  # the exit record, else RUNNING / LOST; the record is read again after the
+        exit_file = Path(state_dir) / "exit.json"  # liveness check: the supervisor may have just written it
+        for attempt in (0, 1):
+            if exit_file.is_file():
+                print(exit_file.read_text())
+                return 0
+            if attempt == 0 and identity is not None:
+                print("RUNNING")
+                return 0
+        print("LOST")
+        return 0
+    if identity is None:
+        print(f"kaiyuan supervisor: {state_dir}: no live supervisor on record; nothing signalled", file=sys.stderr)
+        return 3
+    sent = signal_if_alive(identity, signal.SIGTERM) if verb == "--term" else kill_run(identity)
+    return 0 if sent else 3
+
+
+USAGE = ("usage: python -m kaiyuan_recipes.launch.supervise [--new-session] STATE_DIR -- ARGV...\n"
+         "       python -m kaiyuan_recipes.launch.supervise --term|--kill|--status STATE_DIR")
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["--kill"] and len(argv) == 2:  # what `kaiyuan stop` runs on a node after the grace period
-        kill_run(int(argv[1]))
-        return 0
+    if argv[:1] in (["--term"], ["--kill"], ["--status"]):
+        if len(argv) != 2:
+            raise SystemExit(USAGE)
+        return node_verb(argv[0], Path(argv[1]))
     new_session = bool(argv) and argv[0] == "--new-session"  # remote nodes: lead our own process group
     argv = argv[1:] if new_session else argv
     if "--" not in argv or argv.index("--") != 1:
-        raise SystemExit("usage: python -m kaiyuan_recipes.launch.supervise [--new-session] STATE_DIR -- ARGV...\n"
-                         "       python -m kaiyuan_recipes.launch.supervise --kill SUPERVISOR_PID")
+        raise SystemExit(USAGE)
     if new_session:
         os.setsid()
     state_dir, command = Path(argv[0]), argv[2:]
     state_dir.mkdir(parents=True, exist_ok=True)
-    child = subprocess.Popen(command)
+    me = ProcessIdentity.of(os.getpid())
+    assert me is not None
+    me.save(state_dir / IDENTITY_FILE)
+    child = subprocess.Popen(command, env=dict(os.environ, **{SUPERVISED_ENV: str(state_dir)}))
     # A Python handler (not SIG_IGN) is reset to the default in the child at exec.
     signal.signal(signal.SIGTERM, lambda *_: forward_stop(child.pid))
     (state_dir / "child.pid").write_text(str(child.pid))
     code = child.wait()
-    record = {"exit_code": code, "signal": -code if code < 0 else None, "ended_at": time.time()}
-    write_text_atomic(state_dir / "exit.json", json.dumps(record))
+    record_exit(state_dir, code)
     return 0 if code == 0 else 1
 
 

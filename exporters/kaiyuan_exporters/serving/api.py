@@ -21,6 +21,24 @@ from kaiyuan_exporters.serving.engine import GenerationEngine, Request, Sampling
 
 MAX_PROMPTS = 128  # Megatron's limit
 MAX_NEW_TOKENS = 4096
+MAX_SEED = 2**64 - 1  # torch.manual_seed's range
+# Below this a sampled temperature overflows the logits (x / t is inf in fp32 near 1e-38): 0 means greedy.
+MIN_TEMPERATURE = 1e-4
+
+
+def _encodable(text: str, field: str) -> str:
+    """A JSON string may hold a lone surrogate (\\ud800), which no tokenizer can encode: a 400, not a 500."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ValueError(f"{field}: not valid Unicode (a lone surrogate at character {err.start})") from None
+    return text
+
+
+def _temperature(value: float) -> float:
+    if 0.0 < value < MIN_TEMPERATURE:
+        raise ValueError(f"temperature: 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {value!r}")
+    return value
 
 
 class MegatronGenerate(BaseModel):
@@ -33,7 +51,14 @@ class MegatronGenerate(BaseModel):
     top_k: int = Field(0, ge=0, le=1000)
     top_p: float = Field(0.0, ge=0.0, le=1.0)  # Megatron: 0 means "off"
     logprobs: bool = False
-    random_seed: int | None = Field(None, ge=0)
+    random_seed: int | None = Field(None, ge=0, le=MAX_SEED)
+
+    @field_validator("prompts")
+    @classmethod
+    def _unicode(cls, v: list[str]) -> list[str]:
+        return [_encodable(p, f"prompts[{i}]") for i, p in enumerate(v)]
+
+    _temperature = field_validator("temperature")(classmethod(lambda cls, v: _temperature(v)))
 
 
 class CompletionRequest(BaseModel):
@@ -47,14 +72,18 @@ class CompletionRequest(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0, le=1000)
     stream: bool = False
-    seed: int | None = Field(None, ge=0)
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
 
     @field_validator("prompt")
     @classmethod
     def _non_empty(cls, v: str | list[str]) -> str | list[str]:
         if isinstance(v, list) and not 1 <= len(v) <= MAX_PROMPTS:
             raise ValueError(f"prompt: 1 to {MAX_PROMPTS} strings")
-        return v
+        if isinstance(v, str):
+            return _encodable(v, "prompt")
+        return [_encodable(p, f"prompt[{i}]") for i, p in enumerate(v)]
+
+    _temperature = field_validator("temperature")(classmethod(lambda cls, v: _temperature(v)))
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -172,7 +201,12 @@ def create_app(engine: GenerationEngine, api_token: str | None = None, max_body_
                 continue
             yield chunk(index, text[len(texts[index]):], None)
             texts[index] = text
-        for index, result in enumerate(await done):
+        try:
+            results = await done
+        except Exception as err:  # noqa: BLE001  (headers are sent: the stream ends with an error event)
+            yield "data: " + json.dumps({"error": {"message": f"generation failed: {err}", "code": 500}}) + "\n\n"
+            return
+        for index, result in enumerate(results):
             yield chunk(index, engine.decode(result.token_ids)[len(texts[index]):], result.finish_reason)
         yield "data: [DONE]\n\n"
 
