@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# The user journey on the recipe defaults, nothing overridden but the run root. Through the device tool from the
+# repo root (wheels in .whl); one part per call (each stays under the 10-minute limit), results under $OUT:
+#   bash tests/gpu/journey.sh --part foreground   # train -> status -> export -> serve (+ the original curl,
+#                                                 #   an OpenAI completion) -> held-out data + eval -> phase 2 -> export
+#   bash tests/gpu/journey.sh --part detached     # start, a second start refused, stop mid-run, status, restart
+#                                                 #   resumes, status finished (the original scripts' workflow)
+#   tar xzf journey_PART.tgz; python3 tests/gpu/journey_report.py logs_foreground logs_detached \
+#       --out benchmarks/results/DATE_journey.json                                        (on the CPU host)
+# --rev REV records the git revision the tree was at (the device has no .git).
+set -uo pipefail
+part=all rev=${REV:-unknown}
+while [ $# -gt 0 ]; do
+  case $1 in
+    --part) part=$2; shift 2 ;;
+    --rev) rev=$2; shift 2 ;;
+    *) echo "usage: journey.sh [--part foreground|detached|all] [--rev REV]" >&2; exit 2 ;;
+  esac
+done
+source tests/gpu/env.sh
+# Every log goes to $logs, packed into one $OUT/journey_PART.tgz at the end (the device returns at most 8 files).
+root=/tmp/journey; runs=$root/runs; logs=$root/logs_$part; steps=$logs/journey_steps_$part.jsonl
+rm -rf "$logs"; mkdir -p "$logs"; : > "$steps"
+trap 'tar czf "$out/journey_$part.tgz" -C "$root" "logs_$part"' EXIT
+echo "{\"part\": \"$part\", \"rev\": \"$rev\", \"host\": \"$(hostname)\", \"gpu\": \"$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)\"}" > "$logs/journey_meta_$part.json"
+
+# step NAME EXPECT CMD...: run CMD (its output to $out/NAME.log), record exit code and wall time.
+# EXPECT is the exit code the journey needs (0, or "nonzero" for a refusal).
+step() {
+  local name=$1 expect=$2; shift 2
+  local t0=$SECONDS start; start=$(date +%s.%N)
+  "$@" > "$logs/$name.log" 2>&1; local rc=$?
+  local wall; wall=$(python3 -c "import time; print(round(time.time() - $start, 1))")
+  local ok=false
+  if [ "$expect" = nonzero ]; then [ $rc -ne 0 ] && ok=true; else [ $rc -eq "$expect" ] && ok=true; fi
+  echo "{\"step\": \"$name\", \"rc\": $rc, \"wall_s\": $wall, \"ok\": $ok, \"command\": $(python3 -c 'import json, shlex, sys; print(json.dumps(shlex.join(sys.argv[1:])))' "$@")}" >> "$steps"
+  echo "[$name] rc=$rc ${wall}s ok=$ok"; tail -3 "$logs/$name.log"
+  [ $ok = true ]
+}
+
+wait_until() {  # wait_until SECONDS CMD...: poll CMD every second until it succeeds (bounded)
+  local deadline=$((SECONDS + $1)); shift
+  until "$@" > /dev/null 2>&1; do [ $SECONDS -gt $deadline ] && return 1; sleep 1; done
+}
+
+expect_state() {  # expect_state RUN STATE: `kaiyuan status RUN` (printed) says STATE
+  local status; status=$(kaiyuan status "$1" --run-root $runs); echo "$status"
+  echo "$status" | grep -q "\"state\": \"$2\""
+}
+
+not_running() { ! kaiyuan status "$1" --run-root $runs | grep -q '"state": "running"'; }
+
+reached() {  # reached RUN ITERATION: the run's metrics log has a step at or past ITERATION
+  python3 - "$runs/$1/run_state/metrics.jsonl" "$2" <<'PY'
+import json, sys
+try:
+    its = [json.loads(l)["iteration"] for l in open(sys.argv[1]) if '"step"' in l]
+except FileNotFoundError:
+    its = []
+sys.exit(0 if its and its[-1] >= int(sys.argv[2]) else 1)
+PY
+}
+
+foreground() {
+  step train 0 kaiyuan train gpt_smoke kaiyuan.run_root=$runs || return 1
+  step status 0 expect_state gpt_smoke finished
+  step export 0 kaiyuan export hf $runs/gpt_smoke $root/hf || return 1
+  kaiyuan serve $root/hf --port 5000 > "$logs/serve.log" 2>&1 & local server=$!
+  step serve_ready 0 wait_until 300 curl -sf http://localhost:5000/health
+  # The original scripts' curl, verbatim.
+  step curl_megatron 0 curl -sf 'http://localhost:5000/api' -X 'PUT' -H 'Content-Type: application/json; charset=UTF-8' \
+    -d '{"prompts":["The Jargon File is", "床前明月光，"], "tokens_to_generate":50, "temperature":0.8, "top_k":0, "top_p":0.9}'
+  step openai_completion 0 curl -sf http://localhost:5000/v1/completions -H 'Content-Type: application/json' \
+    -d '{"model":"kaiyuan","prompt":"A hacker is","max_tokens":32,"temperature":0}'
+  kill $server; wait $server 2>/dev/null
+  python3 - "$root/heldout.jsonl" <<'PY'
+import json, sys
+from kaiyuan_recipes.data.heldout import DIMENSIONS
+with open(sys.argv[1], "w", encoding="utf-8") as fh:
+    for dim in DIMENSIONS:
+        for i in range(4):
+            row = {"dimension": dim, "prompt": f"[{dim} #{i}] 问题：{i}+{i}=?\n答：", "completion": f" {2 * i}"}
+            if i % 2 == 0:
+                row |= {"choices": [f" {2 * i}", f" {2 * i + 1}", " 0"], "answer": 0}
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+PY
+  step heldout_data 0 kaiyuan data heldout $root/heldout.jsonl --output-dir $root/heldout --per-dimension 4
+  step eval 0 kaiyuan eval heldout --model $runs/gpt_smoke --data $root/heldout/heldout_prompt_completion.jsonl \
+    --out "$logs/eval" --device cuda
+  # Phase 2 of a two-phase curriculum whose phase 1 is the 200 default steps above (16 x 4096 tokens each).
+  local corpus=kaiyuan_recipes/data/sample_corpus
+  mkdir -p $root/in1 $root/in2; cp $corpus/en_jargon.parquet $root/in1/; cp $corpus/zh_poems.parquet $root/in2/
+  step convert_phase1 0 kaiyuan data convert --input-dir $root/in1 --output-dir $root/phase1 --output-prefix phase1 --num-shards 1
+  step convert_phase2 0 kaiyuan data convert --input-dir $root/in2 --output-dir $root/phase2 --output-prefix phase2 --num-shards 1
+  cat > $root/two_phases.yaml <<YAML
+seq_length: 4096
+global_batch_size: 16
+phases:
+  1: {tokens: 13107200, sources: [{name: phase1, dir: $root/phase1, weight: tokens}]}
+  2: {tokens: 2621440, sources: [{name: phase2, dir: $root/phase2, weight: tokens}]}
+YAML
+  step phase2 0 kaiyuan train gpt_smoke --phase 2 kaiyuan.curriculum=$root/two_phases.yaml kaiyuan.run_root=$runs
+  step status_phase2 0 expect_state gpt_smoke finished
+  step export_phase2 0 kaiyuan export hf $runs/gpt_smoke $root/hf_phase2
+  cp $runs/gpt_smoke/run_state/metrics.jsonl "$logs/gpt_smoke_metrics.jsonl" 2>/dev/null
+}
+
+detached() {
+  step start 0 kaiyuan start gpt_smoke detached kaiyuan.run_root=$runs || return 1
+  step second_start_refused nonzero kaiyuan start gpt_smoke detached kaiyuan.run_root=$runs
+  step reach_step_50 0 wait_until 300 reached detached 50
+  step stop 0 kaiyuan stop detached --run-root $runs --grace 300
+  step status_stopped 0 expect_state detached stopped
+  step restart 0 kaiyuan start gpt_smoke detached kaiyuan.run_root=$runs
+  step run_to_end 0 wait_until 480 not_running detached
+  step status_finished 0 expect_state detached finished
+  cp $runs/detached/run_state/metrics.jsonl "$logs/detached_metrics.jsonl" 2>/dev/null
+  cp $runs/detached/logs/console.log "$logs/detached_console.log" 2>/dev/null
+}
+
+case $part in
+  foreground) rm -rf "$root"/runs/gpt_smoke "$root"/hf* "$root"/heldout*; foreground ;;
+  detached) rm -rf "$root"/runs/detached; detached ;;
+  all) rm -rf "$runs" "$root"/hf* "$root"/heldout*; foreground; detached ;;
+esac
+grep -c '"ok": true' "$steps"; grep '"ok": false' "$steps"

@@ -1,0 +1,97 @@
+"""The journey's result file from what tests/gpu/journey.sh left in its output folders (one per part): every step's
+exit code, wall time and key figure, read from the step's own log or the run's metrics, never restated.
+  python3 tests/gpu/journey_report.py OUT_DIR [OUT_DIR...] --out benchmarks/results/DATE_journey.json"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _json_lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def _last_json(text: str) -> dict[str, Any] | None:
+    for line in reversed(text.splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+    return None
+
+
+def _steps(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in metrics if r.get("event") == "step"]
+
+
+def key_figure(name: str, log: str, folder: Path) -> dict[str, Any]:
+    """What the step shows, from its own output (or its run's metrics)."""
+    if name == "train":
+        steps = [s for s in _steps(_json_lines(folder / "gpt_smoke_metrics.jsonl")) if s["iteration"] <= 200]
+        if steps:
+            last = steps[-10:]
+            return {"final_iteration": steps[-1]["iteration"], "final_loss": steps[-1]["loss"],
+                    "first_loss": steps[0]["loss"],
+                    "tokens_per_s_last10": round(sum(s["tokens_per_s_per_gpu"] for s in last) / len(last))}
+    if name == "phase2":
+        steps = _steps(_json_lines(folder / "gpt_smoke_metrics.jsonl"))
+        if steps:
+            return {"first_iteration": min(s["iteration"] for s in steps if s["iteration"] > 200),
+                    "final_iteration": steps[-1]["iteration"], "final_loss": steps[-1]["loss"]}
+    if name.startswith("status") or name == "stop":
+        record = _last_json(log) or {}
+        keep = ("state", "iteration", "loss", "checkpoint_saved", "sigkill_after_grace", "last_checkpoint")
+        return {k: record[k] for k in keep if k in record}
+    if name == "curl_megatron" and (body := _last_json(log)):
+        return {"texts": [t[:120] for t in body.get("text", [])], "new_tokens": [len(t) for t in body.get("tokens", [])]}
+    if name == "openai_completion" and (body := _last_json(log)):
+        return {"text": body["choices"][0]["text"][:120], "usage": body.get("usage")}
+    if name == "eval":
+        rows = [line for line in log.splitlines() if line.startswith("|")]
+        return {"table": rows[:12]}
+    if name == "restart":
+        metrics = _json_lines(folder / "detached_metrics.jsonl")
+        starts = [r["iteration"] for r in metrics if r.get("event") == "train_start"]
+        return {"train_starts_at": starts}
+    if name.startswith("export") and (m := re.search(r"\(([\d.]+) s\)", log)):
+        return {"export_s": float(m[1])}
+    return {}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("folders", nargs="+", type=Path)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    parts, steps = [], []
+    for folder in args.folders:
+        for meta_file in sorted(folder.glob("journey_meta_*.json")):
+            meta = json.loads(meta_file.read_text())
+            parts.append(meta)
+            for step in _json_lines(folder / f"journey_steps_{meta['part']}.jsonl"):
+                log = (folder / f"{step['step']}.log").read_text(errors="replace") if (
+                    folder / f"{step['step']}.log").is_file() else ""
+                steps.append(step | {"part": meta["part"], "figure": key_figure(step["step"], log, folder)})
+    revs = sorted({p["rev"] for p in parts})
+    result = {
+        "name": "journey", "date": time.strftime("%Y-%m-%d"),
+        "command": [f"bash tests/gpu/journey.sh --part {p['part']} --rev {p['rev']}" for p in parts],
+        "report_command": "python3 tests/gpu/journey_report.py " + " ".join(map(str, args.folders)),
+        "rev": revs[0] if len(revs) == 1 else revs, "host": sorted({p["host"] for p in parts}),
+        "gpu": sorted({p["gpu"] for p in parts}),
+        "overrides": "kaiyuan.run_root only (recipe defaults)",
+        "all_ok": bool(steps) and all(s["ok"] for s in steps), "steps": steps,
+    }
+    args.out.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+    print(json.dumps({"all_ok": result["all_ok"], "failed": [s["step"] for s in steps if not s["ok"]]}))
+    return 0 if result["all_ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
