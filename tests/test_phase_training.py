@@ -60,3 +60,23 @@ def test_phase_flag_and_errors(curriculum):
     module = PhaseBlendDataModule(curriculum=str(curriculum), phase=3, global_batch_size=16)
     with pytest.raises(BlendError, match="phase 3: not in the curriculum"):
         module.blend_fields()
+
+
+def test_a_phase_resuming_a_run_trained_on_another_schedule_adopts_the_curriculums(curriculum, tmp_path, capsys):
+    """`kaiyuan train gpt_smoke` (its own 200-step schedule) then `--phase 2`: Megatron refuses a scheduler
+    whose totals changed, so the phase launch overrides it with the curriculum's, and says so. A checkpoint of
+    the same curriculum resumes as is."""
+    common = [f"kaiyuan.run_root={tmp_path}", "kaiyuan.run_name=r", f"kaiyuan.tokenizer={default_tokenizer_dir()}"]
+    plain, run = build_config("gpt_smoke", common)
+    iteration = run.checkpoint_dir / "iter_0000200"
+    iteration.mkdir(parents=True)
+    plain.to_yaml(str(iteration / "run_config.yaml"))  # as training writes it
+    (run.checkpoint_dir / "latest_checkpointed_iteration.txt").write_text("200")
+    phase = common + ["kaiyuan.data=curriculum", f"kaiyuan.curriculum={curriculum}"]
+    cfg, _ = build_config("gpt_smoke", phase + ["kaiyuan.phase=2"])
+    assert cfg.scheduler.override_opt_param_scheduler is True
+    assert "resumes a checkpoint trained on another schedule (max_steps 200 -> 100, lr_decay_iters 200 -> 100" in capsys.readouterr().err
+    phase1, _ = build_config("gpt_smoke", phase + ["kaiyuan.phase=1"])
+    phase1.to_yaml(str(iteration / "run_config.yaml"))
+    cfg, _ = build_config("gpt_smoke", phase + ["kaiyuan.phase=2"])
+    assert not cfg.scheduler.override_opt_param_scheduler

@@ -71,3 +71,39 @@ class PhaseBlendDataModule:
         cfg.train.train_iters = self.iterations()[self.phase][1]
         for key, value in self.schedule().items():
             setattr(cfg.scheduler, key, value)
+        self.adopt_schedule_over(cfg)
+
+    def adopt_schedule_over(self, cfg: Any) -> None:
+        """A phase may resume a run that was not trained on this curriculum (a plain `kaiyuan train`): its
+        checkpoint's scheduler has other totals, which Megatron refuses to resume. The curriculum decides the
+        schedule, so it takes over from the resumed step (override_opt_param_scheduler), and says so."""
+        import sys
+
+        recorded = _recorded_scheduler(cfg.checkpoint.load)
+        differs = {k: (recorded[k], v) for k, v in self.schedule().items() if k in recorded and recorded[k] != v}
+        if differs:
+            cfg.scheduler.override_opt_param_scheduler = True
+            shown = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in differs.items())
+            print(f"kaiyuan: phase {self.phase} resumes a checkpoint trained on another schedule ({shown}): the "
+                  "curriculum's schedule takes over from the resumed iteration (its learning rate there)",
+                  file=sys.stderr)
+
+
+def _recorded_scheduler(checkpoint_dir: str | None) -> dict[str, Any]:
+    """The scheduler section of the newest checkpoint's run_config.yaml under `checkpoint_dir` ({} if none)."""
+    import yaml
+
+    if not checkpoint_dir:
+        return {}
+    tracker = Path(checkpoint_dir) / "latest_checkpointed_iteration.txt"
+    if not tracker.is_file() or not tracker.read_text().strip().isdigit():
+        return {}
+    config = Path(checkpoint_dir) / f"iter_{int(tracker.read_text().strip()):07d}" / "run_config.yaml"
+    if not config.is_file():
+        return {}
+    recorded = yaml.safe_load(config.read_text()) or {}
+    scheduler = dict(recorded.get("scheduler") or {})
+    for key in ("max_steps", "lr_decay_iters"):  # unset: Megatron sizes the schedule by train_iters
+        if scheduler.get(key) is None:
+            scheduler[key] = (recorded.get("train") or {}).get("train_iters")
+    return scheduler

@@ -22,6 +22,7 @@ source tests/gpu/env.sh
 root=/tmp/journey; runs=$root/runs; logs=$root/logs_$part; steps=$logs/journey_steps_$part.jsonl
 rm -rf "$logs"; mkdir -p "$logs"; : > "$steps"
 trap 'tar czf "$out/journey_$part.tgz" -C "$root" "logs_$part"' EXIT
+trap 'exit 143' TERM  # (a timeout's SIGTERM still packs the logs)
 echo "{\"part\": \"$part\", \"rev\": \"$rev\", \"host\": \"$(hostname)\", \"gpu\": \"$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)\"}" > "$logs/journey_meta_$part.json"
 
 # step NAME EXPECT CMD...: run CMD (its output to $out/NAME.log), record exit code and wall time.
@@ -61,18 +62,7 @@ sys.exit(0 if its and its[-1] >= int(sys.argv[2]) else 1)
 PY
 }
 
-foreground() {
-  step train 0 kaiyuan train gpt_smoke kaiyuan.run_root=$runs || return 1
-  step status 0 expect_state gpt_smoke finished
-  step export 0 kaiyuan export hf $runs/gpt_smoke $root/hf || return 1
-  kaiyuan serve $root/hf --port 5000 > "$logs/serve.log" 2>&1 & local server=$!
-  step serve_ready 0 wait_until 300 curl -sf http://localhost:5000/health
-  # The original scripts' curl, verbatim.
-  step curl_megatron 0 curl -sf 'http://localhost:5000/api' -X 'PUT' -H 'Content-Type: application/json; charset=UTF-8' \
-    -d '{"prompts":["The Jargon File is", "床前明月光，"], "tokens_to_generate":50, "temperature":0.8, "top_k":0, "top_p":0.9}'
-  step openai_completion 0 curl -sf http://localhost:5000/v1/completions -H 'Content-Type: application/json' \
-    -d '{"model":"kaiyuan","prompt":"A hacker is","max_tokens":32,"temperature":0}'
-  kill $server; wait $server 2>/dev/null
+prepare_data() {  # the held-out file and set, and the two phases' data: the sample corpus, English then Chinese
   python3 - "$root/heldout.jsonl" <<'PY'
 import json, sys
 from kaiyuan_recipes.data.heldout import DIMENSIONS
@@ -85,8 +75,6 @@ with open(sys.argv[1], "w", encoding="utf-8") as fh:
             fh.write(json.dumps(row, ensure_ascii=False) + "\n")
 PY
   step heldout_data 0 kaiyuan data heldout $root/heldout.jsonl --output-dir $root/heldout --per-dimension 4
-  step eval 0 kaiyuan eval heldout --model $runs/gpt_smoke --data $root/heldout/heldout_prompt_completion.jsonl \
-    --out "$logs/eval" --device cuda
   # Phase 2 of a two-phase curriculum whose phase 1 is the 200 default steps above (16 x 4096 tokens each).
   local corpus=kaiyuan_recipes/data/sample_corpus
   mkdir -p $root/in1 $root/in2; cp $corpus/en_jargon.parquet $root/in1/; cp $corpus/zh_poems.parquet $root/in2/
@@ -99,6 +87,24 @@ phases:
   1: {tokens: 13107200, sources: [{name: phase1, dir: $root/phase1, weight: tokens}]}
   2: {tokens: 2621440, sources: [{name: phase2, dir: $root/phase2, weight: tokens}]}
 YAML
+}
+
+foreground() {
+  step train 0 kaiyuan train gpt_smoke kaiyuan.run_root=$runs || return 1
+  prepare_data & local data_prep=$!  # CPU work, beside the export and the server
+  step status 0 expect_state gpt_smoke finished
+  step export 0 kaiyuan export hf $runs/gpt_smoke $root/hf || return 1
+  kaiyuan serve $root/hf --port 5000 > "$logs/serve.log" 2>&1 & local server=$!
+  step serve_ready 0 wait_until 300 curl -sf http://localhost:5000/health
+  # The original scripts' curl, verbatim.
+  step curl_megatron 0 curl -sf 'http://localhost:5000/api' -X 'PUT' -H 'Content-Type: application/json; charset=UTF-8' \
+    -d '{"prompts":["The Jargon File is", "床前明月光，"], "tokens_to_generate":50, "temperature":0.8, "top_k":0, "top_p":0.9}'
+  step openai_completion 0 curl -sf http://localhost:5000/v1/completions -H 'Content-Type: application/json' \
+    -d '{"model":"kaiyuan","prompt":"A hacker is","max_tokens":32,"temperature":0}'
+  kill $server; wait $server 2>/dev/null
+  step data_ready 0 wait $data_prep
+  step eval 0 kaiyuan eval heldout --model $runs/gpt_smoke --data $root/heldout/heldout_prompt_completion.jsonl \
+    --out "$logs/eval" --device cuda
   step phase2 0 kaiyuan train gpt_smoke --phase 2 kaiyuan.curriculum=$root/two_phases.yaml kaiyuan.run_root=$runs
   step status_phase2 0 expect_state gpt_smoke finished
   step export_phase2 0 kaiyuan export hf $runs/gpt_smoke $root/hf_phase2
