@@ -129,4 +129,4 @@ case $part in
   detached) rm -rf "$root"/runs/detached; detached ;;
   all) rm -rf "$runs" "$root"/hf* "$root"/heldout*; foreground; detached ;;
 esac
-grep -c '"ok": true' "$steps"; grep '"ok": false' "$steps"
+grep -c '"ok": true' "$steps"; ! grep '"ok": false' "$steps"

@@ -68,11 +68,14 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("folders", nargs="+", type=Path)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--rev", help="the revision the tree was at, where a part recorded a wrong --rev (said in the file)")
     args = ap.parse_args()
     parts, steps = [], []
     for folder in args.folders:
         for meta_file in sorted(folder.glob("journey_meta_*.json")):
             meta = json.loads(meta_file.read_text())
+            if args.rev and meta["rev"] != args.rev:
+                meta |= {"rev_recorded_by_the_run": meta["rev"], "rev": args.rev}
             parts.append(meta)
             for step in _json_lines(folder / f"journey_steps_{meta['part']}.jsonl"):
                 log = (folder / f"{step['step']}.log").read_text(errors="replace") if (
