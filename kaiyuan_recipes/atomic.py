@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -10,14 +11,33 @@ from pathlib import Path
 from typing import Iterator
 
 
-def write_text_atomic(path: Path, text: str) -> Path:
-    """Write `text` to `path` (UTF-8) through `.<name>.tmp` and a rename."""
+def write_text_atomic(path: Path, text: str, mode: int = 0o644) -> Path:
+    """Write `text` to `path` (UTF-8) through a fresh temporary name beside it and a rename. The temporary file
+    is created exclusively (a planted symlink there is never followed) and the rename replaces a symlink at
+    `path` instead of writing through it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path
+
+
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE", re.IGNORECASE)
+URL_USERINFO = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/@\s]+@", re.IGNORECASE)
+
+
+def redacted_env(env: dict[str, str]) -> dict[str, str]:
+    """Environment values as they may be written to a state file: secrets by name redacted, and credentials
+    inside URLs (https://user:pass@host) removed."""
+    return {k: "<redacted>" if SECRET_NAME.search(k) else URL_USERINFO.sub(r"\g<scheme><redacted>@", v)
+            for k, v in env.items()}
 
 
 @contextmanager

@@ -27,6 +27,9 @@ def fake_output_dir(path, shard_tokens):
     path.mkdir(parents=True)
     shards = {f"src_part-{i:05d}_text_document": {"tokens": t, "documents": 1} for i, t in enumerate(shard_tokens)}
     (path / "manifest.json").write_text(json.dumps({"shards": shards}))
+    for name in shards:  # the shard files exist (planning reads only their sizes from the manifest)
+        (path / f"{name}.bin").touch()
+        (path / f"{name}.idx").touch()
     return path
 
 
@@ -83,6 +86,31 @@ def test_empty_category_and_impossible_budget(tmp_path):
 def test_missing_manifest_is_named(tmp_path):
     with pytest.raises(BlendError, match="source 'english_web': .*nowhere/english_web/manifest.json not found"):
         load_plan(_plan_with_missing_dir(tmp_path))
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda p: p["categories"]["math"].update(share=-0.5), "category 'math': share must be a number in \\(0, 1\\]"),
+    (lambda p: p["categories"]["math"]["sources"][0].pop("dir"), "sources\\[0\\] must be a mapping with 'name' and 'dir'"),
+    (lambda p: p["categories"]["math"].update(sources=["math"]), "sources\\[0\\] must be a mapping"),
+    (lambda p: p.update(categories=[1, 2]), "'categories' must be a mapping"),
+    (lambda p: p.update(total_tokens=0), "total_tokens must be a positive number"),
+])
+def test_malformed_plans_get_a_clear_error(tmp_path, edit, message):
+    import yaml
+
+    path = write_plan(tmp_path, PLENTY)
+    plan = yaml.safe_load(path.read_text())
+    edit(plan)
+    path.write_text(yaml.safe_dump(plan))
+    with pytest.raises(BlendError, match=message):
+        load_plan(path)
+
+
+def test_a_shard_whose_bin_was_deleted_is_refused(tmp_path):
+    path = write_plan(tmp_path, PLENTY)
+    (tmp_path / "math" / "src_part-00000_text_document.bin").unlink()
+    with pytest.raises(BlendError, match="source 'math': .* files are gone \\(src_part-00000_text_document.bin\\)"):
+        load_plan(path)
 
 
 def _plan_with_missing_dir(tmp_path):

@@ -2,6 +2,8 @@
 
 import json
 import os
+import signal
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -83,6 +85,31 @@ def test_rerun_skips_finished_and_redoes_stale(tmp_path, tokenizer_dir):
     third = convert_directory(options(tmp_path, tokenizer_dir), show_progress=False)
     assert (third["converted"], third["up_to_date"]) == (1, 1)
     assert len(read_back(tmp_path / "out" / "phase1_part-00001_text_document")) == 2
+
+
+def test_a_deleted_input_takes_its_shard_with_it_and_a_new_text_key_reconverts(tmp_path, tokenizer_dir):
+    """Stale output never survives a rerun: the shard of a deleted input leaves disk and manifest (a blend of the
+    directory would read its documents twice), and another --text-key is not 'up to date'."""
+    write_parquet(tmp_path / "in" / "a.parquet", ["one", "two"], body=["uno", "dos"])
+    write_parquet(tmp_path / "in" / "b.parquet", ["three"], body=["tres"])
+    convert_directory(options(tmp_path, tokenizer_dir), show_progress=False)
+    (tmp_path / "in" / "a.parquet").unlink()  # b is now the first file: index 0
+    result = convert_directory(options(tmp_path, tokenizer_dir), show_progress=False)
+    out = tmp_path / "out"
+    assert result["removed"] == ["phase1_part-00001_text_document"] and result["converted"] == 1
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST, "phase1_part-00000_text_document.bin",
+                                                     "phase1_part-00000_text_document.idx"]
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert list(manifest["shards"]) == ["phase1_part-00000_text_document"]
+    assert manifest["shards"]["phase1_part-00000_text_document"]["input"].endswith("b.parquet")
+    assert manifest["shards"]["phase1_part-00000_text_document"]["documents"] == 1
+    other = convert_directory(options(tmp_path, tokenizer_dir, text_key="body"), show_progress=False)
+    assert (other["converted"], other["up_to_date"]) == (1, 0) and other["text_key"] == "body"
+    from tokenizers import Tokenizer
+
+    ids = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")).encode("tres", add_special_tokens=False).ids
+    ds = read_back(out / "phase1_part-00000_text_document")  # held: its documents are views of its mmap
+    assert ds[0].tolist() == ids + [EOD]
 
 
 @pytest.mark.parametrize(
@@ -172,3 +199,48 @@ def test_tiktoken_and_tokenizers_paths_give_identical_shards(tmp_path, tokenizer
     a = read_back(tmp_path / "fast" / "phase1_part-00000_text_document")
     b = read_back(tmp_path / "slow" / "phase1_part-00000_text_document")
     assert [a[i].tolist() for i in range(len(a))] == [b[i].tolist() for i in range(len(b))]
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_stopped_convert_stops_its_workers_and_keeps_only_what_finished(tmp_path, sig, code):
+    """SIGTERM / Ctrl-C: the workers stop (none stays resident), finished shards are in the manifest, nothing
+    is left under a final name the manifest does not know, no temporary file stays, exit 143 / 130."""
+    import subprocess
+    import sys
+
+    for i in range(6):
+        write_parquet(tmp_path / "in" / f"f{i}.parquet", [f"row {j} " * 300 for j in range(4000)])
+    proc = subprocess.Popen([sys.executable, "-m", "kaiyuan_recipes.cli.main", "data", "convert", "--input-dir",
+                             str(tmp_path / "in"), "--output-dir", str(tmp_path / "out"), "--output-prefix", "p",
+                             "--num-shards", "2", "--workers-per-shard", "1", "--batch-size", "50"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not list((tmp_path / "out").glob(".p_part-*.tmp.bin")) and time.monotonic() < deadline:
+        time.sleep(0.05)  # a shard is being written
+    from kaiyuan_recipes.launch.supervise import processes
+
+    table = processes()
+    workers, todo = [], [proc.pid]
+    while todo:  # the driver's descendants: the forkserver and its workers
+        parent = todo.pop()
+        kids = [pid for pid, p in table.items() if p.ppid == parent]
+        workers += kids
+        todo += kids
+    assert len(workers) >= 3, workers
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err[-2000:]
+    assert "stopped by signal" in err and "Traceback" not in err
+    out = tmp_path / "out"
+    recorded = set(json.loads((out / MANIFEST).read_text())["shards"]) if (out / MANIFEST).is_file() else set()
+    on_disk = {p.name.rsplit(".", 1)[0] for p in out.iterdir() if p.suffix in (".bin", ".idx")}
+    assert on_disk == recorded and len(recorded) < 6
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]
+    deadline = time.monotonic() + 30
+    while any(os.path.exists(f"/proc/{pid}") for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in workers if os.path.exists(f"/proc/{pid}")], "workers outlived the driver"
+    again = convert_directory(options(tmp_path, default_tokenizer_dir(), output_prefix="p", num_shards=2),
+                              show_progress=False)
+    assert again["converted"] == 6 - len(recorded) and len(again["shards"]) == 6
+

@@ -104,3 +104,9 @@ def test_locally_corrupted_file_is_repaired(hub, tmp_path):
 def test_no_matching_files(hub, tmp_path):
     with pytest.raises(DownloadError, match="no files match \\['\\*phase5/\\*'\\]"):
         download_phases(tmp_path, [5], repo_id=REPO, endpoint=hub.url, show_progress=False)
+
+
+def test_a_requested_phase_with_no_files_is_an_error_naming_it(hub, tmp_path):
+    with pytest.raises(DownloadError, match="phase\\(s\\) 4, 5 have no files"):
+        download_phases(tmp_path, [1, 2, 3, 4, 5], repo_id=REPO, endpoint=hub.url, show_progress=False)
+    assert not list(tmp_path.rglob("*.parquet"))

@@ -321,3 +321,33 @@ def test_training_workers_enable_stack_dumps_first(monkeypatch):
     with pytest.raises(SystemExit, match="usage"):
         entry.main([])
     assert calls == ["stacks"]
+
+
+def test_run_state_is_private_redacted_and_never_written_through_a_symlink(tmp_path, monkeypatch):
+    import json
+    import stat
+
+    monkeypatch.setenv("HF_ENDPOINT", "https://user:pw@hub.internal/x")
+    run = tmp_path / "r"
+    start(run, [sys.executable, "-c", "pass"])
+    command = run / "run_state" / "command.json"
+    assert "user:pw" not in command.read_text() and json.loads(command.read_text())["env"]["HF_ENDPOINT"] == \
+        "https://<redacted>@hub.internal/x"
+    assert stat.S_IMODE(command.stat().st_mode) == 0o600
+    assert wait_for(lambda: status(run)["state"] == "finished")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    planted = tmp_path / "p"
+    planted.mkdir()
+    (planted / "run_state").symlink_to(outside)
+    with pytest.raises(RunStateError, match="symlink"):
+        start(planted, [sys.executable, "-c", "pass"])
+    assert not list(outside.iterdir())
+    (run / "run_state" / "exit.json").unlink()
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    (run / "run_state" / "exit.json").symlink_to(victim)  # a planted link at a state file's name
+    from kaiyuan_recipes.launch.supervise import record_exit
+
+    record_exit(run / "run_state", 0)
+    assert victim.read_text() == "keep" and not (run / "run_state" / "exit.json").is_symlink()

@@ -171,3 +171,55 @@ def test_stacks_from_every_node(sshd, tmp_path):
     assert job.status()["state"] == "running"
     result = job.stop(grace=60, poll=0.5)
     assert result["sigkill_after_grace"] is False and result["state"] == "stopped"
+
+
+def test_state_file_is_checked_private_and_holds_no_secret(sshd, tmp_path):
+    """multinode.json is input: only what `start` writes is accepted (its python / container / hosts checked as
+    the CLI's); it is 0600, environment secrets are redacted, and host-key leniency is not remembered."""
+    import json
+    import stat
+
+    from kaiyuan_recipes.launch.ssh import load_state
+
+    spec = spec_for(sshd, accept_unknown_hosts=True)
+    spec.env |= {"HF_TOKEN": "hf_secret", "HF_ENDPOINT": "https://user:pw@hub.internal/x"}
+    job = MultiNodeJob(tmp_path / "run", spec)
+    job.pids = {0: 1234}
+    job._save()
+    text = job.state_file.read_text()
+    assert "hf_secret" not in text and "user:pw" not in text and "<redacted>" in text
+    assert stat.S_IMODE(job.state_file.stat().st_mode) == 0o600
+    loaded, pids = load_state(job.state_file)
+    assert loaded.accept_unknown_hosts is False and pids == {0: 1234}
+    saved = json.loads(text)
+    for bad in ({"spec": saved["spec"] | {"python": "--version"}, "pids": {}},
+                {"spec": saved["spec"] | {"container": "x; rm -rf /"}, "pids": {}},
+                {"spec": saved["spec"] | {"nodes": ["h$(id)"]}, "pids": {}},
+                {"spec": saved["spec"] | {"evil": 1}, "pids": {}},
+                {"spec": saved["spec"], "pids": {"0": -1}},
+                {"spec": saved["spec"], "pids": {"0": 5}, "extra": 1}, [1, 2]):
+        job.state_file.write_text(json.dumps(bad))
+        with pytest.raises(MultiNodeError, match="not a multi-node state written by"):
+            MultiNodeJob(tmp_path / "run")
+
+
+def test_one_unreachable_node_does_not_keep_the_others_from_stopping(sshd, tmp_path):
+    """Node 2 cannot be reached: start records nodes 0 and 1; stop signals both, reports node 2, and says so."""
+    spec = spec_for(sshd, command_timeout=30)
+    spec.nodes.append(Node("127.0.0.3", sshd["port"], "root"))  # nothing listens there
+    spec.connect_timeout = 3
+    job = MultiNodeJob(tmp_path / "run", spec)
+    with pytest.raises(MultiNodeError, match=r"127\.0\.0\.3.*unreachable"):
+        job.start(CHECK)  # nodes 0 and 1 wait for a third rank that never comes
+    assert sorted(job.pids) == [0, 1]
+    wait_for(lambda: [n["state"] for n in job.status()["nodes"][:2]] == ["running", "running"], what="running")
+    result = job.stop(grace=60, poll=0.5)
+    assert [u["rank"] for u in result["unreachable"]] == [2] and "unreachable" in result["unreachable"][0]["error"]
+    assert [n["state"] for n in result["nodes"][:2]] != ["running", "running"]
+    assert result["nodes"][2]["state"] == "unreachable"
+
+
+def test_a_node_with_no_supervisor_on_record_is_lost_not_running(sshd, tmp_path):
+    job = MultiNodeJob(tmp_path / "run", spec_for(sshd))
+    job.pids = {}  # a partial start: nothing on record for either node
+    assert [n["state"] for n in job.status()["nodes"]] == ["lost", "lost"]

@@ -102,3 +102,31 @@ def test_check_tokenizer_dir(tokenizer_dir, tmp_path):
         check_tokenizer_dir(tokenizer_dir, "00" * 32)
     with pytest.raises(TokenizerError, match="no tokenizer.json"):
         check_tokenizer_dir(tmp_path)
+
+
+def test_materialize_refuses_a_directory_that_holds_other_files(tmp_path):
+    from kaiyuan_recipes.data.tokenizer import TokenizerError, materialize_qwen2_tokenizer
+
+    (tmp_path / "precious.txt").write_text("mine")
+    with pytest.raises(TokenizerError, match="holds other files \\(precious.txt\\)"):
+        materialize_qwen2_tokenizer(tmp_path)
+    assert (tmp_path / "precious.txt").read_text() == "mine" and len(list(tmp_path.iterdir())) == 1
+
+
+def test_materialized_tokenizer_loads_in_both_environments(tmp_path):
+    """The NeMo 2 environment's transformers 4.57 and this one's 5.x load the same directory and encode alike."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from kaiyuan_recipes.data.tokenizer import materialize_qwen2_tokenizer
+
+    out = materialize_qwen2_tokenizer(tmp_path / "tok")
+    code = ("import sys, json, transformers; from transformers import AutoTokenizer; "
+            "t = AutoTokenizer.from_pretrained(sys.argv[1]); "
+            "print(json.dumps([transformers.__version__, t('hello 世界 <|endoftext|>')['input_ids'], t.eos_token_id]))")
+    nemo2 = Path(__file__).resolve().parents[1] / ".venv-nemo2" / "bin" / "python"
+    results = [json.loads(subprocess.run([py, "-c", code, str(out)], capture_output=True, text=True, check=True,
+                                         timeout=300).stdout.strip().splitlines()[-1]) for py in (sys.executable, nemo2)]
+    assert results[0][0].startswith("5.") and results[1][0].startswith("4.57")
+    assert results[0][1:] == results[1][1:] and results[0][2] == 151643

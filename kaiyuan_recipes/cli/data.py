@@ -94,23 +94,31 @@ def inspect(args: Any) -> int:
 
 
 def convert(args: Any) -> int:
-    from kaiyuan_recipes.data.convert import ConvertOptions, convert_directory
+    import sys
+
+    from kaiyuan_recipes.data.convert import ConversionInterrupted, ConvertOptions, convert_directory
     from kaiyuan_recipes.data.tokenizer import check_tokenizer_dir, default_tokenizer_dir
 
     tokenizer = check_tokenizer_dir(args.tokenizer, args.tokenizer_sha256) if args.tokenizer else default_tokenizer_dir()
-    result = convert_directory(
-        ConvertOptions(
-            input_dir=args.input_dir, output_dir=args.output_dir, tokenizer_dir=tokenizer, output_prefix=args.output_prefix,
-            text_key=args.text_key, num_shards=args.num_shards, workers_per_shard=args.workers_per_shard,
-            batch_size=args.batch_size, on_bad_row=args.on_bad_row,
+    try:
+        result = convert_directory(
+            ConvertOptions(
+                input_dir=args.input_dir, output_dir=args.output_dir, tokenizer_dir=tokenizer,
+                output_prefix=args.output_prefix, text_key=args.text_key, num_shards=args.num_shards,
+                workers_per_shard=args.workers_per_shard, batch_size=args.batch_size, on_bad_row=args.on_bad_row,
+            )
         )
-    )
+    except ConversionInterrupted as err:
+        print(f"kaiyuan: {args.output_dir}: {err}", file=sys.stderr)
+        return 128 + err.signum  # 130 for Ctrl-C, 143 for SIGTERM
     shards = result["shards"]
     docs = sum(s["documents"] for s in shards.values())
     tokens = sum(s["tokens"] for s in shards.values())
     skipped = sum(s["skipped_rows"] for s in shards.values())
     print(f"{len(shards)} shards ({result['converted']} converted, {result['up_to_date']} up to date): "
           f"{docs:,} documents, {tokens:,} tokens -> {args.output_dir}")
+    if result.get("removed"):
+        print(f"removed {len(result['removed'])} shard(s) whose input is gone: {', '.join(result['removed'][:5])}")
     if skipped:
         print(f"skipped {skipped:,} bad rows (--on-bad-row skip); first: "
               + "; ".join(e for s in shards.values() for e in s["skipped_examples"][:2]))

@@ -43,6 +43,10 @@ def load_source(name: str, output_dir: str, pattern: str = "*") -> Source:
     names = sorted(n for n in shards if fnmatch.fnmatch(n, pattern))
     if not names:
         raise BlendError(f"source {name!r}: no shards matching {pattern!r} in {manifest_path}")
+    missing = [f"{n}{ext}" for n in names for ext in (".bin", ".idx") if not (manifest_path.parent / f"{n}{ext}").is_file()]
+    if missing:
+        raise BlendError(f"source {name!r}: {manifest_path} lists shards whose files are gone ({', '.join(missing[:3])}); "
+                         "rerun `kaiyuan data convert` for that directory")
     return Source(name, [str(manifest_path.parent / n) for n in names], [int(shards[n]["tokens"]) for n in names])
 
 
@@ -126,14 +130,31 @@ def load_plan(path: Path) -> tuple[dict[str, Any], dict[str, list[Source]]]:
         plan = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     except Exception as err:
         raise BlendError(f"{path}: not a readable plan ({err})") from err
+    if not isinstance(plan, dict):
+        raise BlendError(f"{path}: expected a mapping with 'total_tokens' and 'categories'")
     for key in ("total_tokens", "categories"):
         if key not in plan:
             raise BlendError(f"{path}: missing {key!r}")
+    total = plan["total_tokens"]
+    if isinstance(total, bool) or not isinstance(total, (int, float)) or total <= 0:
+        raise BlendError(f"{path}: total_tokens must be a positive number, got {total!r}")
+    if not isinstance(plan["categories"], dict) or not plan["categories"]:
+        raise BlendError(f"{path}: 'categories' must be a mapping of category name -> {{share, sources}}")
     sources = {}
     for name, cat in plan["categories"].items():
-        if "share" not in cat or not cat.get("sources"):
-            raise BlendError(f"{path}: category {name!r} needs 'share' and 'sources'")
-        sources[name] = [load_source(s["name"], s["dir"], s.get("pattern", "*")) for s in cat["sources"]]
+        where = f"{path}: category {name!r}"
+        if not isinstance(cat, dict) or "share" not in cat or not cat.get("sources"):
+            raise BlendError(f"{where} needs 'share' and 'sources'")
+        share = cat["share"]
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+            raise BlendError(f"{where}: share must be a number in (0, 1], got {share!r}")
+        if not isinstance(cat["sources"], list):
+            raise BlendError(f"{where}: 'sources' must be a list of {{name, dir[, pattern]}}")
+        sources[name] = []
+        for i, src in enumerate(cat["sources"]):
+            if not isinstance(src, dict) or not all(isinstance(src.get(k), str) and src[k] for k in ("name", "dir")):
+                raise BlendError(f"{where}: sources[{i}] must be a mapping with 'name' and 'dir' (strings), got {src!r}")
+            sources[name].append(load_source(src["name"], src["dir"], src.get("pattern", "*")))
     return plan, sources
 
 

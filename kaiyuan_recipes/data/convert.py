@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, CancelledError, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from kaiyuan_recipes.atomic import write_text_atomic
 from kaiyuan_recipes.data.encoders import make_batch_encoder
@@ -27,6 +30,15 @@ BAD_ROW_POLICIES = ("error", "skip")
 
 class BadInputError(ValueError):
     pass
+
+
+class ConversionInterrupted(Exception):
+    """SIGINT / SIGTERM stopped the conversion: finished shards are in the manifest, nothing else was kept."""
+
+    def __init__(self, signum: int, finished: int, stopped: int):
+        self.signum = signum
+        super().__init__(f"stopped by signal {signum}: {finished} shard(s) finished and recorded, {stopped} not "
+                         "written (a rerun converts them)")
 
 
 @dataclass
@@ -173,6 +185,8 @@ def convert_parquet_shard(path: str, prefix: str, opts_dict: dict[str, Any], pro
         with ThreadPoolExecutor(max_workers=1) as encoder_thread:
             pending = None
             for batch in parquet.iter_batches(batch_size=opts.batch_size, columns=[opts.text_key]):
+                if _should_stop():
+                    raise _Stopped(str(src))
                 texts = _texts_of(batch, opts.text_key, src, row, result, opts.on_bad_row)
                 row += batch.num_rows
                 submitted = encoder_thread.submit(encode, texts)
@@ -218,32 +232,91 @@ def _write_manifest(output_dir: Path, manifest: dict[str, Any]) -> None:
 
 
 def is_up_to_date(entry: dict[str, Any] | None, src: Path, prefix: Path) -> bool:
-    """Same input file (size, mtime) and both outputs present. A tokenizer change has already
-    emptied the manifest's shards (convert_directory)."""
+    """Same input file (path, size, mtime) and both outputs present. A change of tokenizer or of an option
+    that changes the tokens has already emptied the manifest's shards (convert_directory)."""
     if not entry:
         return False
     stat = src.stat()
     return (
-        entry["input_size"] == stat.st_size
+        entry.get("input") == str(src)
+        and entry["input_size"] == stat.st_size
         and entry["input_mtime_ns"] == stat.st_mtime_ns
         and Path(f"{prefix}.bin").is_file()
         and Path(f"{prefix}.idx").is_file()
     )
 
 
+def remove_orphans(output_dir: Path, manifest: dict[str, Any], planned: set[str]) -> list[str]:
+    """Shards the manifest records but this run would not make (their input was deleted or renamed, or the
+    directory now holds fewer files): their .bin / .idx and their manifest entries go, so a blend of the
+    directory never reads a document twice or from a file that is no longer an input. Only files the manifest
+    names are removed."""
+    orphans = sorted(set(manifest["shards"]) - planned)
+    for name in orphans:
+        for ext in (".bin", ".idx"):
+            (Path(output_dir) / f"{name}{ext}").unlink(missing_ok=True)
+        del manifest["shards"][name]
+    if orphans:
+        _write_manifest(output_dir, manifest)
+    return orphans
+
+
 _PROGRESS = None
+_STOP: Any = None  # the driver's stop event (set on SIGINT / SIGTERM)
+_DRIVER_GONE = False
 
 
-def _init_worker(threads: int, progress: Any) -> None:
+class _Stopped(Exception):
+    pass
+
+
+def _should_stop() -> bool:
+    return _DRIVER_GONE or (_STOP is not None and _STOP.is_set())
+
+
+def _watch_driver(driver_pid: int) -> None:
+    """A worker whose driver died (SIGKILL) stops at its next batch instead of converting the queue for nobody."""
+    global _DRIVER_GONE
+    while True:
+        time.sleep(1.0)
+        try:
+            os.kill(driver_pid, 0)
+        except ProcessLookupError:
+            _DRIVER_GONE = True
+            time.sleep(30)  # a shard stuck in one batch for that long is ended outright
+            os._exit(1)
+
+
+def _init_worker(threads: int, progress: Any, stop: Any = None, driver_pid: int | None = None) -> None:
     # The Rust tokenizer's thread pool reads this once, at first use in the process.
-    global _PROGRESS
+    global _PROGRESS, _STOP
     os.environ["RAYON_NUM_THREADS"] = str(threads)
     os.environ["TOKENIZERS_PARALLELISM"] = "true"
-    _PROGRESS = progress
+    _PROGRESS, _STOP = progress, stop
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the driver coordinates the stop
+    if driver_pid is not None:
+        threading.Thread(target=_watch_driver, args=(driver_pid,), daemon=True).start()
 
 
 def _convert_in_worker(path: str, prefix: str, opts_dict: dict[str, Any]) -> dict[str, Any]:
     return convert_parquet_shard(path, prefix, opts_dict, _PROGRESS)
+
+
+@contextmanager
+def interrupts() -> Iterator[list[int]]:
+    """SIGINT and SIGTERM, while converting, are recorded (the list gets the signal) instead of killing the
+    driver, so it can stop the workers and keep what finished. Outside the main thread: nothing is installed."""
+    caught: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
+    previous = {sig: signal.signal(sig, lambda signum, _frame: caught.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield caught
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def convert_directory(opts: ConvertOptions, show_progress: bool = True) -> dict[str, Any]:
@@ -257,22 +330,22 @@ def convert_directory(opts: ConvertOptions, show_progress: bool = True) -> dict[
     opts.output_dir.mkdir(parents=True, exist_ok=True)
     tokenizer_sha = tokenizer_fingerprint(opts.tokenizer_dir)
     manifest = load_manifest(opts.output_dir)
-    if manifest.get("tokenizer_sha256") not in (None, tokenizer_sha):
-        manifest["shards"] = {}  # a different tokenizer makes every output stale
-    manifest.update(
-        tokenizer_sha256=tokenizer_sha, tokenizer_dir=str(opts.tokenizer_dir), text_key=opts.text_key,
-        append_eod=opts.append_eod, input_dir=str(opts.input_dir),
-    )
+    planned = {output_prefix_for(opts, index).name: src for index, src in enumerate(files)}
+    removed = remove_orphans(opts.output_dir, manifest, set(planned))
+    made_with = dict(tokenizer_sha256=tokenizer_sha, text_key=opts.text_key, append_eod=opts.append_eod)
+    if any(manifest.get(k) not in (None, v) for k, v in made_with.items()):
+        manifest["shards"] = {}  # another tokenizer, column or EOD setting makes every output stale
+    manifest.update(made_with, tokenizer_dir=str(opts.tokenizer_dir), input_dir=str(opts.input_dir))
     todo = []
-    for index, src in enumerate(files):
-        prefix = output_prefix_for(opts, index)
-        if not is_up_to_date(manifest["shards"].get(prefix.name), src, prefix):
+    for name, src in planned.items():
+        prefix = opts.output_dir / name
+        if not is_up_to_date(manifest["shards"].get(name), src, prefix):
             todo.append((src, prefix))
     shards, workers = opts.resolved_parallelism(len(todo) or 1)
     skipped_up_to_date = len(files) - len(todo)
     if not todo:
         _write_manifest(opts.output_dir, manifest)
-        return manifest | {"converted": 0, "up_to_date": skipped_up_to_date}
+        return manifest | {"converted": 0, "up_to_date": skipped_up_to_date, "removed": removed}
 
     total_rows = 0
     for src, _ in todo:
@@ -285,7 +358,7 @@ def convert_directory(opts: ConvertOptions, show_progress: bool = True) -> dict[
     # threads (a training process, a test runner); spawn would repeat the imports in every worker.
     ctx = get_context("forkserver")
     ctx.set_forkserver_preload(["megatron.core.datasets.indexed_dataset", "pyarrow.parquet", "kaiyuan_recipes.data.encoders"])
-    progress_queue = ctx.Queue()
+    progress_queue, stop = ctx.Queue(), ctx.Event()
     opts_dict = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()}
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -293,26 +366,42 @@ def convert_directory(opts: ConvertOptions, show_progress: bool = True) -> dict[
                    TimeRemainingColumn(), disable=not show_progress)
     started = time.perf_counter()
     failures: list[str] = []
-    with bar, ProcessPoolExecutor(max_workers=shards, mp_context=ctx, initializer=_init_worker,
-                                  initargs=(workers, progress_queue)) as pool:
+    def record(fut: Any) -> None:
+        try:
+            result = fut.result()
+        except BadInputError as err:
+            failures.append(str(err))
+            return
+        except (_Stopped, CancelledError):
+            return
+        manifest["shards"][futures[fut].name] = result
+        _write_manifest(opts.output_dir, manifest)  # a finished shard is never redone
+
+    with bar, interrupts() as caught, ProcessPoolExecutor(
+            max_workers=shards, mp_context=ctx, initializer=_init_worker,
+            initargs=(workers, progress_queue, stop, os.getpid())) as pool:
         task = bar.add_task("rows", total=total_rows)
         futures = {pool.submit(_convert_in_worker, str(src), str(prefix), opts_dict): prefix for src, prefix in todo}
         pending = set(futures)
-        while pending:
+        while pending and not caught:
             done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
             while not progress_queue.empty():
                 bar.advance(task, progress_queue.get_nowait())
             for fut in done:
-                prefix = futures[fut]
-                try:
-                    result = fut.result()
-                except BadInputError as err:
-                    failures.append(str(err))
-                    continue
-                manifest["shards"][prefix.name] = result
-                _write_manifest(opts.output_dir, manifest)  # a finished shard is never redone
+                record(fut)
+        if caught:  # workers stop at their next batch (cleaning their temporary files); queued shards never start
+            stop.set()
+            pool.shutdown(wait=True, cancel_futures=True)
+            for fut in pending:
+                record(fut)  # a shard that finished while stopping is kept
+    if caught:
+        for _, prefix in todo:
+            for ext in (".bin", ".idx"):
+                Path(f"{prefix.with_name(f'.{prefix.name}.tmp')}{ext}").unlink(missing_ok=True)
+        finished = sum(1 for _, prefix in todo if prefix.name in manifest["shards"])
+        raise ConversionInterrupted(caught[0], finished, len(todo) - finished)
     elapsed = time.perf_counter() - started
     if failures:
         raise BadInputError("; ".join(failures) + f" ({len(failures)} of {len(todo)} files failed; the others are kept)")
-    return manifest | {"converted": len(todo), "up_to_date": skipped_up_to_date, "seconds": elapsed,
+    return manifest | {"converted": len(todo), "up_to_date": skipped_up_to_date, "removed": removed, "seconds": elapsed,
                        "num_shards": shards, "workers_per_shard": workers}

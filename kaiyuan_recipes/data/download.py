@@ -101,6 +101,10 @@ def download_phases(
     files = plan(api, repo_id, revision, patterns)
     if not files:
         raise DownloadError(f"{repo_id}@{revision or 'main'}: no files match {patterns}")
+    empty = [n for n, p in zip(phases, patterns) if not any(fnmatch.fnmatch(f.path, p) for f in files)]
+    if empty:  # every requested phase must be there, not just some
+        raise DownloadError(f"{repo_id}@{revision or 'main'}: phase(s) {', '.join(map(str, empty))} have no files "
+                            f"(pattern {pattern!r}); nothing was downloaded")
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn

@@ -5,12 +5,23 @@ any other tokenizer directory (e.g. GLM-5.2's for the MoE model)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
 from kaiyuan_recipes.atomic import atomic_directory
 
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json")
+SAVED_ALONGSIDE = ("special_tokens_map.json", "chat_template.jinja", "added_tokens.json")  # by some transformers
+PORTABLE_TOKENIZER_CLASS = "Qwen2TokenizerFast"
+
+
+def _loads_everywhere(path: Path) -> bool:
+    """A materialised directory from before the portable class was written is rebuilt."""
+    try:
+        return json.loads((path / "tokenizer_config.json").read_text()).get("tokenizer_class") == PORTABLE_TOKENIZER_CLASS
+    except (OSError, ValueError):
+        return False
 # Qwen2's pre-tokenizer pattern (single digits, unlike GPT-4's \p{N}{1,3}).
 QWEN2_PATTERN = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
@@ -58,8 +69,13 @@ def materialize_qwen2_tokenizer(dest: Path) -> Path:
     from transformers import PreTrainedTokenizerFast
 
     dest = Path(dest)
-    if dest.exists() and all((dest / f).is_file() for f in TOKENIZER_FILES):
+    if dest.exists() and all((dest / f).is_file() for f in TOKENIZER_FILES) and _loads_everywhere(dest):
         return dest
+    if dest.exists():
+        others = sorted(p.name for p in dest.iterdir() if p.name not in TOKENIZER_FILES + SAVED_ALONGSIDE)
+        if not dest.is_dir() or others:
+            raise TokenizerError(f"{dest}: holds other files ({', '.join(others[:5]) or 'not a directory'}); "
+                                 "materialize writes a directory of its own: give a new or empty one")
     with atomic_directory(dest, replace=True) as tmp:
         tok = build_qwen2_tokenizer()
         fast = PreTrainedTokenizerFast(
@@ -73,6 +89,11 @@ def materialize_qwen2_tokenizer(dest: Path) -> Path:
         )
         fast.save_pretrained(str(tmp))
         tok.model.save(str(tmp))  # vocab.json + merges.txt, as Megatron's GPT2BPE and older tools expect
+        # transformers 5 names its generic class (TokenizersBackend), which 4.x (the NeMo 2 environment) lacks;
+        # Qwen2TokenizerFast loads tokenizer.json as it is in both (tested from both environments).
+        config_file = tmp / "tokenizer_config.json"
+        config = json.loads(config_file.read_text()) | {"tokenizer_class": PORTABLE_TOKENIZER_CLASS}
+        config_file.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
         missing = [f for f in TOKENIZER_FILES if not (tmp / f).is_file()]
         if missing:
             raise TokenizerError(f"materialising the tokenizer wrote no {missing}")

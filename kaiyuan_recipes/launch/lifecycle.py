@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kaiyuan_recipes.atomic import redacted_env, write_text_atomic
 from kaiyuan_recipes.launch.failure import last_exception, log_tail
 from kaiyuan_recipes.launch.identity import IdentityError, ProcessIdentity, signal_if_alive
 from kaiyuan_recipes.launch.supervise import (IDENTITY_FILE, SUPERVISED_ENV, kill_run, live_supervisor, read_proc,
@@ -73,16 +74,26 @@ def running_pid(paths: RunPaths) -> int | None:
     return identity.pid if identity else None
 
 
+def _inside_run_dir(paths: RunPaths) -> None:
+    """Run state is written only inside the run directory: a state or log folder that is a symlink leading out
+    of it (planted by whoever can write the run root) is refused."""
+    root = paths.run_dir.resolve()
+    for folder in (paths.state, paths.log.parent):
+        if folder.is_symlink() or (folder.exists() and not folder.resolve().is_relative_to(root)):
+            raise RunStateError(f"{folder}: a symlink or outside {root}; refusing to write run state there")
+
+
 def _prepare_state(paths: RunPaths, argv: list[str], extra: dict[str, Any] | None) -> None:
+    _inside_run_dir(paths)
     if (pid := running_pid(paths)) is not None:
         raise RunStateError(f"run {paths.run_dir.name!r} is already running (pid {pid}); stop it first")
     paths.state.mkdir(parents=True, exist_ok=True)
     paths.log.parent.mkdir(parents=True, exist_ok=True)
     for stale in ("exit.json", "stop.json", "child.pid", IDENTITY_FILE):
         (paths.state / stale).unlink(missing_ok=True)
-    (paths.state / "command.json").write_text(json.dumps(
-        {"argv": argv, "started_at": time.time(), "env": {k: os.environ[k] for k in RECORDED_ENV if k in os.environ},
-         **(extra or {})}, indent=2))
+    env = redacted_env({k: os.environ[k] for k in RECORDED_ENV if k in os.environ})
+    write_text_atomic(paths.state / "command.json", json.dumps(
+        {"argv": argv, "started_at": time.time(), "env": env, **(extra or {})}, indent=2), mode=0o600)
 
 
 def start(run_dir: Path, argv: list[str], extra: dict[str, Any] | None = None, timeout: float = 30.0) -> int:
@@ -115,8 +126,8 @@ def run_in_foreground(run_dir: Path, argv: list[str], log_path: Path, extra: dic
     me.save(paths.identity_file)
 
     def stopped() -> None:
-        (paths.state / "stop.json").write_text(json.dumps({"run": paths.run_dir.name, "signal": "SIGTERM",
-                                                           "foreground": True, "at": time.time()}))
+        write_text_atomic(paths.state / "stop.json", json.dumps({"run": paths.run_dir.name, "signal": "SIGTERM",
+                                                                 "foreground": True, "at": time.time()}))
 
     code = 1
     try:
@@ -142,7 +153,7 @@ def stop(run_dir: Path, grace: float = 300.0, poll: float = 0.5) -> dict[str, An
     new_ckpt = _last_checkpoint(paths)
     result = {"run": paths.run_dir.name, "sigkill_after_grace": killed, "grace_s": grace,
               "checkpoint_saved": new_ckpt is not None and new_ckpt != last_ckpt, "last_checkpoint": new_ckpt}
-    (paths.state / "stop.json").write_text(json.dumps(result))
+    write_text_atomic(paths.state / "stop.json", json.dumps(result))
     return result
 
 

@@ -17,10 +17,11 @@ import re
 import shlex
 import time
 from dataclasses import asdict, dataclass, field
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any
 
-from kaiyuan_recipes.atomic import write_text_atomic
+from kaiyuan_recipes.atomic import redacted_env, write_text_atomic
 from kaiyuan_recipes.launch.failure import TAIL_BYTES, last_exception
 from kaiyuan_recipes.launch.torchrun import TorchrunSpec
 
@@ -99,14 +100,20 @@ def run_on(spec: MultiNodeSpec, node: Node, line: str, warn: bool = False) -> An
     kwargs: dict[str, Any] = {"timeout": spec.connect_timeout}
     if spec.identity_file:
         kwargs["key_filename"] = spec.identity_file
-    conn = Connection(node.host, user=node.user, port=node.port, connect_kwargs=kwargs)
-    if not spec.accept_unknown_hosts:
-        from paramiko import RejectPolicy
+    from paramiko import RejectPolicy, WarningPolicy
 
-        conn.client.set_missing_host_key_policy(RejectPolicy())
-        conn.client.load_system_host_keys()
-        if spec.known_hosts:
-            conn.client.load_host_keys(spec.known_hosts)
+    conn = Connection(node.host, user=node.user, port=node.port, connect_kwargs=kwargs)
+    # Known keys are always loaded, so a changed key is refused (paramiko's BadHostKeyException) whatever the
+    # policy; --accept-unknown-hosts admits only hosts with no key on record, with a warning, for this command.
+    conn.client.load_system_host_keys()
+    if spec.known_hosts:
+        conn.client.load_host_keys(spec.known_hosts)
+    conn.client.set_missing_host_key_policy(WarningPolicy() if spec.accept_unknown_hosts else RejectPolicy())
+    if spec.accept_unknown_hosts:
+        import sys
+
+        print(f"kaiyuan: warning: {node.host}:{node.port}: --accept-unknown-hosts: an unknown host key is accepted "
+              "unverified (a changed one is still refused)", file=sys.stderr)
     try:
         with conn:
             return conn.run(line, hide=True, warn=warn, in_stream=False, timeout=spec.command_timeout)
@@ -143,6 +150,26 @@ def launch_line(spec: MultiNodeSpec, run_dir: Path, rank: int, target: list[str]
     return in_node(spec, line)
 
 
+def load_state(path: Path) -> tuple[MultiNodeSpec, dict[int, int]]:
+    """multinode.json as `start` writes it, checked like the CLI's arguments (hosts, container, python): a state
+    file is input, and whatever it names runs on every node. Anything else is a MultiNodeError naming the file."""
+    try:
+        saved = json.loads(Path(path).read_text())
+        fields = {f.name for f in dataclass_fields(MultiNodeSpec)}
+        if not (isinstance(saved, dict) and set(saved) == {"spec", "pids"} and isinstance(saved["spec"], dict)
+                and set(saved["spec"]) <= fields and isinstance(saved["pids"], dict)):
+            raise ValueError("expected {'spec': {...MultiNodeSpec fields}, 'pids': {rank: pid}}")
+        spec = MultiNodeSpec(**saved["spec"] | {"accept_unknown_hosts": False})
+        if not (isinstance(spec.python, str) and isinstance(spec.workdir, str) and isinstance(spec.env, dict)):
+            raise ValueError("python, workdir and env must be strings / a mapping")
+        pids = {int(k): v for k, v in saved["pids"].items()}
+        if not all(type(v) is int and v > 0 and 0 <= k < len(spec.nodes) for k, v in pids.items()):
+            raise ValueError("pids: node rank -> a positive process id")
+    except (OSError, ValueError, TypeError) as err:
+        raise MultiNodeError(f"{path}: not a multi-node state written by `kaiyuan start` ({err})") from None
+    return spec, pids
+
+
 class MultiNodeJob:
     def __init__(self, run_dir: Path, spec: MultiNodeSpec | None = None):
         self.run_dir = Path(run_dir)
@@ -150,11 +177,9 @@ class MultiNodeJob:
         if spec is None:
             if not self.state_file.is_file():
                 raise MultiNodeError(f"{self.state_file}: no multi-node job was started here")
-            saved = json.loads(self.state_file.read_text())
-            spec = MultiNodeSpec(**saved["spec"])
-            self.pids: dict[int, int] = {int(k): v for k, v in saved["pids"].items()}
+            spec, self.pids = load_state(self.state_file)
         else:
-            self.pids = {}
+            self.pids: dict[int, int] = {}
         self.spec = spec
 
     def _run(self, rank: int, line: str, warn: bool = False) -> Any:
@@ -165,7 +190,10 @@ class MultiNodeJob:
         return self._run(rank, in_node(self.spec, f"cd {shlex.quote(self.spec.workdir)} && {line}"), warn=True)
 
     def _save(self) -> None:
-        write_text_atomic(self.state_file, json.dumps({"spec": asdict(self.spec), "pids": self.pids}, indent=2))
+        # Host-key leniency is not remembered (each command asks for it again); environment values are redacted,
+        # and the file is private: it may still name hosts and paths.
+        spec = asdict(self.spec) | {"accept_unknown_hosts": False, "env": redacted_env(self.spec.env)}
+        write_text_atomic(self.state_file, json.dumps({"spec": spec, "pids": self.pids}, indent=2), mode=0o600)
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def start(self, target: list[str]) -> dict[int, int]:
@@ -241,7 +269,7 @@ class MultiNodeJob:
         """SIGTERM every node's supervisor (it stops the ranks); wait for all to exit; SIGKILL the rest after `grace`.
         A node that cannot be reached does not keep the others from being stopped; it is reported."""
         (self.run_dir / "run_state").mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "run_state" / "stop.json").write_text(json.dumps({"reason": reason, "at": time.time()}))
+        write_text_atomic(self.run_dir / "run_state" / "stop.json", json.dumps({"reason": reason, "at": time.time()}))
         unreachable = self.signal_all("TERM")
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and self.status()["state"] == "running":
