@@ -116,9 +116,9 @@ def test_a_deleted_input_takes_its_shard_with_it_and_a_new_text_key_reconverts(t
     "table, message",
     [
         (pa.table({"content": ["a"]}), "no column 'text' (columns: content)"),
-        (pa.table({"text": ["ok", None, "ok"]}), "row 1: 'text' is null"),
-        (pa.table({"text": ["ok", "", "ok"]}), "row 1: 'text' is empty"),
-        (pa.table({"text": pa.array([b"ok", b"\xff\xfe bad"], pa.binary())}), "row 1: 'text' is not valid UTF-8"),
+        (pa.table({"text": ["ok", None, "ok"]}), "row 1 (0-based): 'text' is null"),
+        (pa.table({"text": ["ok", "", "ok"]}), "row 1 (0-based): 'text' is empty"),
+        (pa.table({"text": pa.array([b"ok", b"\xff\xfe bad"], pa.binary())}), "row 1 (0-based): 'text' is not valid UTF-8"),
         (pa.table({"text": pa.array([], pa.string())}), "the file has no rows"),
         (pa.table({"text": [1, 2]}), "column 'text' has type int64; expected string"),
     ],
@@ -147,7 +147,7 @@ def test_skip_policy_counts_and_reports(tmp_path, tokenizer_dir):
     result = convert_directory(options(tmp_path, tokenizer_dir, on_bad_row="skip"), show_progress=False)
     shard = result["shards"]["phase1_part-00000_text_document"]
     assert shard["skipped_rows"] == 2 and shard["documents"] == 2
-    assert "row 1: 'text' is null" in shard["skipped_examples"][0]
+    assert "row 1 (0-based): 'text' is null" in shard["skipped_examples"][0]
     assert len(read_back(tmp_path / "out" / "phase1_part-00000_text_document")) == 2
 
 
@@ -190,7 +190,9 @@ def test_tiktoken_and_tokenizers_paths_give_identical_shards(tmp_path, tokenizer
     spec["added_tokens"].append({**spec["added_tokens"][-1], "id": 151646, "content": "<|extra_special|>"})
     (other / "tokenizer.json").write_text(json.dumps(spec))
     assert is_bundled_qwen2_bpe(str(tokenizer_dir)) and not is_bundled_qwen2_bpe(str(other))
-    texts = ["Ca\u0301fe\u0301 naïve 1234 🎉", "<|im_start|>user 你好<|im_end|>", "  spaces   and\ttabs\n\n", "混合 text"]
+    # Recent combining marks (U+1DF6 U+1DF7) are ordered differently by Python's Unicode tables and `tokenizers`'.
+    texts = ["Ca\u0301fe\u0301 naïve 1234 🎉", "<|im_start|>user 你好<|im_end|>", "  spaces   and\ttabs\n\n", "混合 text",
+             "\u1df6\u1df7", "a\u1df6\u0301b", "\u1df9\u0300 \U0001FAE8 \u0CF3 \U00011F00", "ﬁ ① Å Ω ｆｕｌｌ"]
     write_parquet(tmp_path / "in" / "a.parquet", texts)
     fast = convert_directory(options(tmp_path, tokenizer_dir, output_dir=tmp_path / "fast"), show_progress=False)
     slow = convert_directory(options(tmp_path, other, output_dir=tmp_path / "slow"), show_progress=False)
@@ -244,3 +246,19 @@ def test_a_stopped_convert_stops_its_workers_and_keeps_only_what_finished(tmp_pa
                               show_progress=False)
     assert again["converted"] == 6 - len(recorded) and len(again["shards"]) == 6
 
+
+
+def test_a_corrupt_page_is_reported_with_its_row_group_and_rows(tmp_path, tokenizer_dir):
+    path = tmp_path / "in" / "a.parquet"
+    path.parent.mkdir(parents=True)
+    pq.write_table(pa.table({"text": [f"row {i} " * 20 for i in range(500)]}), path, row_group_size=100,
+                   compression="none")
+    column = pq.ParquetFile(path).metadata.row_group(3).column(0)
+    data = bytearray(path.read_bytes())
+    start = column.data_page_offset
+    data[start:start + 64] = b"\xff" * 64  # the page header of row group 3 (rows 300-399)
+    path.write_bytes(bytes(data))
+    with pytest.raises(BadInputError, match=r"a.parquet: corrupt or truncated parquet in row group 3 "
+                                            r"\(rows 300-399, 0-based"):
+        convert_directory(options(tmp_path, tokenizer_dir, batch_size=1000), show_progress=False)
+    assert not [p for p in (tmp_path / "out").iterdir() if p.suffix in (".bin", ".idx") or p.name.startswith(".")]

@@ -137,7 +137,13 @@ def test_cluster_up_and_down_command_lines():
     for flag in ("--gpus", "--network=host", "--ipc=host", "--shm-size=64g"):
         assert flag in argv
     assert argv[argv.index("/data:/data") - 1] == "-v" and argv[-3:] == ["example/pytorch:25.01", "sleep", "infinity"]
-    assert down_argv("kaiyuan") == ["docker", "rm", "-f", "kaiyuan"]
+    assert down_argv("kaiyuan") == ["docker", "rm", "-f", "--", "kaiyuan"]
+    for bad in (dict(container="--privileged", image="img"), dict(container="k", image="--privileged"),
+                dict(container="k", image="img", mounts=["-v/:/host"])):
+        with pytest.raises(ValueError, match="container-name|image|option"):
+            up_argv(**bad)
+    with pytest.raises(ValueError, match="container-name"):
+        down_argv("-f")
     with pytest.raises(ValueError, match="HOST_PATH:CONTAINER_PATH"):
         up_argv("k", "img", ["/data"])
 

@@ -130,3 +130,12 @@ def test_materialized_tokenizer_loads_in_both_environments(tmp_path):
                                          timeout=300).stdout.strip().splitlines()[-1]) for py in (sys.executable, nemo2)]
     assert results[0][0].startswith("5.") and results[1][0].startswith("4.57")
     assert results[0][1:] == results[1][1:] and results[0][2] == 151643
+
+
+@pytest.mark.parametrize("content", ['{"version": "1.0", "model": 7}', "not json at all", "{}"])
+def test_check_refuses_a_tokenizer_json_that_does_not_load(tmp_path, content):
+    from kaiyuan_recipes.data.tokenizer import TokenizerError, check_tokenizer_dir
+
+    (tmp_path / "tokenizer.json").write_text(content)
+    with pytest.raises(TokenizerError, match="tokenizer.json: not a loadable tokenizer"):
+        check_tokenizer_dir(tmp_path)

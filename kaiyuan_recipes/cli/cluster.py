@@ -14,14 +14,20 @@ def add_ssh_arguments(p: Any, required: bool = True) -> None:
     p.add_argument("--hosts", required=required, help="comma-separated [user@]host[:port]; the first is the master")
     p.add_argument("--identity-file", help="SSH private key (default: the agent / ~/.ssh)")
     p.add_argument("--known-hosts", help="extra known_hosts file (unknown host keys are refused)")
-    p.add_argument("--accept-unknown-hosts", action="store_true", help="like StrictHostKeyChecking=no")
+    p.add_argument("--accept-unknown-hosts", action="store_true",
+                   help="admit hosts with no key on record, with a warning, for this command only (a changed key is "
+                        "still refused)")
+    p.add_argument("--connect-timeout", type=float, default=15.0, help="seconds to reach a host over SSH")
+    p.add_argument("--command-timeout", type=float, default=120.0,
+                   help="seconds one remote command may take before its node is reported unreachable")
 
 
 def spec_from(args: Any, **kw: Any):
     from kaiyuan_recipes.launch.ssh import MultiNodeSpec
 
     return MultiNodeSpec(nodes=[h for h in args.hosts.split(",") if h], identity_file=args.identity_file,
-                         known_hosts=args.known_hosts, accept_unknown_hosts=args.accept_unknown_hosts, **kw)
+                         known_hosts=args.known_hosts, accept_unknown_hosts=args.accept_unknown_hosts,
+                         connect_timeout=args.connect_timeout, command_timeout=args.command_timeout, **kw)
 
 
 def add_parser(sub: Any) -> None:

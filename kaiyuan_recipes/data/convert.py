@@ -94,7 +94,7 @@ def list_parquet_files(input_dir: Path) -> list[Path]:
 
 
 def _bad(result: ShardResult, path: Path, row: int, why: str, policy: str) -> None:
-    message = f"{path}: row {row}: {why}"
+    message = f"{path}: row {row} (0-based): {why}"
     if policy == "error":
         raise BadInputError(message)
     result.skipped_rows += 1
@@ -179,28 +179,34 @@ def convert_parquet_shard(path: str, prefix: str, opts_dict: dict[str, Any], pro
             result.tokens += doc.size
         result.documents += len(encoded)
 
-    row = 0
+    row, group, group_first = 0, 0, 0
     try:
-        # One batch is encoded (GIL released) while the previous one is written.
+        # One batch is encoded (GIL released) while the previous one is written. Row group by row group, so a
+        # corrupt page is reported with the rows it holds.
         with ThreadPoolExecutor(max_workers=1) as encoder_thread:
             pending = None
-            for batch in parquet.iter_batches(batch_size=opts.batch_size, columns=[opts.text_key]):
-                if _should_stop():
-                    raise _Stopped(str(src))
-                texts = _texts_of(batch, opts.text_key, src, row, result, opts.on_bad_row)
-                row += batch.num_rows
-                submitted = encoder_thread.submit(encode, texts)
-                if pending is not None:
-                    write(pending.result())
-                pending = submitted
-                if progress is not None:
-                    progress.put(batch.num_rows)
+            for group in range(parquet.metadata.num_row_groups):
+                group_first = row
+                for batch in parquet.iter_batches(batch_size=opts.batch_size, columns=[opts.text_key],
+                                                  row_groups=[group]):
+                    if _should_stop():
+                        raise _Stopped(str(src))
+                    texts = _texts_of(batch, opts.text_key, src, row, result, opts.on_bad_row)
+                    row += batch.num_rows
+                    submitted = encoder_thread.submit(encode, texts)
+                    if pending is not None:
+                        write(pending.result())
+                    pending = submitted
+                    if progress is not None:
+                        progress.put(batch.num_rows)
             if pending is not None:
                 write(pending.result())
     except (pa.ArrowInvalid, OSError) as err:
         builder.data_file.close()
         tmp_bin.unlink(missing_ok=True)
-        raise BadInputError(f"{src}: corrupt or truncated parquet near row {row} ({err})") from err
+        rows = parquet.metadata.row_group(group).num_rows
+        raise BadInputError(f"{src}: corrupt or truncated parquet in row group {group} (rows {group_first}-"
+                            f"{group_first + rows - 1}, 0-based; read up to row {row}) ({err})") from err
     except BaseException:
         builder.data_file.close()
         tmp_bin.unlink(missing_ok=True)

@@ -6,7 +6,6 @@ Both paths release the GIL while encoding, so a reader thread can overlap with t
 from __future__ import annotations
 
 import json
-import unicodedata
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable
@@ -49,10 +48,15 @@ def make_batch_encoder(tokenizer_dir: Path, threads: int) -> tuple[BatchEncoder,
     if is_bundled_qwen2_bpe(str(tokenizer_dir)):
         import tiktoken
 
+        from tokenizers import normalizers
+
         enc = tiktoken.Encoding("qwen2", pat_str=QWEN2_PATTERN, mergeable_ranks=_qwen_ranks(), special_tokens=SPECIAL_TOKENS)
+        # NFC as the HF tokenizer (and so Megatron-LM) applies it: `tokenizers`' own tables, not Python's, which
+        # are newer and reorder recent combining marks differently (U+1DF6 U+1DF7).
+        nfc = normalizers.NFC()
 
         def encode(texts: list[str]) -> list[list[int]]:
-            normalized = [unicodedata.normalize("NFC", t) for t in texts]
+            normalized = [t if t.isascii() else nfc.normalize_str(t) for t in texts]
             return enc.encode_batch(normalized, num_threads=threads, allowed_special="all")
 
         return encode, SPECIAL_TOKENS["<|endoftext|>"], "tiktoken"

@@ -124,7 +124,26 @@ def check_tokenizer_dir(path: Path, sha256: str | None = None) -> Path:
         actual = sha256_of(tokenizer_json)
         if actual != sha256.lower():
             raise TokenizerError(f"{tokenizer_json}: sha256 {actual} does not match the expected {sha256.lower()}")
+    _check_round_trip(tokenizer_json)
     return path
+
+
+ROUND_TRIP_PROBE = "Hello, world! 你好，世界。 x = 42;"
+
+
+def _check_round_trip(tokenizer_json: Path) -> None:
+    """A tokenizer.json that `tokenizers` cannot load, or that does not give back what it encoded, is refused here
+    (not as a traceback in the middle of a conversion)."""
+    from tokenizers import Tokenizer
+
+    try:
+        tok = Tokenizer.from_file(str(tokenizer_json))
+        ids = tok.encode(ROUND_TRIP_PROBE, add_special_tokens=False).ids
+        back = tok.decode(ids, skip_special_tokens=False)
+    except Exception as err:  # noqa: BLE001  (tokenizers raises plain Exception for a malformed file)
+        raise TokenizerError(f"{tokenizer_json}: not a loadable tokenizer ({str(err).splitlines()[0][:200]})") from None
+    if not ids or back != ROUND_TRIP_PROBE:
+        raise TokenizerError(f"{tokenizer_json}: does not round-trip text ({ROUND_TRIP_PROBE!r} came back as {back!r})")
 
 
 def tokenizer_vocab_size(path: Path) -> int:

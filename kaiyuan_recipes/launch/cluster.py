@@ -12,6 +12,14 @@ from kaiyuan_recipes.launch.ssh import MultiNodeSpec, run_on
 
 def up_argv(container: str, image: str, mounts: list[str] = (), env: dict[str, str] | None = None,
             shm_size: str = "64g") -> list[str]:
+    from kaiyuan_recipes.launch.ssh import CONTAINER_NAME
+
+    if not CONTAINER_NAME.fullmatch(container):
+        raise ValueError(f"--container-name {container!r}: expected a docker container name ([A-Za-z0-9][A-Za-z0-9_.-]*)")
+    if not image or image.startswith("-") or any(c.isspace() for c in image):
+        raise ValueError(f"--image {image!r}: expected an image reference (not an option)")
+    if any(m.startswith("-") for m in mounts) or shm_size.startswith("-"):
+        raise ValueError("--mount / --shm-size: a value starting with '-' would be read by docker as an option")
     argv = ["docker", "run", "-d", "--name", container, "--gpus", "all", "--network=host", "--ipc=host",
             f"--shm-size={shm_size}", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864", "--restart", "no"]
     for mount in mounts:
@@ -24,7 +32,11 @@ def up_argv(container: str, image: str, mounts: list[str] = (), env: dict[str, s
 
 
 def down_argv(container: str) -> list[str]:
-    return ["docker", "rm", "-f", container]
+    from kaiyuan_recipes.launch.ssh import CONTAINER_NAME
+
+    if not CONTAINER_NAME.fullmatch(container):
+        raise ValueError(f"--container-name {container!r}: expected a docker container name ([A-Za-z0-9][A-Za-z0-9_.-]*)")
+    return ["docker", "rm", "-f", "--", container]
 
 
 def on_every_host(spec: MultiNodeSpec, argv: list[str]) -> list[dict[str, Any]]:
