@@ -4,6 +4,7 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -262,3 +263,19 @@ def test_a_corrupt_page_is_reported_with_its_row_group_and_rows(tmp_path, tokeni
                                             r"\(rows 300-399, 0-based"):
         convert_directory(options(tmp_path, tokenizer_dir, batch_size=1000), show_progress=False)
     assert not [p for p in (tmp_path / "out").iterdir() if p.suffix in (".bin", ".idx") or p.name.startswith(".")]
+
+
+def test_a_full_disk_or_an_unwritable_output_is_one_clear_error_and_leaves_no_temp_file(tmp_path, tokenizer_dir):
+    """ENOSPC from a real device (/dev/full behind the shard's temporary name) and an output directory that
+    cannot be created: one line naming the path and the cause; nothing half-written stays."""
+    write_parquet(tmp_path / "in" / "a.parquet", [f"doc {i} " * 200 for i in range(200)])
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".phase1_part-00000_text_document.tmp.bin").symlink_to("/dev/full")
+    with pytest.raises(BadInputError, match=r"out: cannot write the shard of a.parquet \(No space left on device\)"):
+        convert_directory(options(tmp_path, tokenizer_dir, num_shards=1), show_progress=False)
+    assert [p.name for p in out.iterdir()] in ([], [MANIFEST])
+    from kaiyuan_recipes.data.convert import OutputError
+
+    with pytest.raises(OutputError, match="/proc/1/kaiyuan-out: cannot create the output directory"):
+        convert_directory(options(tmp_path, tokenizer_dir, output_dir=Path("/proc/1/kaiyuan-out")), show_progress=False)

@@ -1,6 +1,7 @@
 """Held-out set: a fixture of the real shape (7 dimensions, 4 per dimension instead of 400)."""
 
 import json
+import re
 
 import pytest
 
@@ -59,3 +60,33 @@ def test_empty_heldout_file(tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(HeldoutError, match="holds no samples"):
         read_heldout(tmp_path / "empty.jsonl", per_dimension=4)
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"choices": [" a", " b"], "answer": 2}, "'answer' must be an integer index of the choices \\(0..1\\), got 2"),
+    ({"choices": [" a", " b"]}, "'answer' must be an integer index"),
+    ({"choices": [" a"], "answer": 0}, "'choices' must be a list of 2 or more non-empty strings"),
+    ({"choices": [" a", ""], "answer": 0}, "'choices' must be a list of 2 or more"),
+    ({"choices": [" a", " b"], "answer": "0"}, "got '0'"),
+    ({"answer": 0}, "'choices' must be a list"),
+])
+def test_heldout_and_eval_reject_the_same_multiple_choice_lines(tmp_path, extra, message):
+    """One check, in one place: a line `kaiyuan data heldout` accepts is one `kaiyuan eval heldout` scores."""
+    from kaiyuan_exporters.heldout_eval import load_samples
+    from kaiyuan_recipes.data.heldout import HeldoutError, read_heldout
+
+    path = tmp_path / "h.jsonl"
+    path.write_text(json.dumps({"dimension": "math", "prompt": "1+1=", "completion": " 2"} | extra) + "\n")
+    with pytest.raises(HeldoutError, match=message):
+        read_heldout(path, per_dimension=1)
+    report = load_samples(path)
+    assert not report.samples and any(re.search(message, p) for p in report.problems), report.problems
+
+
+def test_a_non_utf8_heldout_line_names_file_and_line(tmp_path):
+    from kaiyuan_recipes.data.heldout import HeldoutError, read_heldout
+
+    path = tmp_path / "h.jsonl"
+    path.write_bytes(b'{"dimension": "math", "prompt": "a", "completion": "b"}\n{"prompt": "\xff\xfe"}\n')
+    with pytest.raises(HeldoutError, match=r"h.jsonl: line 2: not UTF-8"):
+        read_heldout(path, per_dimension=1)

@@ -94,7 +94,8 @@ def test_bad_lines_reported_rest_scored_and_outputs(tiny_model, tmp_path):
     data.write_text("\n".join(lines) + "\n")
     report = evaluate_models([tiny_model, tiny_model], data, tmp_path / "out", max_length=64, progress=False)
     assert report["skipped"] == 3
-    assert report["problems"] == ["line 2: no completion", "line 3: choices must be a list of 2+ non-empty strings",
+    assert report["problems"] == ["line 2: 'completion' missing or empty",
+                                  "line 3: 'choices' must be a list of 2 or more non-empty strings",
                                   "line 4: not JSON (Expecting property name enclosed in double quotes)"]
     assert report["results"]["tiny_llama"]["overall"]["samples"] == 2
     assert report["results"]["tiny_llama#2"] == report["results"]["tiny_llama"]  # side by side, same numbers

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kaiyuan_recipes.data.heldout import sample_problems
 from kaiyuan_recipes.data.jsonl import read_jsonl_objects
 
 
@@ -38,17 +39,11 @@ def load_samples(path: Path) -> LoadReport:
         if row is None:
             report.problems.append(problem)
             continue
-        if not isinstance(row.get("completion"), str) or not row["completion"]:
-            report.problems.append(f"line {lineno}: no completion")
+        problems = sample_problems(row)
+        if problems:
+            report.problems += [f"line {lineno}: {p}" for p in problems]
             continue
         choices, answer = row.get("choices"), row.get("answer")
-        if choices is not None:
-            if not (isinstance(choices, list) and len(choices) >= 2 and all(isinstance(c, str) and c for c in choices)):
-                report.problems.append(f"line {lineno}: choices must be a list of 2+ non-empty strings")
-                continue
-            if not (isinstance(answer, int) and 0 <= answer < len(choices)):
-                report.problems.append(f"line {lineno}: answer must index the choices (0..{len(choices) - 1})")
-                continue
         report.samples.append(Sample(lineno, str(row.get("dimension", "unknown")), str(row.get("prompt", "")),
                                      row["completion"], choices, answer))
     if not report.samples and not report.problems:

@@ -8,6 +8,7 @@ finished shards are skipped on a re-run and stale ones (input or tokenizer chang
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -30,6 +31,13 @@ BAD_ROW_POLICIES = ("error", "skip")
 
 class BadInputError(ValueError):
     pass
+
+
+class OutputError(RuntimeError):
+    """The output cannot be written (a full or read-only disk, no permission); temporary files are removed."""
+
+
+OUTPUT_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT, errno.EFBIG}
 
 
 class ConversionInterrupted(Exception):
@@ -169,7 +177,11 @@ def convert_parquet_shard(path: str, prefix: str, opts_dict: dict[str, Any], pro
     # Hidden temporary prefix in the same directory: readable by IndexedDataset, renamed when whole.
     tmp_prefix = prefix_path.with_name(f".{prefix_path.name}.tmp")
     tmp_bin, tmp_idx = Path(f"{tmp_prefix}.bin"), Path(f"{tmp_prefix}.idx")
-    builder = IndexedDatasetBuilder(str(tmp_bin), dtype=dtype)
+    try:
+        builder = IndexedDatasetBuilder(str(tmp_bin), dtype=dtype)
+    except OSError as err:
+        tmp_bin.unlink(missing_ok=True)
+        raise OutputError(f"{tmp_bin.parent}: cannot write the shard of {src.name} ({err.strerror})") from None
     tail = [eod] if opts.append_eod else []
 
     def write(encoded: list[list[int]]) -> None:
@@ -201,26 +213,56 @@ def convert_parquet_shard(path: str, prefix: str, opts_dict: dict[str, Any], pro
                         progress.put(batch.num_rows)
             if pending is not None:
                 write(pending.result())
-    except (pa.ArrowInvalid, OSError) as err:
-        builder.data_file.close()
-        tmp_bin.unlink(missing_ok=True)
-        rows = parquet.metadata.row_group(group).num_rows
-        raise BadInputError(f"{src}: corrupt or truncated parquet in row group {group} (rows {group_first}-"
-                            f"{group_first + rows - 1}, 0-based; read up to row {row}) ({err})") from err
+    except OSError as err:
+        _discard(builder, tmp_bin)
+        if err.errno in OUTPUT_ERRNOS:
+            raise OutputError(f"{tmp_bin.parent}: cannot write the shard of {src.name} ({err.strerror})") from None
+        raise _corrupt(src, parquet, group, group_first, row, err) from err
+    except pa.ArrowInvalid as err:
+        _discard(builder, tmp_bin)
+        raise _corrupt(src, parquet, group, group_first, row, err) from err
     except BaseException:
-        builder.data_file.close()
-        tmp_bin.unlink(missing_ok=True)
+        _discard(builder, tmp_bin)
         raise
+    try:
+        _finish_shard(builder, tmp_prefix, prefix_path, result, src)
+    except BaseException as err:
+        for path in (tmp_bin, tmp_idx):
+            path.unlink(missing_ok=True)
+        if isinstance(err, OSError):
+            raise OutputError(f"{prefix_path.parent}: cannot write the shard of {src.name} ({err.strerror})") from None
+        raise
+    result.seconds = time.perf_counter() - start
+    return asdict(result)
+
+
+def _discard(builder: Any, tmp_bin: Path) -> None:
+    """Close and remove a half-written shard; closing flushes, which fails again on a full disk."""
+    try:
+        builder.data_file.close()
+    except OSError:
+        pass
+    tmp_bin.unlink(missing_ok=True)
+
+
+def _corrupt(src: Path, parquet: Any, group: int, group_first: int, row: int, err: Exception) -> BadInputError:
+    rows = parquet.metadata.row_group(group).num_rows
+    return BadInputError(f"{src}: corrupt or truncated parquet in row group {group} (rows {group_first}-"
+                         f"{group_first + rows - 1}, 0-based; read up to row {row}) ({err})")
+
+
+def _finish_shard(builder: Any, tmp_prefix: Path, prefix_path: Path, result: ShardResult, src: Path) -> None:
+    """The index, a read-back with megatron-core's own reader, then the final names."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    tmp_bin, tmp_idx = Path(f"{tmp_prefix}.bin"), Path(f"{tmp_prefix}.idx")
     builder.finalize(str(tmp_idx))
-    # Read it back with megatron-core's own reader before it gets its final name.
     check = IndexedDataset(str(tmp_prefix))
     if len(check) != result.documents or int(check.sequence_lengths.sum()) != result.tokens:
         raise BadInputError(f"{src}: read-back mismatch ({len(check)} docs / {result.documents} written)")
     del check
     os.replace(tmp_bin, prefix_path.with_name(prefix_path.name + ".bin"))
     os.replace(tmp_idx, prefix_path.with_name(prefix_path.name + ".idx"))
-    result.seconds = time.perf_counter() - start
-    return asdict(result)
 
 
 # ---- driver side ---------------------------------------------------------------------------------
@@ -234,7 +276,10 @@ def load_manifest(output_dir: Path) -> dict[str, Any]:
 
 
 def _write_manifest(output_dir: Path, manifest: dict[str, Any]) -> None:
-    write_text_atomic(Path(output_dir) / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    try:
+        write_text_atomic(Path(output_dir) / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    except OSError as err:
+        raise OutputError(f"{Path(output_dir) / MANIFEST}: cannot write ({err.strerror})") from None
 
 
 def is_up_to_date(entry: dict[str, Any] | None, src: Path, prefix: Path) -> bool:
@@ -333,7 +378,10 @@ def convert_directory(opts: ConvertOptions, show_progress: bool = True) -> dict[
         raise BadInputError(f"--on-bad-row: expected one of {BAD_ROW_POLICIES}, got {opts.on_bad_row!r}")
     files = list_parquet_files(opts.input_dir)
     opts.output_dir = Path(opts.output_dir)
-    opts.output_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        opts.output_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise OutputError(f"{opts.output_dir}: cannot create the output directory ({err.strerror})") from None
     tokenizer_sha = tokenizer_fingerprint(opts.tokenizer_dir)
     manifest = load_manifest(opts.output_dir)
     planned = {output_prefix_for(opts, index).name: src for index, src in enumerate(files)}
@@ -375,7 +423,7 @@ def convert_directory(opts: ConvertOptions, show_progress: bool = True) -> dict[
     def record(fut: Any) -> None:
         try:
             result = fut.result()
-        except BadInputError as err:
+        except (BadInputError, OutputError) as err:
             failures.append(str(err))
             return
         except (_Stopped, CancelledError):

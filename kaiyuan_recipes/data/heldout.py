@@ -21,6 +21,20 @@ class HeldoutError(ValueError):
     pass
 
 
+def sample_problems(row: dict[str, Any]) -> list[str]:
+    """What is wrong with one held-out sample: the one check that `kaiyuan data heldout` and `kaiyuan eval heldout`
+    both apply, so a file the first accepts is one the second scores."""
+    problems = [f"'{key}' missing or empty" for key in ("prompt", "completion")
+                if not isinstance(row.get(key), str) or not row[key]]
+    if "choices" in row or "answer" in row:
+        choices, answer = row.get("choices"), row.get("answer")
+        if not (isinstance(choices, list) and len(choices) >= 2 and all(isinstance(c, str) and c for c in choices)):
+            problems.append("'choices' must be a list of 2 or more non-empty strings")
+        elif type(answer) is not int or not 0 <= answer < len(choices):
+            problems.append(f"'answer' must be an integer index of the choices (0..{len(choices) - 1}), got {answer!r}")
+    return problems
+
+
 def read_heldout(path: Path, per_dimension: int = PER_DIMENSION) -> list[dict[str, Any]]:
     """Every line checked; all problems reported together with their line numbers."""
     path = Path(path)
@@ -31,11 +45,7 @@ def read_heldout(path: Path, per_dimension: int = PER_DIMENSION) -> list[dict[st
             continue
         if row.get("dimension") not in DIMENSIONS:
             problems.append(f"line {lineno}: dimension {row.get('dimension')!r} not one of {', '.join(DIMENSIONS)}")
-        for key in ("prompt", "completion"):
-            if not isinstance(row.get(key), str) or not row[key]:
-                problems.append(f"line {lineno}: '{key}' missing or empty")
-        if "choices" in row and not (isinstance(row["choices"], list) and all(isinstance(c, str) for c in row["choices"])):
-            problems.append(f"line {lineno}: 'choices' must be a list of strings")
+        problems += [f"line {lineno}: {p}" for p in sample_problems(row)]
         rows.append(row)
     if not rows and not problems:
         problems.append("the file holds no samples")

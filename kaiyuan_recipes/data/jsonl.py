@@ -11,8 +11,13 @@ from typing import Any
 def read_jsonl_objects(path: Path) -> Iterator[tuple[int, dict[str, Any] | None, str | None]]:
     """(line number, object, None) for each good line, (line number, None, problem) for a bad one;
     blank lines are skipped."""
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                yield lineno, None, f"{path}: line {lineno}: not UTF-8 (byte {err.start} of the line)"
+                continue
             if not line.strip():
                 continue
             try:

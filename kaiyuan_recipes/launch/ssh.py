@@ -295,8 +295,8 @@ class MultiNodeJob:
 
     def stacks(self, rank: int) -> str:
         """Node `rank`'s ranks' Python stacks now (launch/stacks.py on the node), or why there are none."""
-        _, log = node_paths(self.run_dir, rank)
-        line = shlex.join([self.spec.python, "-m", "kaiyuan_recipes.launch.stacks", str(int(self.pids[rank])), log])
+        state, log = node_paths(self.run_dir, rank)
+        line = shlex.join([self.spec.python, "-m", "kaiyuan_recipes.launch.stacks", state, log])
         return self._run_in_workdir(rank, f"{line} 2>&1").stdout
 
     def logs(self, rank: int, lines: int = 200) -> str:

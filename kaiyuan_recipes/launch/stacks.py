@@ -2,7 +2,7 @@
 (enable_stack_dumps, the first thing training/entry.py does); `kaiyuan stacks RUN` sends SIGUSR1 to the ranks
 that registered it and prints what they wrote to the run's log. For a run that stalls (no new step, no error):
 a collective one rank never joined, a checkpoint load, a compile. On each node of a multi-node job the same
-runs over SSH: `python -m kaiyuan_recipes.launch.stacks SUPERVISOR_PID LOG` (launch/ssh.py)."""
+runs over SSH: `python -m kaiyuan_recipes.launch.stacks NODE_STATE_DIR LOG` (launch/ssh.py)."""
 
 from __future__ import annotations
 
@@ -77,13 +77,18 @@ def report(ranks: list[int], text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="stacks of the ranks below a supervisor, from its log (one node)")
-    ap.add_argument("supervisor", type=int)
+    from kaiyuan_recipes.launch.supervise import live_supervisor
+
+    ap = argparse.ArgumentParser(description="stacks of the ranks below a node's supervisor, from its log (one node)")
+    ap.add_argument("state_dir", type=Path, help="the node's run state (its supervisor's recorded identity)")
     ap.add_argument("log", type=Path)
     args = ap.parse_args(argv)
     try:
-        ranks, text = signal_and_read(args.supervisor, args.log)
-    except (RunStateError, OSError) as err:
+        supervisor = live_supervisor(args.state_dir)  # never a PID taken on trust from a state file
+        if supervisor is None:
+            raise RunStateError(f"{args.state_dir}: no live supervisor on record")
+        ranks, text = signal_and_read(supervisor.pid, args.log)
+    except (RunStateError, OSError, ValueError) as err:
         print(err, file=sys.stderr)
         return 1
     print(report(ranks, text), end="")
