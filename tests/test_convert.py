@@ -177,7 +177,7 @@ def test_cli_convert_and_inspect(tmp_path, tokenizer_dir):
     assert report["rows"] == 2 and report["has_rank_column"] and report["schema"]["rank"] == "int64"
     assert report["text_stats"]["chars_max"] == 11 and report["sample_row"]["text"] == "hello world"
     out = subprocess.run(cmd + ["data", "inspect", str(tmp_path / "missing.parquet")], capture_output=True, text=True)
-    assert out.returncode == 2 and "missing.parquet" in out.stderr
+    assert out.returncode == 1 and "missing.parquet" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_tiktoken_and_tokenizers_paths_give_identical_shards(tmp_path, tokenizer_dir):
@@ -279,3 +279,32 @@ def test_a_full_disk_or_an_unwritable_output_is_one_clear_error_and_leaves_no_te
 
     with pytest.raises(OutputError, match="/proc/1/kaiyuan-out: cannot create the output directory"):
         convert_directory(options(tmp_path, tokenizer_dir, output_dir=Path("/proc/1/kaiyuan-out")), show_progress=False)
+
+
+def test_inspect_reports_every_file_with_the_same_exit_code_for_table_and_json(tmp_path):
+    """An integer or binary text column, a corrupt page, a file that is no parquet: each reported, none a
+    traceback, the good file still reported, and --json exits non-zero like the table."""
+    import subprocess
+    import sys
+
+    pq.write_table(pa.table({"text": [1, 2]}), tmp_path / "int.parquet")
+    pq.write_table(pa.table({"text": pa.array([b"\xff"], pa.binary())}), tmp_path / "bin.parquet")
+    good = tmp_path / "good.parquet"
+    pq.write_table(pa.table({"text": ["ok " * 20] * 500}), good, row_group_size=100, compression="none")
+    data = bytearray(good.read_bytes())
+    start = pq.ParquetFile(good).metadata.row_group(2).column(0).data_page_offset
+    data[start:start + 64] = b"\xff" * 64
+    (tmp_path / "corrupt.parquet").write_bytes(bytes(data))
+    (tmp_path / "none.parquet").write_text("x")
+    paths = [str(tmp_path / n) for n in ("int.parquet", "bin.parquet", "corrupt.parquet", "none.parquet", "good.parquet")]
+    codes = []
+    for extra in ([], ["--json"]):
+        run = subprocess.run([sys.executable, "-m", "kaiyuan_recipes.cli.main", "data", "inspect", *paths, "--full",
+                              *extra], capture_output=True, text=True, timeout=300)
+        assert "Traceback" not in run.stdout + run.stderr
+        codes.append(run.returncode)
+    assert codes == [1, 1]
+    errors = {Path(r["path"]).name: r.get("error") for r in json.loads(run.stdout)}
+    assert "type int64; expected string" in errors["int.parquet"] and "type binary" in errors["bin.parquet"]
+    assert "unreadable data after 200 rows" in errors["corrupt.parquet"]
+    assert "not a readable parquet file" in errors["none.parquet"] and errors["good.parquet"] is None

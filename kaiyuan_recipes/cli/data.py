@@ -76,10 +76,22 @@ def check(args: Any) -> int:
 def inspect(args: Any) -> int:
     from kaiyuan_recipes.data.inspect_parquet import inspect_parquet
 
-    reports = [inspect_parquet(p, args.text_key, args.full) for p in args.paths]
+    reports = []
+    for path in args.paths:  # one bad file does not stop the report of the others
+        try:
+            reports.append(inspect_parquet(path, args.text_key, args.full))
+        except ValueError as err:
+            reports.append({"path": str(path), "error": str(err)})
+    failed = 1 if any("error" in r for r in reports) else 0
+    import sys
+
+    for r in reports:
+        if "error" in r:
+            print(f"kaiyuan: error: {r['error'] if r['error'].startswith(r['path']) else r['path'] + ': ' + r['error']}",
+                  file=sys.stderr)
     if args.json:
         print(json.dumps(reports, indent=2, ensure_ascii=False, default=str))
-        return 0
+        return failed
     from rich.console import Console
     from rich.table import Table
 
@@ -90,7 +102,7 @@ def inspect(args: Any) -> int:
             if key in r:
                 table.add_row(key, json.dumps(r[key], ensure_ascii=False, default=str, indent=1) if isinstance(r[key], dict) else str(r[key]))
         console.print(table)
-    return 1 if any("error" in r for r in reports) else 0
+    return failed
 
 
 def convert(args: Any) -> int:

@@ -44,11 +44,33 @@ def inspect_parquet(path: Path, text_key: str = "text", full: bool = False) -> d
     if text_key not in schema.names:
         info["error"] = f"no column '{text_key}'"
         return info
+    text_type = schema.field(text_key).type
+    if not (pa.types.is_string(text_type) or pa.types.is_large_string(text_type)):
+        # binary is not text: its bytes would be counted as characters, and the converter refuses it anyway
+        info["error"] = f"column '{text_key}' has type {text_type}; expected string"
+        return info
+    _text_stats(pf, info, text_key, full)
+    return info
+
+
+def _text_stats(pf: Any, info: dict[str, Any], text_key: str, full: bool) -> None:
+    meta = pf.metadata
     lengths: list[int] = []
     utf8_bytes = nulls = empty = seen = 0
     sample_row = None
     limit = None if full else SAMPLE_ROWS
-    for batch in pf.iter_batches(batch_size=1000):
+    import pyarrow as pa
+
+    # Row group by row group: a corrupt page then costs only its own group's rows.
+    batches = (b for g in range(meta.num_row_groups) for b in pf.iter_batches(batch_size=1000, row_groups=[g]))
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            break
+        except (pa.ArrowInvalid, OSError) as err:  # a corrupt page: the rows before it are still reported
+            info["error"] = f"unreadable data after {seen} rows ({str(err).splitlines()[0][:200]})"
+            break
         rows = batch.to_pylist()
         if sample_row is None and rows:
             sample_row = {k: (v[:300] + "…" if isinstance(v, str) and len(v) > 300 else v) for k, v in rows[0].items()}
@@ -78,4 +100,3 @@ def inspect_parquet(path: Path, text_key: str = "text", full: bool = False) -> d
         "utf8_bytes": utf8_bytes,
     }
     info["sample_row"] = sample_row
-    return info
