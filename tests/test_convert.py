@@ -308,3 +308,38 @@ def test_inspect_reports_every_file_with_the_same_exit_code_for_table_and_json(t
     assert "type int64; expected string" in errors["int.parquet"] and "type binary" in errors["bin.parquet"]
     assert "unreadable data after 200 rows" in errors["corrupt.parquet"]
     assert "not a readable parquet file" in errors["none.parquet"] and errors["good.parquet"] is None
+
+
+def test_workers_of_a_sigkilled_driver_stop(tmp_path):
+    """After SIGKILL of `kaiyuan data convert` its workers notice (they watch the driver) and exit instead of
+    converting the queue for nobody; what they had half-written is never under a final name."""
+    import subprocess
+    import sys
+
+    from kaiyuan_recipes.launch.supervise import processes
+
+    for i in range(6):
+        write_parquet(tmp_path / "in" / f"f{i}.parquet", [f"row {j} " * 300 for j in range(4000)])
+    proc = subprocess.Popen([sys.executable, "-m", "kaiyuan_recipes.cli.main", "data", "convert", "--input-dir",
+                             str(tmp_path / "in"), "--output-dir", str(tmp_path / "out"), "--output-prefix", "p",
+                             "--num-shards", "2", "--workers-per-shard", "1", "--batch-size", "50"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    while not list((tmp_path / "out").glob(".p_part-*.tmp.bin")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    table = processes()
+    workers, todo = [], [proc.pid]
+    while todo:
+        parent = todo.pop()
+        kids = [pid for pid, p in table.items() if p.ppid == parent]
+        workers += kids
+        todo += kids
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 45
+    while any(os.path.exists(f"/proc/{pid}") for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert workers and not [pid for pid in workers if os.path.exists(f"/proc/{pid}")], "workers outlived the driver"
+    out = tmp_path / "out"
+    recorded = set(json.loads((out / MANIFEST).read_text())["shards"]) if (out / MANIFEST).is_file() else set()
+    assert {p.name.rsplit(".", 1)[0] for p in out.iterdir() if p.suffix in (".bin", ".idx")} <= recorded

@@ -139,3 +139,11 @@ def test_check_refuses_a_tokenizer_json_that_does_not_load(tmp_path, content):
     (tmp_path / "tokenizer.json").write_text(content)
     with pytest.raises(TokenizerError, match="tokenizer.json: not a loadable tokenizer"):
         check_tokenizer_dir(tmp_path)
+
+
+def test_materialize_rewrites_a_damaged_tokenizer_directory(tmp_path):
+    from kaiyuan_recipes.data.tokenizer import check_tokenizer_dir, materialize_qwen2_tokenizer
+
+    out = materialize_qwen2_tokenizer(tmp_path / "tok")
+    (out / "tokenizer.json").write_text("garbage")
+    assert check_tokenizer_dir(materialize_qwen2_tokenizer(out)) == out

@@ -261,6 +261,8 @@ def _finish_shard(builder: Any, tmp_prefix: Path, prefix_path: Path, result: Sha
     if len(check) != result.documents or int(check.sequence_lengths.sum()) != result.tokens:
         raise BadInputError(f"{src}: read-back mismatch ({len(check)} docs / {result.documents} written)")
     del check
+    if _should_stop():  # the driver is gone or stopping: it could not record this shard
+        raise _Stopped(str(src))
     os.replace(tmp_bin, prefix_path.with_name(prefix_path.name + ".bin"))
     os.replace(tmp_idx, prefix_path.with_name(prefix_path.name + ".idx"))
 

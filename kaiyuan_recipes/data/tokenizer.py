@@ -70,7 +70,11 @@ def materialize_qwen2_tokenizer(dest: Path) -> Path:
 
     dest = Path(dest)
     if dest.exists() and all((dest / f).is_file() for f in TOKENIZER_FILES) and _loads_everywhere(dest):
-        return dest
+        try:
+            _check_round_trip(dest / "tokenizer.json")
+            return dest
+        except TokenizerError:
+            pass  # a damaged copy (it holds only tokenizer files): written afresh below
     if dest.exists():
         others = sorted(p.name for p in dest.iterdir() if p.name not in TOKENIZER_FILES + SAVED_ALONGSIDE)
         if not dest.is_dir() or others:
