@@ -67,6 +67,21 @@ def megatron_parallel():
     torch.distributed.destroy_process_group()
 
 
+@pytest.fixture(scope="module")
+def process_group():
+    """The export's own single-process group (kaiyuan_exporters.megatron_to_hf), torn down after the module."""
+    import torch
+
+    from kaiyuan_exporters.megatron_to_hf import ensure_single_process_group
+
+    ensure_single_process_group()
+    yield
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    torch.distributed.destroy_process_group()
+
+
 # Two "nodes" for the multi-node tests: two loopback addresses served by one real OpenSSH sshd.
 NODES = ("127.0.0.1", "127.0.0.2")
 

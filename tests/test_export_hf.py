@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kaiyuan_exporters.hf_to_megatron import build_cpu_model, import_hf
-from kaiyuan_exporters.megatron_to_hf import (bridge_for, checkpoint_shape, ensure_single_process_group, export_hf,
+from kaiyuan_exporters.megatron_to_hf import (bridge_for, checkpoint_shape, export_hf,
                                               newest_iteration_dir)
 from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
 
@@ -18,16 +18,6 @@ SMALL = dict(num_layers=2, hidden_size=128, ffn_hidden_size=256, num_attention_h
              normalization="RMSNorm", layernorm_epsilon=1e-6, gated_linear_unit=True, add_bias_linear=False,
              add_qkv_bias=False, share_embeddings_and_output_weights=False, vocab_size=151936,
              make_vocab_size_divisible_by=128)
-
-
-@pytest.fixture(scope="module")
-def process_group():
-    ensure_single_process_group()
-    yield
-    from megatron.core import parallel_state
-
-    parallel_state.destroy_model_parallel()
-    torch.distributed.destroy_process_group()
 
 
 def read_checkpoint(path):

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from kaiyuan_exporters.megatron_to_hf import ensure_single_process_group, newest_iteration_dir
+from kaiyuan_exporters.megatron_to_hf import newest_iteration_dir
 from kaiyuan_recipes.training.config import TRAINING_STEP_MODEL_FIELDS, build_config
 
 # gpt_smoke at a size the CPU writes and exports in seconds (the real vocabulary: the bundled tokenizer ships).
@@ -27,16 +27,6 @@ COMBINATIONS = {
     "fast_wgrad_only": ["kaiyuan.layer_spec=fast", "kaiyuan.cuda_graph=false", "kaiyuan.wgrad_fusion=true"],
     "local_zero1": ["kaiyuan.layer_spec=local", "kaiyuan.zero_stage=1"],
 }
-
-
-@pytest.fixture(scope="module")
-def process_group():
-    ensure_single_process_group()
-    yield
-    from megatron.core import parallel_state
-
-    parallel_state.destroy_model_parallel()
-    torch.distributed.destroy_process_group()
 
 
 def write_training_checkpoint(cfg, out):

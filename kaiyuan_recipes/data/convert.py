@@ -152,7 +152,7 @@ def convert_parquet_shard(path: str, prefix: str, opts_dict: dict[str, Any], pro
     import pyarrow as pa
     import pyarrow.parquet as pq
     import torch
-    from megatron.core.datasets.indexed_dataset import DType, IndexedDataset, IndexedDatasetBuilder
+    from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
 
     opts = ConvertOptions(**opts_dict)
     src, prefix_path = Path(path), Path(prefix)
