@@ -272,10 +272,11 @@ def test_a_full_disk_or_an_unwritable_output_is_one_clear_error_and_leaves_no_te
     out = tmp_path / "out"
     out.mkdir()
     (out / ".phase1_part-00000_text_document.tmp.bin").symlink_to("/dev/full")
-    with pytest.raises(BadInputError, match=r"out: cannot write the shard of a.parquet \(No space left on device\)"):
+    from kaiyuan_recipes.data.convert import OutputError
+
+    with pytest.raises(OutputError, match=r"out: cannot write the shard of a.parquet \(No space left on device\)"):
         convert_directory(options(tmp_path, tokenizer_dir, num_shards=1), show_progress=False)
     assert [p.name for p in out.iterdir()] in ([], [MANIFEST])
-    from kaiyuan_recipes.data.convert import OutputError
 
     with pytest.raises(OutputError, match="/proc/1/kaiyuan-out: cannot create the output directory"):
         convert_directory(options(tmp_path, tokenizer_dir, output_dir=Path("/proc/1/kaiyuan-out")), show_progress=False)
@@ -343,3 +344,15 @@ def test_workers_of_a_sigkilled_driver_stop(tmp_path):
     out = tmp_path / "out"
     recorded = set(json.loads((out / MANIFEST).read_text())["shards"]) if (out / MANIFEST).is_file() else set()
     assert {p.name.rsplit(".", 1)[0] for p in out.iterdir() if p.suffix in (".bin", ".idx")} <= recorded
+
+
+def test_a_rerun_never_removes_another_prefixs_shards(tmp_path, tokenizer_dir):
+    """Two datasets converted into one output directory under different prefixes: neither run removes the other's."""
+    write_parquet(tmp_path / "in" / "a.parquet", ["one"])
+    write_parquet(tmp_path / "in2" / "b.parquet", ["two"])
+    convert_directory(options(tmp_path, tokenizer_dir, output_prefix="en"), show_progress=False)
+    result = convert_directory(options(tmp_path, tokenizer_dir, input_dir=tmp_path / "in2", output_prefix="zh"),
+                               show_progress=False)
+    assert result["removed"] == [] and set(result["shards"]) == {"en_part-00000_text_document",
+                                                                  "zh_part-00000_text_document"}
+    assert (tmp_path / "out" / "en_part-00000_text_document.bin").is_file()

@@ -185,12 +185,12 @@ def _foreground(tmp_path, job, steps):
     run = tmp_path / "fg"
     script = tmp_path / "kaiyuan"  # named as the console script, whose process is the foreground supervisor
     script.write_text("import sys; from pathlib import Path; from kaiyuan_recipes.launch.lifecycle import "
-                      "run_in_foreground\n"
-                      "sys.exit(run_in_foreground(Path(sys.argv[1]), sys.argv[3:], Path(sys.argv[2]), "
+                      "run_in_foreground\n"  # argv: train RUN LOG COMMAND..., as `kaiyuan train` has it
+                      "sys.exit(run_in_foreground(Path(sys.argv[2]), sys.argv[4:], Path(sys.argv[3]), "
                       "{'train_iters': 5}))\n")
     (run / "run_state").mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if k != "KAIYUAN_SUPERVISED"}
-    proc = subprocess.Popen([sys.executable, str(script), str(run), str(tmp_path / "train.log"),
+    proc = subprocess.Popen([sys.executable, str(script), "train", str(run), str(tmp_path / "train.log"),
                              *job(run / "run_state", steps)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=env)
     return run, proc
@@ -351,3 +351,17 @@ def test_run_state_is_private_redacted_and_never_written_through_a_symlink(tmp_p
 
     record_exit(run / "run_state", 0)
     assert victim.read_text() == "keep" and not (run / "run_state" / "exit.json").is_symlink()
+
+
+def test_a_stop_right_after_start_reaches_the_run_and_leaves_nothing_running(tmp_path, job):
+    """`kaiyuan start` returns once the supervisor's identity is on record; a stop at that moment must still go
+    through the supervisor (it hands it on), not kill it and orphan the training processes."""
+    from kaiyuan_recipes.launch.supervise import processes
+
+    run = tmp_path / "early"
+    pid = start(run, job(run / "run_state", 100000))
+    result = stop(run, grace=60)
+    assert not result["sigkill_after_grace"]
+    assert status(run)["state"] == "stopped" and (run / "run_state" / "exit.json").is_file()
+    time.sleep(1)
+    assert not [p for p, proc in processes().items() if str(run / "run_state") in " ".join(proc.argv)], pid

@@ -11,10 +11,12 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import signal
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, CancelledError, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
@@ -299,12 +301,13 @@ def is_up_to_date(entry: dict[str, Any] | None, src: Path, prefix: Path) -> bool
     )
 
 
-def remove_orphans(output_dir: Path, manifest: dict[str, Any], planned: set[str]) -> list[str]:
+def remove_orphans(output_dir: Path, manifest: dict[str, Any], planned: set[str], output_prefix: str) -> list[str]:
     """Shards the manifest records but this run would not make (their input was deleted or renamed, or the
     directory now holds fewer files): their .bin / .idx and their manifest entries go, so a blend of the
     directory never reads a document twice or from a file that is no longer an input. Only files the manifest
     names are removed."""
-    orphans = sorted(set(manifest["shards"]) - planned)
+    ours = re.compile(re.escape(output_prefix) + r"_part-\d{5}_text_document")  # never another prefix's shards
+    orphans = sorted(n for n in set(manifest["shards"]) - planned if ours.fullmatch(n))
     for name in orphans:
         for ext in (".bin", ".idx"):
             (Path(output_dir) / f"{name}{ext}").unlink(missing_ok=True)
@@ -334,6 +337,8 @@ def _watch_driver(driver_pid: int) -> None:
         time.sleep(1.0)
         try:
             os.kill(driver_pid, 0)
+        except PermissionError:
+            continue
         except ProcessLookupError:
             _DRIVER_GONE = True
             time.sleep(30)  # a shard stuck in one batch for that long is ended outright
@@ -363,8 +368,13 @@ def interrupts() -> Iterator[list[int]]:
     if threading.current_thread() is not threading.main_thread():
         yield caught
         return
-    previous = {sig: signal.signal(sig, lambda signum, _frame: caught.append(signum))
-                for sig in (signal.SIGINT, signal.SIGTERM)}
+    def handler(signum: int, _frame: Any) -> None:
+        if caught:  # a second signal: stop waiting for the workers, die as the signal says
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        caught.append(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield caught
     finally:
@@ -387,7 +397,7 @@ def convert_directory(opts: ConvertOptions, show_progress: bool = True) -> dict[
     tokenizer_sha = tokenizer_fingerprint(opts.tokenizer_dir)
     manifest = load_manifest(opts.output_dir)
     planned = {output_prefix_for(opts, index).name: src for index, src in enumerate(files)}
-    removed = remove_orphans(opts.output_dir, manifest, set(planned))
+    removed = remove_orphans(opts.output_dir, manifest, set(planned), opts.output_prefix)
     made_with = dict(tokenizer_sha256=tokenizer_sha, text_key=opts.text_key, append_eod=opts.append_eod)
     if any(manifest.get(k) not in (None, v) for k, v in made_with.items()):
         manifest["shards"] = {}  # another tokenizer, column or EOD setting makes every output stale
@@ -425,8 +435,16 @@ def convert_directory(opts: ConvertOptions, show_progress: bool = True) -> dict[
     def record(fut: Any) -> None:
         try:
             result = fut.result()
-        except (BadInputError, OutputError) as err:
+        except OutputError as err:  # a full or read-only disk: every further shard would fail the same way
             failures.append(str(err))
+            caught.append(0)
+            return
+        except BadInputError as err:
+            failures.append(str(err))
+            return
+        except BrokenProcessPool as err:  # a worker killed from outside (OOM killer, a group-wide signal)
+            failures.append(f"a conversion worker died ({err}); rerun to convert the remaining shards")
+            caught.append(0)
             return
         except (_Stopped, CancelledError):
             return
@@ -455,6 +473,8 @@ def convert_directory(opts: ConvertOptions, show_progress: bool = True) -> dict[
             for ext in (".bin", ".idx"):
                 Path(f"{prefix.with_name(f'.{prefix.name}.tmp')}{ext}").unlink(missing_ok=True)
         finished = sum(1 for _, prefix in todo if prefix.name in manifest["shards"])
+        if caught[0] == 0:  # stopped by a failure, not a signal
+            raise OutputError("; ".join(failures) + f" ({finished} of {len(todo)} shards finished and kept)")
         raise ConversionInterrupted(caught[0], finished, len(todo) - finished)
     elapsed = time.perf_counter() - started
     if failures:

@@ -81,6 +81,10 @@ class PhaseBlendDataModule:
 
         recorded = _recorded_scheduler(cfg.checkpoint.load)
         differs = {k: (recorded[k], v) for k, v in self.schedule().items() if k in recorded and recorded[k] != v}
+        if differs and getattr(cfg.scheduler, "use_checkpoint_opt_param_scheduler", False):
+            raise ValueError(f"phase {self.phase}: the checkpoint's schedule differs from the curriculum's "
+                             f"({sorted(differs)}) and scheduler.use_checkpoint_opt_param_scheduler=true asks to keep "
+                             "it; drop that override to let the curriculum's schedule take over")
         if differs:
             cfg.scheduler.override_opt_param_scheduler = True
             shown = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in differs.items())

@@ -83,8 +83,21 @@ def _inside_run_dir(paths: RunPaths) -> None:
             raise RunStateError(f"{folder}: a symlink or outside {root}; refusing to write run state there")
 
 
+def _legacy_supervisor(paths: RunPaths) -> int | None:
+    """A supervisor started by a version that recorded only supervisor.pid, if that process still runs this run."""
+    legacy = paths.state / "supervisor.pid"
+    if paths.identity_file.exists() or not legacy.is_file() or not legacy.read_text().strip().isdigit():
+        return None
+    pid = int(legacy.read_text().strip())
+    proc = read_proc(pid) if pid > 0 else None
+    return pid if proc and "kaiyuan_recipes.launch.supervise" in proc.argv and str(paths.state) in proc.argv else None
+
+
 def _prepare_state(paths: RunPaths, argv: list[str], extra: dict[str, Any] | None) -> None:
     _inside_run_dir(paths)
+    if (pid := _legacy_supervisor(paths)) is not None:
+        raise RunStateError(f"run {paths.run_dir.name!r} may still run under a supervisor started by an older version "
+                            f"(pid {pid}, recorded without its identity): stop it with `kill -TERM {pid}`, then start")
     if (pid := running_pid(paths)) is not None:
         raise RunStateError(f"run {paths.run_dir.name!r} is already running (pid {pid}); stop it first")
     paths.state.mkdir(parents=True, exist_ok=True)

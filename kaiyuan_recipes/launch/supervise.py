@@ -99,14 +99,22 @@ def run_foreground(argv: list[str], log_path: Path, on_stop: Callable[[], None] 
     process (a scheduler's, `timeout`'s) is handed to the ranks as `kaiyuan stop` would, so they save a
     checkpoint and exit instead of being killed by torchrun (`on_stop` is called first)."""
 
+    proc: subprocess.Popen | None = None
+    pending: list[bool] = []
+
     def stop(*_: Any) -> None:
         if on_stop is not None:
             on_stop()
-        forward_stop(proc.pid)
+        if proc is None:
+            pending.append(True)
+        else:
+            forward_stop(proc.pid)
 
+    previous = signal.signal(signal.SIGTERM, stop)  # before the child exists: an early SIGTERM still stops it
     with open(log_path, "w", encoding="utf-8") as log:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-        previous = signal.signal(signal.SIGTERM, stop)
+        if pending:
+            forward_stop(proc.pid)
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
@@ -132,18 +140,22 @@ def kill_run(supervisor: ProcessIdentity) -> bool:
     return True
 
 
-def is_supervisor_argv(argv: tuple[str, ...] | list[str]) -> bool:
-    """A supervisor's command line: this module, or the `kaiyuan` CLI (a foreground `kaiyuan train` supervises
-    itself). A recorded identity naming anything else is never signalled, even when it matches a live process."""
-    return any(a in ("kaiyuan_recipes.launch.supervise", "kaiyuan_recipes.cli.main") for a in argv) or any(
-        Path(a).name == "kaiyuan" for a in argv[:2])
+def is_supervisor_argv(argv: tuple[str, ...] | list[str], state_dir: Path) -> bool:
+    """A supervisor's command line for this run: this module with this state directory, or a foreground
+    `kaiyuan train` (the CLI as a module or its console script, which supervises itself). A recorded identity
+    naming anything else is never signalled, even when it matches a live process."""
+    argv = list(argv)
+    if "kaiyuan_recipes.launch.supervise" in argv:
+        return str(state_dir) in argv or str(Path(state_dir).resolve()) in argv
+    cli = "kaiyuan_recipes.cli.main" in argv[:4] or any(Path(a).name == "kaiyuan" for a in argv[:3])
+    return cli and "train" in argv
 
 
 def live_supervisor(state_dir: Path) -> ProcessIdentity | None:
     """The supervisor recorded in `state_dir` while that very process runs (an IdentityError for a record that
     kaiyuan would not have written)."""
     identity = ProcessIdentity.load(Path(state_dir) / IDENTITY_FILE)
-    if identity is None or not is_supervisor_argv(identity.argv) or not identity.is_alive():
+    if identity is None or not is_supervisor_argv(identity.argv, state_dir) or not identity.is_alive():
         return None
     return identity
 
@@ -196,13 +208,25 @@ def main(argv: list[str]) -> int:
         os.setsid()
     state_dir, command = Path(argv[0]), argv[2:]
     state_dir.mkdir(parents=True, exist_ok=True)
+    # The handler goes in before the identity is on record: a stop that comes at once (kaiyuan start returns when
+    # the record exists) must reach the ranks, not kill the supervisor and orphan them.
+    child: subprocess.Popen | None = None
+    stop_pending: list[bool] = []
+
+    def on_term(*_: Any) -> None:
+        if child is None:
+            stop_pending.append(True)
+        else:
+            forward_stop(child.pid)
+
+    signal.signal(signal.SIGTERM, on_term)  # a Python handler (not SIG_IGN) is reset to the default at exec
     me = ProcessIdentity.of(os.getpid())
     assert me is not None
     me.save(state_dir / IDENTITY_FILE)
     child = subprocess.Popen(command, env=dict(os.environ, **{SUPERVISED_ENV: str(state_dir)}))
-    # A Python handler (not SIG_IGN) is reset to the default in the child at exec.
-    signal.signal(signal.SIGTERM, lambda *_: forward_stop(child.pid))
-    (state_dir / "child.pid").write_text(str(child.pid))
+    if stop_pending:
+        forward_stop(child.pid)
+    write_text_atomic(state_dir / "child.pid", str(child.pid))
     code = child.wait()
     record_exit(state_dir, code)
     return 0 if code == 0 else 1

@@ -204,7 +204,10 @@ def create_app(engine: GenerationEngine, api_token: str | None = None, max_body_
         try:
             results = await done
         except Exception as err:  # noqa: BLE001  (headers are sent: the stream ends with an error event)
-            yield "data: " + json.dumps({"error": {"message": f"generation failed: {err}", "code": 500}}) + "\n\n"
+            import logging
+
+            logging.getLogger(__name__).exception("generation failed inside a stream: %s", err)
+            yield "data: " + json.dumps({"error": {"message": "generation failed (see the server log)", "code": 500}}) + "\n\n"
             return
         for index, result in enumerate(results):
             yield chunk(index, engine.decode(result.token_ids)[len(texts[index]):], result.finish_reason)
