@@ -220,15 +220,7 @@ def test_a_stopped_convert_stops_its_workers_and_keeps_only_what_finished(tmp_pa
     deadline = time.monotonic() + 240
     while not list((tmp_path / "out").glob(".p_part-*.tmp.bin")) and time.monotonic() < deadline:
         time.sleep(0.05)  # a shard is being written
-    from kaiyuan_recipes.launch.supervise import processes
-
-    table = processes()
-    workers, todo = [], [proc.pid]
-    while todo:  # the driver's descendants: the forkserver and its workers
-        parent = todo.pop()
-        kids = [pid for pid, p in table.items() if p.ppid == parent]
-        workers += kids
-        todo += kids
+    workers = _descendants(proc.pid)  # the forkserver and its workers
     assert len(workers) >= 3, workers
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
@@ -317,8 +309,6 @@ def test_workers_of_a_sigkilled_driver_stop(tmp_path):
     import subprocess
     import sys
 
-    from kaiyuan_recipes.launch.supervise import processes
-
     for i in range(6):
         write_parquet(tmp_path / "in" / f"f{i}.parquet", [f"row {j} " * 300 for j in range(4000)])
     proc = subprocess.Popen([sys.executable, "-m", "kaiyuan_recipes.cli.main", "data", "convert", "--input-dir",
@@ -328,13 +318,7 @@ def test_workers_of_a_sigkilled_driver_stop(tmp_path):
     deadline = time.monotonic() + 240
     while not list((tmp_path / "out").glob(".p_part-*.tmp.bin")) and time.monotonic() < deadline:
         time.sleep(0.05)
-    table = processes()
-    workers, todo = [], [proc.pid]
-    while todo:
-        parent = todo.pop()
-        kids = [pid for pid, p in table.items() if p.ppid == parent]
-        workers += kids
-        todo += kids
+    workers = _descendants(proc.pid)
     proc.kill()
     proc.wait()
     deadline = time.monotonic() + 45
@@ -356,3 +340,17 @@ def test_a_rerun_never_removes_another_prefixs_shards(tmp_path, tokenizer_dir):
     assert result["removed"] == [] and set(result["shards"]) == {"en_part-00000_text_document",
                                                                   "zh_part-00000_text_document"}
     assert (tmp_path / "out" / "en_part-00000_text_document.bin").is_file()
+
+
+def _descendants(root):
+    """Every process below `root` now (the converter's forkserver and workers)."""
+    from kaiyuan_recipes.launch.supervise import processes
+
+    table = processes()
+    found, todo = [], [root]
+    while todo:
+        parent = todo.pop()
+        kids = [pid for pid, p in table.items() if p.ppid == parent]
+        found += kids
+        todo += kids
+    return found
