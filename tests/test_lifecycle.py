@@ -10,7 +10,30 @@ import time
 import pytest
 
 from kaiyuan_recipes.launch.supervise import is_torchrun, training_ranks
-from kaiyuan_recipes.launch.lifecycle import _alive, RunStateError, follow_log, running_pid, RunPaths, start, status, stop
+from kaiyuan_recipes.launch.lifecycle import _alive, LocalRun, RunStateError
+from kaiyuan_recipes.run_layout import RunLayout
+
+
+# The local back-end's verbs, as `kaiyuan start / stop / status / logs` call them (through launch/run.py's Run).
+def start(run_dir, argv, extra=None):
+    return LocalRun(run_dir).start(argv, extra)[0]
+
+
+def stop(run_dir, grace=300.0):
+    return LocalRun(run_dir).stop(grace=grace)
+
+
+def status(run_dir):
+    return LocalRun(run_dir).status()
+
+
+def follow_log(run_dir, follow, out):
+    LocalRun(run_dir).logs(follow=follow, out=out)
+
+
+def running_pid(run_dir):
+    return LocalRun(run_dir).running_pid()
+
 
 PROGRAM = textwrap.dedent('''
     import json, os, signal, sys, time
@@ -112,7 +135,7 @@ def test_start_status_stop_with_checkpoint(tmp_path, job, launcher):
 def test_finished_and_failed(tmp_path, job):
     ok = tmp_path / "runs" / "ok"
     start(ok, job(ok / "run_state", 5), {"train_iters": 5})
-    assert wait_for(lambda: running_pid(RunPaths(ok)) is None)
+    assert wait_for(lambda: running_pid(ok) is None)
     assert status(ok)["state"] == "finished" and status(ok)["iteration"] == 5
     bad = tmp_path / "runs" / "bad"
     # a caught start-up error first (as Bridge logs optional imports without TE), then the cause
@@ -135,7 +158,7 @@ def test_sigkill_only_after_grace(tmp_path, job):
     t0 = time.monotonic()
     result = stop(run, grace=2)
     assert result["sigkill_after_grace"] and time.monotonic() - t0 >= 2
-    assert wait_for(lambda: running_pid(RunPaths(run)) is None, timeout=10)
+    assert wait_for(lambda: running_pid(run) is None, timeout=10)
     # torchrun puts each rank in its own session; the SIGKILL must reach them there too
     assert wait_for(lambda: not any(_alive(pid) for pid in ranks), timeout=10)
 
@@ -291,25 +314,26 @@ STALLING = textwrap.dedent('''
 def test_stacks_of_a_stalled_run(tmp_path):
     """kaiyuan stacks: SIGUSR1 reaches the ranks that registered the dump (and no other process), the stack
     names the function the rank waits in, and the run carries on and finishes."""
-    from kaiyuan_recipes.launch.stacks import STACK_SIGNAL, catches, dump_stacks
+    from kaiyuan_recipes.launch.stacks import STACK_SIGNAL, catches
 
     prog, release = tmp_path / "stall.py", tmp_path / "release"
     prog.write_text(STALLING)
     run = tmp_path / "runs" / "stalled"
     with pytest.raises(RunStateError, match="not running"):
-        dump_stacks(run)
+        LocalRun(run).stacks()
     start(run, [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone", str(prog),
                 str(release)])
-    log = RunPaths(run).log
+    log = RunLayout(run).console_log
     assert wait_for(lambda: log.read_text().count("ready") == 2)
     ranks = training_ranks(int((run / "run_state" / "child.pid").read_text()))
     assert len(ranks) == 2 and sum(catches(pid, STACK_SIGNAL) for pid in ranks) == 1
-    dumped, text = dump_stacks(run)
-    assert len(dumped) == 1 and dumped[0] in ranks
+    text = LocalRun(run).stacks()
+    (dumped,) = [pid for pid in ranks if catches(pid, STACK_SIGNAL)]
+    assert text.startswith(f"==> SIGUSR1 to rank process(es) [{dumped}] <==\n")  # that one rank, no other
     assert "most recent call first" in text and "in waiting_for_the_release" in text
     assert all(_alive(pid) for pid in ranks) and status(run)["state"] == "running"
     release.touch()
-    assert wait_for(lambda: running_pid(RunPaths(run)) is None)
+    assert wait_for(lambda: running_pid(run) is None)
     assert status(run)["state"] == "finished"
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import NODES, free_port
-from kaiyuan_recipes.launch.ssh import MultiNodeError, MultiNodeJob, MultiNodeSpec, Node, launch_line
+from kaiyuan_recipes.launch.ssh import MultiNodeError, MultiNodeRun, MultiNodeSpec, Node, launch_line
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -39,35 +39,35 @@ def wait_for(predicate, timeout=90, what="condition"):
 
 def test_two_nodes_rendezvous_and_all_reduce(sshd, tmp_path):
     tag = "$(touch /tmp/kaiyuan_pwned); `id` 'q\" && echo INJECTED"
-    job = MultiNodeJob(tmp_path / "run", spec_for(sshd))
+    job = MultiNodeRun(tmp_path / "run", spec_for(sshd))
     pids = job.start(CHECK + ["--tag", tag])
     assert sorted(pids) == [0, 1]
     status = job.watch(poll=0.5)
     assert status["state"] == "finished", str(status)
-    reloaded = MultiNodeJob(tmp_path / "run")  # from run_state/multinode.json, as `kaiyuan status` does
+    reloaded = MultiNodeRun(tmp_path / "run")  # from run_state/multinode.json, as `kaiyuan status` does
     assert reloaded.status()["state"] == "finished"
     for rank in (0, 1):
-        log = reloaded.logs(rank)
+        log = reloaded.node_log(rank)
         assert f"allreduce ok rank={rank} world=2 sum=3 expected=3" in log, log
         assert f"tag={tag}" in log  # arrived as one literal argument
     assert not os.path.exists("/tmp/kaiyuan_pwned")
 
 
 def test_stop_reaches_every_node_and_a_second_start_is_refused(sshd, tmp_path):
-    job = MultiNodeJob(tmp_path / "run", spec_for(sshd))
+    job = MultiNodeRun(tmp_path / "run", spec_for(sshd))
     job.start(CHECK + ["--hold", "300"])
-    wait_for(lambda: all("allreduce ok" in job.logs(r) for r in (0, 1)), what="both nodes up")
+    wait_for(lambda: all("allreduce ok" in job.node_log(r) for r in (0, 1)), what="both nodes up")
     with pytest.raises(MultiNodeError, match="already running"):
-        MultiNodeJob(tmp_path / "run", spec_for(sshd)).start(CHECK)
+        MultiNodeRun(tmp_path / "run", spec_for(sshd)).start(CHECK)
     result = job.stop(grace=60, poll=0.5)
     assert result["sigkill_after_grace"] is False and result["state"] == "stopped"
     assert all(n["state"] in ("failed", "finished") and n["exit"]["signal"] in (None, 15) for n in result["nodes"])
 
 
 def test_a_dead_node_fails_the_job_and_stops_the_others(sshd, tmp_path):
-    job = MultiNodeJob(tmp_path / "run", spec_for(sshd))
+    job = MultiNodeRun(tmp_path / "run", spec_for(sshd))
     pids = job.start(CHECK + ["--hold", "300"])
-    wait_for(lambda: all("allreduce ok" in job.logs(r) for r in (0, 1)), what="both nodes up")
+    wait_for(lambda: all("allreduce ok" in job.node_log(r) for r in (0, 1)), what="both nodes up")
     job._run(1, f"kill -KILL -- -{pids[1]}")  # node 1 dies: supervisor and all
     result = job.watch(poll=0.5, grace=60)
     assert result["state"] == "failed" and result["failed_nodes"] == [1]
@@ -78,7 +78,7 @@ def test_a_failed_nodes_status_names_its_error(sshd, tmp_path):
     """Each node that failed by itself carries the exception its ranks raised, read from the node's log over SSH.
     Both nodes fail on their own; if the watch sees one fail while the other still runs, it stops the other (that
     one is not in failed_nodes, and may have been stopped before its ranks raised)."""
-    job = MultiNodeJob(tmp_path / "run", spec_for(sshd))
+    job = MultiNodeRun(tmp_path / "run", spec_for(sshd))
     job.start(["-m", "kaiyuan_recipes.launch.allreduce_check", "--backend", "no_such_backend"])
     result = job.watch(poll=0.5, grace=60)
     assert result["state"] == "failed", result
@@ -93,7 +93,7 @@ def test_unknown_host_keys_are_refused(sshd, tmp_path):
     spec = spec_for(sshd)
     spec.known_hosts = None
     with pytest.raises(Exception, match="not found in known_hosts"):
-        MultiNodeJob(tmp_path / "run", spec).start(CHECK)
+        MultiNodeRun(tmp_path / "run", spec).start(CHECK)
 
 
 def test_docker_exec_command_line(tmp_path):
@@ -157,9 +157,9 @@ def _processes_with(marker: str) -> list[int]:
 def test_sigkill_reaches_the_ranks_in_their_own_sessions(sshd, tmp_path):
     """torchrun starts each rank with a new session; killing the supervisor's group alone would leave them."""
     tag = f"kill-check-{os.getpid()}-{time.monotonic_ns()}"
-    job = MultiNodeJob(tmp_path / "run", spec_for(sshd))
+    job = MultiNodeRun(tmp_path / "run", spec_for(sshd))
     job.start(CHECK + ["--hold", "300", "--tag", tag])
-    wait_for(lambda: all("allreduce ok" in job.logs(r) for r in (0, 1)), what="both nodes up")
+    wait_for(lambda: all("allreduce ok" in job.node_log(r) for r in (0, 1)), what="both nodes up")
     assert len(_processes_with(tag)) >= 4  # two torchrun agents and their two ranks (loopback nodes)
     job.signal_all("KILL")
     wait_for(lambda: not _processes_with(tag), what="every process of the job gone")
@@ -168,11 +168,11 @@ def test_sigkill_reaches_the_ranks_in_their_own_sessions(sshd, tmp_path):
 def test_stacks_from_every_node(sshd, tmp_path):
     """kaiyuan stacks on a multi-node job: each node's ranks dump their stacks (SIGUSR1, over SSH), the job keeps
     running and then stops cleanly."""
-    job = MultiNodeJob(tmp_path / "run", spec_for(sshd))
+    job = MultiNodeRun(tmp_path / "run", spec_for(sshd))
     job.start(CHECK + ["--hold", "300"])
-    wait_for(lambda: all("allreduce ok" in job.logs(r) for r in (0, 1)), what="both nodes up")
+    wait_for(lambda: all("allreduce ok" in job.node_log(r) for r in (0, 1)), what="both nodes up")
     for rank in (0, 1):
-        out = job.stacks(rank)
+        out = job.node_stacks(rank)
         assert "SIGUSR1 to rank process(es)" in out and "in hold_after_the_check" in out, out
     assert job.status()["state"] == "running"
     result = job.stop(grace=60, poll=0.5)
@@ -189,7 +189,7 @@ def test_state_file_is_checked_private_and_holds_no_secret(sshd, tmp_path):
 
     spec = spec_for(sshd, accept_unknown_hosts=True)
     spec.env |= {"HF_TOKEN": "hf_secret", "HF_ENDPOINT": "https://user:pw@hub.internal/x"}
-    job = MultiNodeJob(tmp_path / "run", spec)
+    job = MultiNodeRun(tmp_path / "run", spec)
     job.pids = {0: 1234}
     job._save()
     text = job.state_file.read_text()
@@ -206,7 +206,7 @@ def test_state_file_is_checked_private_and_holds_no_secret(sshd, tmp_path):
                 {"spec": saved["spec"], "pids": {"0": 5}, "extra": 1}, [1, 2]):
         job.state_file.write_text(json.dumps(bad))
         with pytest.raises(MultiNodeError, match="not a multi-node state written by"):
-            MultiNodeJob(tmp_path / "run")
+            MultiNodeRun(tmp_path / "run")
 
 
 def test_one_unreachable_node_does_not_keep_the_others_from_stopping(sshd, tmp_path):
@@ -214,7 +214,7 @@ def test_one_unreachable_node_does_not_keep_the_others_from_stopping(sshd, tmp_p
     spec = spec_for(sshd, command_timeout=30)
     spec.nodes.append(Node("127.0.0.3", sshd["port"], "root"))  # nothing listens there
     spec.connect_timeout = 3
-    job = MultiNodeJob(tmp_path / "run", spec)
+    job = MultiNodeRun(tmp_path / "run", spec)
     with pytest.raises(MultiNodeError, match=r"127\.0\.0\.3.*unreachable"):
         job.start(CHECK)  # nodes 0 and 1 wait for a third rank that never comes
     assert sorted(job.pids) == [0, 1]
@@ -226,6 +226,6 @@ def test_one_unreachable_node_does_not_keep_the_others_from_stopping(sshd, tmp_p
 
 
 def test_a_node_with_no_supervisor_on_record_is_lost_not_running(sshd, tmp_path):
-    job = MultiNodeJob(tmp_path / "run", spec_for(sshd))
+    job = MultiNodeRun(tmp_path / "run", spec_for(sshd))
     job.pids = {}  # a partial start: nothing on record for either node
     assert [n["state"] for n in job.status()["nodes"]] == ["lost", "lost"]

@@ -36,27 +36,27 @@ def test_ssh_executor_in_an_experiment(sshd):
         exp.run(sequential=True, detach=False, tail_logs=False)
     state = exp.status(return_dict=True)["allreduce"]  # leaving the block waited for the job
     assert str(state["status"]) in ("SUCCEEDED", "AppState.SUCCEEDED"), state
-    from kaiyuan_recipes.launch.ssh import MultiNodeJob
+    from kaiyuan_recipes.launch.ssh import MultiNodeRun
 
-    job = MultiNodeJob(Path(exp.jobs[0].executor.job_dir))
-    assert all("allreduce ok" in job.logs(r) and "tag=via-nemo-run" in job.logs(r) for r in (0, 1))
+    job = MultiNodeRun(Path(exp.jobs[0].executor.job_dir))
+    assert all("allreduce ok" in job.node_log(r) and "tag=via-nemo-run" in job.node_log(r) for r in (0, 1))
 
 
 def test_ssh_executor_cancel_stops_every_node(sshd):
     import nemo_run as run
 
-    from kaiyuan_recipes.launch.ssh import MultiNodeJob
+    from kaiyuan_recipes.launch.ssh import MultiNodeRun
 
     with run.Experiment("kaiyuan-ssh-cancel", executor=ssh_executor(sshd), log_level="WARN") as exp:
         exp.add(check_task("--hold", "300"), name="held")
         exp.run(sequential=True, detach=True, tail_logs=False)
         run_dir = Path(exp.jobs[0].executor.job_dir)
-        job = MultiNodeJob(run_dir)
+        job = MultiNodeRun(run_dir)
         deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and not all("allreduce ok" in job.logs(r) for r in (0, 1)):
+        while time.monotonic() < deadline and not all("allreduce ok" in job.node_log(r) for r in (0, 1)):
             time.sleep(0.5)
         exp.cancel("held")
-    status = MultiNodeJob(run_dir).status()
+    status = MultiNodeRun(run_dir).status()
     assert status["state"] == "stopped" and all(n["state"] != "running" for n in status["nodes"])
 
 

@@ -1,4 +1,6 @@
-"""`kaiyuan start | stop | status | logs | stacks`: detached runs on this node (kaiyuan_recipes.launch.lifecycle)."""
+"""`kaiyuan start | stop | status | logs | stacks`: start picks the back-end from its flags (--hosts: one
+torchrun per host over SSH, else this node); the other verbs open the run's handle from its directory
+(kaiyuan_recipes.launch.run.open_run) and ask it."""
 
 from __future__ import annotations
 
@@ -48,7 +50,7 @@ def checked_run_name(name: str) -> str:
 
 
 def start(args: Any) -> int:
-    from kaiyuan_recipes.launch.lifecycle import start as start_run
+    from kaiyuan_recipes.launch.lifecycle import LocalRun
     from kaiyuan_recipes.launch.torchrun import TorchrunSpec
     from kaiyuan_recipes.training.config import build_config
     from kaiyuan_recipes.training.validate import validate
@@ -61,82 +63,59 @@ def start(args: Any) -> int:
     validate(cfg, TorchrunSpec(nproc_per_node=args.nproc_per_node).world_size, run.max_positions)
     argv = [sys.executable, "-m", "kaiyuan_recipes.cli.main", "train", args.recipe,
             f"--nproc-per-node={args.nproc_per_node}", *overrides]
-    pid = start_run(run.run_dir, argv, {"recipe": args.recipe, "train_iters": cfg.train.train_iters})
-    print(f"started {args.run_name} (supervisor pid {pid}); logs: kaiyuan logs {args.run_name} -f")
+    pids = LocalRun(run.run_dir).start(argv, {"recipe": args.recipe, "train_iters": cfg.train.train_iters})
+    print(f"started {args.run_name} (supervisor pid {pids[0]}); logs: kaiyuan logs {args.run_name} -f")
     return 0
 
 
 def start_multinode(args: Any, overrides: list[str], cfg: Any, run: Any) -> int:
     import os
 
-    from kaiyuan_recipes.launch.ssh import MultiNodeJob
+    from kaiyuan_recipes.launch.ssh import MultiNodeRun
     from kaiyuan_recipes.launch.torchrun import ENTRY_MODULE
     from kaiyuan_recipes.training.validate import validate
 
     spec = spec_from(args, nproc_per_node=args.nproc_per_node, master_port=args.master_port,
                      container=args.container_name, python=args.python, workdir=os.getcwd())
     validate(cfg, spec.torchrun(0).world_size, run.max_positions)
-    pids = MultiNodeJob(run.run_dir, spec).start(["-m", ENTRY_MODULE, args.recipe, *overrides])
+    pids = MultiNodeRun(run.run_dir, spec).start(["-m", ENTRY_MODULE, args.recipe, *overrides])
     print(f"started {args.run_name} on {len(pids)} node(s): {', '.join(n.host for n in spec.nodes)}; "
           f"kaiyuan status {args.run_name} --run-root {run.run_dir.parent}")
     return 0
 
 
-def multinode_job(run_dir: Path):
-    from kaiyuan_recipes.launch.ssh import MultiNodeJob
-
-    return MultiNodeJob(run_dir) if (run_dir / "run_state" / "multinode.json").is_file() else None
-
-
 def stop(args: Any) -> int:
-    checked_run_name(args.run_name)
-    from kaiyuan_recipes.launch.lifecycle import stop as stop_run
+    from kaiyuan_recipes.launch.run import open_run
 
-    if (job := multinode_job(args.run_root / args.run_name)) is not None:
-        result = job.stop(grace=args.grace)
-        for node in result["unreachable"]:
-            print(f"{args.run_name}: node {node['rank']} not stopped: {node['error']}", file=sys.stderr)
-        print(json.dumps(result))
-        return 1 if result["sigkill_after_grace"] or result["unreachable"] else 0
-    result = stop_run(args.run_root / args.run_name, grace=args.grace)
-    if result["sigkill_after_grace"]:
-        print(f"{args.run_name}: did not exit within {args.grace:g}s of SIGTERM; sent SIGKILL", file=sys.stderr)
+    run = open_run(args.run_root / checked_run_name(args.run_name))
+    result = run.stop(grace=args.grace)
+    problems = run.stop_problems(result)
+    for problem in problems:
+        print(f"{args.run_name}: {problem}", file=sys.stderr)
     print(json.dumps(result))
-    return 1 if result["sigkill_after_grace"] else 0
+    return 1 if problems else 0
 
 
 def status(args: Any) -> int:
-    from kaiyuan_recipes.launch.lifecycle import status as run_status
+    from kaiyuan_recipes.launch.run import open_run
+    from kaiyuan_recipes.run_layout import RunLayout
 
-    runs = [args.run_root / checked_run_name(args.run_name)] if args.run_name is not None else sorted(
-        p.parent for p in args.run_root.glob("*/run_state"))
+    runs = [args.run_root / checked_run_name(args.run_name)] if args.run_name is not None else \
+        RunLayout.run_dirs_under(args.run_root)
     for run_dir in runs:
-        job = multinode_job(run_dir)
-        print(json.dumps(job.status() if job else run_status(run_dir)))
+        print(json.dumps(open_run(run_dir).status()))
     return 0
 
 
 def logs(args: Any) -> int:
-    checked_run_name(args.run_name)
-    from kaiyuan_recipes.launch.lifecycle import follow_log
+    from kaiyuan_recipes.launch.run import open_run
 
-    if (job := multinode_job(args.run_root / args.run_name)) is not None:
-        for rank in range(len(job.spec.nodes)):
-            print(f"==> node {rank} ({job.spec.nodes[rank].host}) <==")
-            print(job.logs(rank, 200), end="")
-        return 0
-    follow_log(args.run_root / args.run_name, args.follow)
+    open_run(args.run_root / checked_run_name(args.run_name)).logs(follow=args.follow)
     return 0
 
 
 def stacks(args: Any) -> int:
-    checked_run_name(args.run_name)
-    from kaiyuan_recipes.launch.stacks import dump_stacks, report
+    from kaiyuan_recipes.launch.run import open_run
 
-    if (job := multinode_job(args.run_root / args.run_name)) is not None:
-        for rank, node in enumerate(job.spec.nodes):
-            print(f"==> node {rank} ({node.host}) <==")
-            print(job.stacks(rank), end="")
-        return 0
-    print(report(*dump_stacks(args.run_root / args.run_name)), end="")
+    print(open_run(args.run_root / checked_run_name(args.run_name)).stacks(), end="")
     return 0

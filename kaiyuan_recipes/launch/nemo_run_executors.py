@@ -21,8 +21,9 @@ from nemo_run.run.torchx_backend.schedulers import api as nemo_run_schedulers
 from torchx.schedulers.api import AppDryRunInfo, DescribeAppResponse, ListAppResponse, Scheduler, Stream
 from torchx.specs import AppDef, AppState, Role
 
-from kaiyuan_recipes.launch.ssh import MultiNodeJob, MultiNodeSpec
+from kaiyuan_recipes.launch.ssh import MultiNodeRun, MultiNodeSpec
 from kaiyuan_recipes.launch.torchrun import ENTRY_MODULE
+from kaiyuan_recipes.run_layout import RunLayout
 
 SCHEDULER = "kaiyuan_ssh"
 
@@ -127,16 +128,16 @@ class SSHMultiNodeScheduler(nemo_run_schedulers.SchedulerMixin, Scheduler[dict])
         request = dryrun_info.request
         run_dir = Path(request["run_dir"])
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "role_name").write_text(request["role"])
-        MultiNodeJob(run_dir, request["spec"]).start(request["target"])
+        RunLayout(run_dir).nemo_run_role.write_text(request["role"])
+        MultiNodeRun(run_dir, request["spec"]).start(request["target"])
         return app_id_for(run_dir)
 
     def describe(self, app_id: str) -> Optional[DescribeAppResponse]:
-        run_dir = run_dir_of(app_id)
-        if not (run_dir / "run_state" / "multinode.json").is_file():
+        layout = RunLayout(run_dir_of(app_id))
+        if not layout.multinode_state.is_file():
             return None
-        status = MultiNodeJob(run_dir).status()
-        role = (run_dir / "role_name").read_text() if (run_dir / "role_name").is_file() else "main"
+        status = MultiNodeRun(layout.run_dir).status()
+        role = layout.nemo_run_role.read_text() if layout.nemo_run_role.is_file() else "main"
         return DescribeAppResponse(app_id=app_id, state=_STATES.get(status["state"], AppState.UNKNOWN),
                                    roles=[Role(name=role, image="", num_replicas=len(status["nodes"]))],
                                    msg=str(status["nodes"]))
@@ -145,14 +146,14 @@ class SSHMultiNodeScheduler(nemo_run_schedulers.SchedulerMixin, Scheduler[dict])
         return []
 
     def _cancel_existing(self, app_id: str) -> None:
-        MultiNodeJob(run_dir_of(app_id)).stop(grace=300.0)
+        MultiNodeRun(run_dir_of(app_id)).stop(grace=300.0)
 
     def log_iter(self, app_id: str, role_name: str, k: int = 0, regex: Optional[str] = None,
                  since: Optional[datetime] = None, until: Optional[datetime] = None, should_tail: bool = False,
                  streams: Optional[Stream] = None) -> Iterable[str]:
         import re
 
-        lines = MultiNodeJob(run_dir_of(app_id)).logs(k, 100000).splitlines()
+        lines = MultiNodeRun(run_dir_of(app_id)).node_log(k, 100000).splitlines()
         return [line for line in lines if not regex or re.search(regex, line)]
 
 

@@ -1,13 +1,13 @@
-"""Multi-node runs over SSH — what start_multinode_training.sh / stop_multinode_training.sh did: one
+"""The multi-node back-end of launch/run.py, over SSH — what start_multinode_training.sh / stop_multinode_training.sh did: one
 torchrun per node (--nnodes/--node-rank/--master-addr/--master-port filled per node), optionally inside
 an existing same-named container through `docker exec`, the NCCL / GLOO interface variables passed
 through, one log per node, stop = SIGTERM to every node's supervisor, which hands it to the ranks (SIGKILL to the group after the grace period),
 and a node that dies fails the job and stops the others.
 
 Every remote command is built from argument lists and quoted with shlex: a run name or override holding
-shell metacharacters reaches the program as one literal argument. State: <run_dir>/run_state/multinode.json
-on the launching machine; per node, <run_dir>/run_state/nodes/<rank>/ (supervisor exit record) and
-<run_dir>/logs/node<rank>.log on that node."""
+shell metacharacters reaches the program as one literal argument. State (run_layout.py): run_state/multinode.json
+on the launching machine; per node, run_state/nodes/<rank>/ (the node supervisor's records) and logs/node<rank>.log
+on that node."""
 
 from __future__ import annotations
 
@@ -15,22 +15,25 @@ import json
 import os
 import re
 import shlex
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from dataclasses import fields as dataclass_fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from kaiyuan_recipes.atomic import redacted_env, write_text_atomic
 from kaiyuan_recipes.launch.failure import TAIL_BYTES, last_exception
+from kaiyuan_recipes.launch.run import Run, RunError
 from kaiyuan_recipes.launch.torchrun import TorchrunSpec
+from kaiyuan_recipes.run_layout import EXIT_FILE, IDENTITY_FILE, RunLayout
 
 # Passed from the launching environment to every node (never secrets).
 PASS_THROUGH_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_DEBUG", "NCCL_IB_HCA", "NCCL_IB_DISABLE",
                     "CUDA_VISIBLE_DEVICES", "KAIYUAN_CACHE", "HF_HUB_OFFLINE")
 
 
-class MultiNodeError(RuntimeError):
+class MultiNodeError(RunError):
     pass
 
 
@@ -110,8 +113,6 @@ def run_on(spec: MultiNodeSpec, node: Node, line: str, warn: bool = False) -> An
         conn.client.load_host_keys(spec.known_hosts)
     conn.client.set_missing_host_key_policy(WarningPolicy() if spec.accept_unknown_hosts else RejectPolicy())
     if spec.accept_unknown_hosts:
-        import sys
-
         print(f"kaiyuan: warning: {node.host}:{node.port}: --accept-unknown-hosts: an unknown host key is accepted "
               "unverified (a changed one is still refused)", file=sys.stderr)
     try:
@@ -125,7 +126,9 @@ def run_on(spec: MultiNodeSpec, node: Node, line: str, warn: bool = False) -> An
 
 
 def node_paths(run_dir: Path, rank: int) -> tuple[str, str]:
-    return str(run_dir / "run_state" / "nodes" / str(rank)), str(run_dir / "logs" / f"node{rank}.log")
+    """Node `rank`'s state folder and log, as the strings its shell lines name."""
+    layout = RunLayout(Path(run_dir))
+    return str(layout.node_state(rank)), str(layout.node_log(rank))
 
 
 def in_node(spec: MultiNodeSpec, shell_line: str) -> str:
@@ -140,11 +143,11 @@ def launch_line(spec: MultiNodeSpec, run_dir: Path, rank: int, target: list[str]
     state, log = node_paths(run_dir, rank)
     command = ["env", *(f"{k}={v}" for k, v in sorted(spec.env.items())), spec.python, "-m",
                "kaiyuan_recipes.launch.supervise", "--new-session", state, "--", *spec.torchrun(rank).command(target)]
-    identity = shlex.quote(state + "/supervisor.json")
+    identity = shlex.quote(f"{state}/{IDENTITY_FILE}")
     # The node's supervisor records its identity first thing (launch/identity.py); wait for it (bounded), so a
     # status right after the start finds it.
     line = (f"cd {shlex.quote(spec.workdir)} && mkdir -p {shlex.quote(state)} {shlex.quote(str(Path(log).parent))} && "
-            f"rm -f {shlex.quote(state + '/exit.json')} {identity} && "
+            f"rm -f {shlex.quote(f'{state}/{EXIT_FILE}')} {identity} && "
             f"{{ nohup {shlex.join(command)} > {shlex.quote(log)} 2>&1 < /dev/null & pid=$!; "
             f"for i in $(seq 200); do [ -f {identity} ] && break; sleep 0.05; done; echo $pid; }}")
     return in_node(spec, line)
@@ -170,10 +173,11 @@ def load_state(path: Path) -> tuple[MultiNodeSpec, dict[int, int]]:
     return spec, pids
 
 
-class MultiNodeJob:
+class MultiNodeRun(Run):
+    """A run on several nodes; without `spec`, the one started in `run_dir` (its multinode.json)."""
+
     def __init__(self, run_dir: Path, spec: MultiNodeSpec | None = None):
-        self.run_dir = Path(run_dir)
-        self.state_file = self.run_dir / "run_state" / "multinode.json"
+        super().__init__(run_dir)
         if spec is None:
             if not self.state_file.is_file():
                 raise MultiNodeError(f"{self.state_file}: no multi-node job was started here")
@@ -181,6 +185,10 @@ class MultiNodeJob:
         else:
             self.pids: dict[int, int] = {}
         self.spec = spec
+
+    @property
+    def state_file(self) -> Path:
+        return self.layout.multinode_state
 
     def _run(self, rank: int, line: str, warn: bool = False) -> Any:
         return run_on(self.spec, self.spec.nodes[rank], line, warn)
@@ -196,15 +204,16 @@ class MultiNodeJob:
         write_text_atomic(self.state_file, json.dumps({"spec": spec, "pids": self.pids}, indent=2), mode=0o600)
 
     # -- lifecycle --------------------------------------------------------------------------------------
-    def start(self, target: list[str]) -> dict[int, int]:
-        """torchrun `target` on every node. Refused while a previous job in this run directory runs."""
+    def start(self, target: list[str], extra: dict[str, Any] | None = None) -> dict[int, int]:
+        """torchrun `target` on every node. Refused while a previous job in this run directory runs. (`extra` is
+        not recorded: multinode.json holds exactly what the nodes run, and status asks the nodes.)"""
         if self.state_file.is_file():
-            previous = MultiNodeJob(self.run_dir)
+            previous = MultiNodeRun(self.run_dir)
             if previous.status()["state"] == "running":
                 raise MultiNodeError(f"run {self.run_dir.name!r} is already running on "
                                      f"{', '.join(n.host for n in previous.spec.nodes)}; stop it first")
         self.pids = {}
-        (self.run_dir / "run_state" / "stop.json").unlink(missing_ok=True)
+        self.layout.stop_request.unlink(missing_ok=True)
         try:
             for rank in range(len(self.spec.nodes)):
                 out = self._run(rank, launch_line(self.spec, self.run_dir, rank, target)).stdout.strip().splitlines()
@@ -241,14 +250,14 @@ class MultiNodeJob:
     def status(self) -> dict[str, Any]:
         nodes = [self.node_status(r) for r in range(len(self.spec.nodes))]
         states = {n["state"] for n in nodes}
-        stopped = (self.run_dir / "run_state" / "stop.json").is_file()
+        stopped = self.layout.stop_request.is_file()
         if "running" in states:
             overall = "running"
         elif states == {"finished"}:
             overall = "finished"
         else:
             overall = "stopped" if stopped else "failed"
-        return {"run": self.run_dir.name, "state": overall, "nodes": nodes}
+        return {"run": self.name, "state": overall, "nodes": nodes}
 
     def signal_all(self, sig: str) -> list[dict[str, Any]]:
         """TERM to each node's supervisor (it hands it to the ranks: launch/supervise.py); KILL to its group
@@ -268,8 +277,8 @@ class MultiNodeJob:
     def stop(self, grace: float = 300.0, poll: float = 1.0, reason: str = "requested") -> dict[str, Any]:
         """SIGTERM every node's supervisor (it stops the ranks); wait for all to exit; SIGKILL the rest after `grace`.
         A node that cannot be reached does not keep the others from being stopped; it is reported."""
-        (self.run_dir / "run_state").mkdir(parents=True, exist_ok=True)
-        write_text_atomic(self.run_dir / "run_state" / "stop.json", json.dumps({"reason": reason, "at": time.time()}))
+        self.layout.state.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(self.layout.stop_request, json.dumps({"reason": reason, "at": time.time()}))
         unreachable = self.signal_all("TERM")
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and self.status()["state"] == "running":
@@ -277,8 +286,14 @@ class MultiNodeJob:
         killed = self.status()["state"] == "running"
         if killed:
             unreachable += [u for u in self.signal_all("KILL") if u["rank"] not in {v["rank"] for v in unreachable}]
-        return {"run": self.run_dir.name, "sigkill_after_grace": killed, "grace_s": grace,
+        return {"run": self.name, "sigkill_after_grace": killed, "grace_s": grace,
                 "unreachable": unreachable, **self.status()}
+
+    def stop_problems(self, result: dict[str, Any]) -> list[str]:
+        problems = [f"node {node['rank']} not stopped: {node['error']}" for node in result["unreachable"]]
+        if result["sigkill_after_grace"]:
+            problems.append(f"did not exit within {result['grace_s']:g}s of SIGTERM; sent SIGKILL")
+        return problems
 
     def watch(self, poll: float = 2.0, grace: float = 300.0) -> dict[str, Any]:
         """Wait for the job; when one node fails or disappears while others run, stop the others."""
@@ -293,12 +308,24 @@ class MultiNodeJob:
                 return status
             time.sleep(poll)
 
-    def stacks(self, rank: int) -> str:
+    def node_stacks(self, rank: int) -> str:
         """Node `rank`'s ranks' Python stacks now (launch/stacks.py on the node), or why there are none."""
         state, log = node_paths(self.run_dir, rank)
         line = shlex.join([self.spec.python, "-m", "kaiyuan_recipes.launch.stacks", state, log])
         return self._run_in_workdir(rank, f"{line} 2>&1").stdout
 
-    def logs(self, rank: int, lines: int = 200) -> str:
+    def node_log(self, rank: int, lines: int = 200) -> str:
+        """The last `lines` lines of node `rank`'s log."""
         _, log = node_paths(self.run_dir, rank)
         return self._run(rank, in_node(self.spec, f"tail -n {int(lines)} {shlex.quote(log)}"), warn=True).stdout
+
+    def stacks(self) -> str:
+        return "".join(f"==> node {rank} ({node.host}) <==\n{self.node_stacks(rank)}"
+                       for rank, node in enumerate(self.spec.nodes))
+
+    def logs(self, follow: bool = False, out: TextIO = sys.stdout) -> None:
+        """The last 200 lines of each node's log (`follow` is not offered over SSH: each call is one round trip)."""
+        for rank, node in enumerate(self.spec.nodes):
+            out.write(f"==> node {rank} ({node.host}) <==\n")
+            out.write(self.node_log(rank, 200))
+        out.flush()

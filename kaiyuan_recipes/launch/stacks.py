@@ -2,7 +2,8 @@
 (enable_stack_dumps, the first thing training/entry.py does); `kaiyuan stacks RUN` sends SIGUSR1 to the ranks
 that registered it and prints what they wrote to the run's log. For a run that stalls (no new step, no error):
 a collective one rank never joined, a checkpoint load, a compile. On each node of a multi-node job the same
-runs over SSH: `python -m kaiyuan_recipes.launch.stacks NODE_STATE_DIR LOG` (launch/ssh.py)."""
+runs over SSH: `python -m kaiyuan_recipes.launch.stacks NODE_STATE_DIR LOG` (launch/ssh.py). Light on purpose:
+every training worker imports it, so it imports no back-end."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from kaiyuan_recipes.launch.lifecycle import RunPaths, RunStateError, running_pid
+from kaiyuan_recipes.launch.run import RunError
 from kaiyuan_recipes.launch.supervise import training_ranks
 
 STACK_SIGNAL = signal.SIGUSR1
@@ -37,21 +38,12 @@ def catches(pid: int, sig: int) -> bool:
     return False
 
 
-def dump_stacks(run_dir: Path, timeout: float = 10.0, quiet: float = 0.5) -> tuple[list[int], str]:
-    """Stacks of a detached run on this node (kaiyuan start); see signal_and_read."""
-    paths = RunPaths(Path(run_dir))
-    pid = running_pid(paths)
-    if pid is None:
-        raise RunStateError(f"run {paths.run_dir.name!r} is not running")
-    return signal_and_read(pid, paths.log, timeout, quiet)
-
-
 def signal_and_read(supervisor: int, log: Path, timeout: float = 10.0, quiet: float = 0.5) -> tuple[list[int], str]:
     """SIGUSR1 to the ranks below `supervisor` that dump stacks; returns their pids and what `log` gained (until
     it has been quiet for `quiet` seconds, at most `timeout`)."""
     ranks = [r for r in training_ranks(supervisor) if catches(r, STACK_SIGNAL)]
     if not ranks:
-        raise RunStateError(f"no rank below process {supervisor} handles SIGUSR1 yet (still starting, or started "
+        raise RunError(f"no rank below process {supervisor} handles SIGUSR1 yet (still starting, or started "
                             "by a version without stack dumps)")
     start = log.stat().st_size
     for rank in ranks:
@@ -86,9 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         supervisor = live_supervisor(args.state_dir)  # never a PID taken on trust from a state file
         if supervisor is None:
-            raise RunStateError(f"{args.state_dir}: no live supervisor on record")
+            raise RunError(f"{args.state_dir}: no live supervisor on record")
         ranks, text = signal_and_read(supervisor.pid, args.log)
-    except (RunStateError, OSError, ValueError) as err:
+    except (RunError, OSError, ValueError) as err:
         print(err, file=sys.stderr)
         return 1
     print(report(ranks, text), end="")

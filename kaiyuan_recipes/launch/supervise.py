@@ -1,6 +1,6 @@
 """The detached supervisor of a run: `python -m kaiyuan_recipes.launch.supervise STATE_DIR -- ARGV…`.
 It leads the run's process group, runs ARGV, and records the exit code (and signal) in
-STATE_DIR/exit.json when it ends, so `kaiyuan status` can tell finished from failed from stopped.
+STATE_DIR/exit.json when it ends (the file names: run_layout.py), so `kaiyuan status` can tell finished from failed from stopped.
 
 A stop is SIGTERM to the supervisor, which hands it to the training ranks only — the children of each
 torchrun agent below it. Not to the whole group: torchrun answers SIGTERM by killing its ranks 30 s later
@@ -22,8 +22,8 @@ from typing import Any, Callable, NamedTuple
 
 from kaiyuan_recipes.atomic import write_text_atomic
 from kaiyuan_recipes.launch.identity import ProcessIdentity, signal_if_alive
+from kaiyuan_recipes.run_layout import CHILD_PID_FILE, EXIT_FILE, IDENTITY_FILE
 
-IDENTITY_FILE = "supervisor.json"  # in the state dir: the supervisor's ProcessIdentity
 SUPERVISED_ENV = "KAIYUAN_SUPERVISED"  # set for the command a supervisor runs: it records nothing itself
 
 TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
@@ -162,7 +162,7 @@ def live_supervisor(state_dir: Path) -> ProcessIdentity | None:
 
 def record_exit(state_dir: Path, code: int) -> None:
     record = {"exit_code": code, "signal": -code if code < 0 else None, "ended_at": time.time()}
-    write_text_atomic(Path(state_dir) / "exit.json", json.dumps(record))
+    write_text_atomic(Path(state_dir) / EXIT_FILE, json.dumps(record))
 
 
 def node_verb(verb: str, state_dir: Path) -> int:
@@ -174,7 +174,7 @@ def node_verb(verb: str, state_dir: Path) -> int:
         print(f"kaiyuan supervisor: {err}", file=sys.stderr)
         identity = None
     if verb == "--status":  # the exit record, else RUNNING / LOST; the record is read again after the
-        exit_file = Path(state_dir) / "exit.json"  # liveness check: the supervisor may have just written it
+        exit_file = Path(state_dir) / EXIT_FILE  # liveness check: the supervisor may have just written it
         for attempt in (0, 1):
             if exit_file.is_file():
                 print(exit_file.read_text())
@@ -226,7 +226,7 @@ def main(argv: list[str]) -> int:
     child = subprocess.Popen(command, env=dict(os.environ, **{SUPERVISED_ENV: str(state_dir)}))
     if stop_pending:
         forward_stop(child.pid)
-    write_text_atomic(state_dir / "child.pid", str(child.pid))
+    write_text_atomic(state_dir / CHILD_PID_FILE, str(child.pid))
     code = child.wait()
     record_exit(state_dir, code)
     return 0 if code == 0 else 1

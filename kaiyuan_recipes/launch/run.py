@@ -1,0 +1,68 @@
+"""One handle on a run, whichever back-end runs it: start / stop / status / logs / stacks.
+
+Back-ends: LocalRun (detached on this node, launch/lifecycle.py) and MultiNodeRun (one torchrun per host over
+SSH, launch/ssh.py); a Slurm one would be a third. `kaiyuan start` picks the back-end from its flags;
+everything after that finds it from the run directory through open_run, so the verbs never ask which."""
+
+from __future__ import annotations
+
+import sys
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, TextIO
+
+from kaiyuan_recipes.run_layout import RunLayout
+
+
+class RunError(RuntimeError):
+    """A run cannot do what was asked (not running, already running, unreadable state); one line for people."""
+
+
+class Run(ABC):
+    def __init__(self, run_dir: Path):
+        self.layout = RunLayout(Path(run_dir))
+
+    @property
+    def run_dir(self) -> Path:
+        return self.layout.run_dir
+
+    @property
+    def name(self) -> str:
+        return self.run_dir.name
+
+    @abstractmethod
+    def start(self, argv: list[str], extra: dict[str, Any] | None = None) -> dict[int, int]:
+        """Start `argv` detached (LocalRun: the command itself; MultiNodeRun: what torchrun runs on each node) and
+        return each node's supervisor PID by node rank. `extra` is recorded with the command where the back-end
+        keeps one. Refused while this run directory's previous run still runs."""
+
+    @abstractmethod
+    def stop(self, grace: float = 300.0) -> dict[str, Any]:
+        """SIGTERM to the run (its ranks save a checkpoint), SIGKILL after `grace` seconds; what happened, as JSON."""
+
+    @abstractmethod
+    def stop_problems(self, result: dict[str, Any]) -> list[str]:
+        """What in a stop's result needs a person (a SIGKILL, a node not reached); empty for a clean stop."""
+
+    @abstractmethod
+    def status(self) -> dict[str, Any]:
+        """running / finished / failed (with the error) / stopped, as JSON."""
+
+    @abstractmethod
+    def logs(self, follow: bool = False, out: TextIO = sys.stdout) -> None:
+        """Write the run's console output to `out` (with `follow`, until the run ends, where the back-end can)."""
+
+    @abstractmethod
+    def stacks(self) -> str:
+        """Every rank's Python stacks now (launch/stacks.py), as text for people."""
+
+
+def open_run(run_dir: Path) -> Run:
+    """The run in `run_dir`, with the back-end that started it: multi-node when its state file is there
+    (written at start), else a run on this node (also the answer for a directory nothing started in)."""
+    from kaiyuan_recipes.launch.lifecycle import LocalRun
+    from kaiyuan_recipes.launch.ssh import MultiNodeRun
+
+    if RunLayout(Path(run_dir)).multinode_state.is_file():
+        return MultiNodeRun(run_dir)
+    return LocalRun(run_dir)

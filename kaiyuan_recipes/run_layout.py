@@ -1,0 +1,138 @@
+"""The run directory: every path inside <run_root>/<run_name>/, named once.
+
+Training, the launch back-ends, status, plots and export all find a run's files through this module. It
+imports nothing heavy (the core must import without torch): training writes metrics.jsonl and the launch
+back-ends read it through read_metrics here, so neither imports the other for it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+STATE_DIR = "run_state"
+# What a supervisor keeps in the state folder it is given: the run's run_state/, or on each node of a
+# multi-node run, run_state/nodes/<rank>/ (launch/supervise.py).
+IDENTITY_FILE = "supervisor.json"  # the supervisor's ProcessIdentity
+EXIT_FILE = "exit.json"
+CHILD_PID_FILE = "child.pid"
+METRICS_FILE = "metrics.jsonl"  # training.metrics.RunMetricsCallback writes it into the run's state folder
+# Megatron's checkpoint folder: one iter_NNNNNNN/ per save, each with the config it was trained with.
+LATEST_ITERATION_FILE = "latest_checkpointed_iteration.txt"
+RUN_CONFIG_FILE = "run_config.yaml"
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    run_dir: Path
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.run_dir / "tb_logs"
+
+    @property
+    def logs(self) -> Path:
+        return self.run_dir / "logs"
+
+    @property
+    def console_log(self) -> Path:
+        return self.logs / "console.log"
+
+    @property
+    def dataset_cache(self) -> Path:
+        return self.run_dir / "dataset_cache"
+
+    @property
+    def state(self) -> Path:
+        """Launch state: the supervisor's identity, the command, exit.json (run_state/)."""
+        return self.run_dir / STATE_DIR
+
+    @property
+    def supervisor_identity(self) -> Path:
+        return self.state / IDENTITY_FILE
+
+    @property
+    def legacy_supervisor_pid(self) -> Path:
+        """What versions before the recorded identity wrote instead (a bare PID)."""
+        return self.state / "supervisor.pid"
+
+    @property
+    def exit_record(self) -> Path:
+        return self.state / EXIT_FILE
+
+    @property
+    def child_pid(self) -> Path:
+        return self.state / CHILD_PID_FILE
+
+    @property
+    def command(self) -> Path:
+        """The exact command of a detached run, its recorded environment, the recipe and train_iters."""
+        return self.state / "command.json"
+
+    @property
+    def metrics(self) -> Path:
+        return self.state / METRICS_FILE
+
+    @property
+    def multinode_state(self) -> Path:
+        """Present exactly when the run was started on several nodes over SSH."""
+        return self.state / "multinode.json"
+
+    @property
+    def stop_request(self) -> Path:
+        return self.state / "stop.json"
+
+    @property
+    def nemo_run_role(self) -> Path:
+        """The NeMo-Run role name a run scheduled through kaiyuan_ssh was given (its job dir is the run dir)."""
+        return self.run_dir / "role_name"
+
+    def node_state(self, rank: int) -> Path:
+        return self.state / "nodes" / str(rank)
+
+    def node_log(self, rank: int) -> Path:
+        return self.logs / f"node{rank}.log"
+
+    @staticmethod
+    def run_dirs_under(run_root: Path) -> list[Path]:
+        """The run directories under `run_root` that have launch state."""
+        return sorted(p.parent for p in Path(run_root).glob(f"*/{STATE_DIR}"))
+
+    @staticmethod
+    def checkpoint_root(path: Path) -> Path:
+        """A run directory or its checkpoints/ folder (or an iter_* inside it), as the checkpoints folder."""
+        path = Path(path)
+        checkpoints = RunLayout(path).checkpoints
+        return checkpoints if checkpoints.is_dir() else path
+
+    @staticmethod
+    def iteration_dir(checkpoints: Path, iteration: int) -> Path:
+        return Path(checkpoints) / f"iter_{int(iteration):07d}"
+
+    @staticmethod
+    def latest_iteration_dir(checkpoints: Path) -> Path | None:
+        """The iter_* folder Megatron's tracker file names as the newest save (None without a readable tracker;
+        the folder itself may be missing)."""
+        tracker = Path(checkpoints) / LATEST_ITERATION_FILE
+        if not tracker.is_file() or not tracker.read_text().strip().isdigit():
+            return None
+        return RunLayout.iteration_dir(checkpoints, int(tracker.read_text().strip()))
+
+
+def read_metrics(state_dir: Path) -> list[dict[str, Any]]:
+    """The records of <state_dir>/metrics.jsonl, oldest first ([] before the first one)."""
+    path = Path(state_dir) / METRICS_FILE
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut short by a kill; the rest are intact
+    return records
