@@ -6,7 +6,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from conftest import tiny_gpt_shape
 
-from kaiyuan_recipes.models.chunked_loss import ChunkedLinearCrossEntropy, DeferredLogits, install_chunked_loss
+from kaiyuan_recipes.fastpath.chunked_loss import ChunkedLinearCrossEntropy, DeferredLogits, install_chunked_loss
 
 
 @pytest.mark.parametrize("grads_in_forward", [False, True])
@@ -53,7 +53,7 @@ def test_forward_gradients_are_weighed_in_the_backward_without_host_reads(monkey
     """With gradients from the forward the backward recomputes no logits (no fourth lm-head GEMM) and reads no
     tensor on the host, for uniform and per-token upstream gradients alike; a second backward through the same
     graph recomputes (the kept gradient is freed by the first) and agrees."""
-    from kaiyuan_recipes.models import chunked_loss
+    from kaiyuan_recipes.fastpath import chunked_loss
 
     torch.manual_seed(0)
     hidden = torch.randn(20, 8, requires_grad=True)
@@ -140,7 +140,7 @@ def test_through_megatron_bridges_loss_function(megatron_parallel, monkeypatch, 
     both equal the plain model's gradients."""
     from megatron.bridge.training.losses import masked_next_token_loss
 
-    from kaiyuan_recipes.models import chunked_loss
+    from kaiyuan_recipes.fastpath import chunked_loss
     from kaiyuan_recipes.models.providers import build_provider, provide_on_cpu
 
     shape = tiny_gpt_shape(share_embeddings_and_output_weights=False)
@@ -170,7 +170,7 @@ def test_through_megatron_bridges_loss_function(megatron_parallel, monkeypatch, 
 
 
 def test_not_installed_where_the_output_layer_is_vocab_parallel(megatron_parallel):
-    from kaiyuan_recipes.models.chunked_loss import unsupported_reason
+    from kaiyuan_recipes.fastpath.chunked_loss import unsupported_reason
     from kaiyuan_recipes.models.providers import build_provider, provide_on_cpu
 
     shape = tiny_gpt_shape()
@@ -183,7 +183,7 @@ def test_not_installed_where_the_output_layer_is_vocab_parallel(megatron_paralle
 
 
 def test_fast_spec_runs_register_the_hook(tmp_path):
-    from kaiyuan_recipes.models.chunked_loss import install_chunked_loss as hook
+    from kaiyuan_recipes.fastpath.chunked_loss import install_chunked_loss as hook
     from kaiyuan_recipes.training.config import build_config
 
     def hooks(*knobs):
@@ -203,11 +203,12 @@ def test_fast_spec_runs_register_the_hook(tmp_path):
         done = subprocess.run([sys.executable, "-m", "kaiyuan_recipes.cli.main", "train", "gpt_smoke", "--dry-run", "--json",
                                f"kaiyuan.run_root={tmp_path}", *args], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
-        return json.loads(done.stdout[done.stdout.index("{"):])["model"]["chunked_loss"]
+        return json.loads(done.stdout[done.stdout.index("{"):])["fast_path"]["chunked_loss"]
 
-    assert summary_says("kaiyuan.layer_spec=fast") is True
-    assert summary_says("kaiyuan.layer_spec=fast", "model.tensor_model_parallel_size=2", "--nproc-per-node=2") is False
-    from kaiyuan_recipes.models import fast_spec
+    assert summary_says("kaiyuan.layer_spec=fast") == "on (logits never whole)"
+    assert summary_says("kaiyuan.layer_spec=fast", "model.tensor_model_parallel_size=2",
+                        "--nproc-per-node=2").startswith("off (tensor parallel")
+    from kaiyuan_recipes.fastpath import spec as fast_spec
 
     try:  # the SDPA kernel order is set with the rest of the fast spec's run settings
         hooks("kaiyuan.layer_spec=fast", "kaiyuan.sdpa_backend=cudnn")
@@ -218,12 +219,12 @@ def test_fast_spec_runs_register_the_hook(tmp_path):
 
 def test_weight_gradient_accumulates_into_the_main_grad_with_wgrad_fusion():
     """kaiyuan.wgrad_fusion: over two micro-batches the output layer's weight gradient lands in the fp32 main grad
-    (megatron-core's accumulate, installed by compat.torch_wgrad_accumulation) equal to the sum of the ordinary
-    gradients, and the weight gets megatron-core's dummy grad with grad_added_to_main_grad set, so DDP's hook adds
+    (megatron-core's accumulate, installed by apex_standins.torch_wgrad_accumulation) equal to the sum of the
+    ordinary gradients, and the weight gets megatron-core's dummy grad with grad_added_to_main_grad set, so DDP's hook adds
     nothing; a weight without a main grad (no DDP) gets its ordinary gradient."""
-    from kaiyuan_recipes import compat
+    from kaiyuan_recipes.fastpath import apex_standins
 
-    assert compat.torch_wgrad_accumulation()
+    assert apex_standins.torch_wgrad_accumulation()
     torch.manual_seed(0)
     hidden = [torch.randn(21, 16, requires_grad=True) for _ in range(2)]
     labels = [torch.randint(0, 300, (21,)) for _ in range(2)]

@@ -171,61 +171,6 @@ def test_upstream_bridge_rng_state_still_reads_cuda():
     )
 
 
-def test_upstream_layers_still_need_apex_to_fuse_weight_gradient_accumulation():
-    if importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None:
-        pytest.skip("Apex's extension is installed here")
-    probe = run_python("from megatron.core.tensor_parallel import layers; print(layers._grad_accum_fusion_available)")
-    assert probe.returncode == 0, probe.stderr[-2000:]
-    assert probe.stdout.strip() == "False", (
-        "megatron-core fuses weight-gradient accumulation without Apex now: delete compat.torch_wgrad_accumulation")
-
-
-def test_torch_wgrad_accumulation_through_megatron_cores_linear_layer():
-    """Installed, megatron-core's ColumnParallelLinear with gradient_accumulation_fusion (a real layer, its real
-    backward) accumulates two micro-batches' weight gradients into main_grad through the shim and leaves no
-    .grad; fp32 on this CPU host. For bf16 inputs the shim asks torch for an fp32-output addmm in place (a CUDA
-    kernel: checked here on the meta device for dtype and aliasing; numerics in tests/gpu/test_fast_spec_gpu.py)."""
-    probe = run_python(
-        """
-        import os, torch
-        from kaiyuan_recipes import compat
-        compat.apply()
-        from megatron.core import parallel_state
-        from megatron.core.model_parallel_config import ModelParallelConfig
-        from megatron.core.tensor_parallel import layers
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29633")
-        torch.distributed.init_process_group("gloo", rank=0, world_size=1)
-        parallel_state.initialize_model_parallel()
-        config = ModelParallelConfig(gradient_accumulation_fusion=True, use_cpu_initialization=True)
-        try:
-            layers.ColumnParallelLinear(16, 24, config=config, init_method=torch.nn.init.xavier_normal_, bias=False)
-            raise SystemExit("upstream built a fused layer without the extension")
-        except RuntimeError as err:
-            print("refused without:", "fused_weight_gradient_mlp_cuda" in str(err))
-        assert compat.torch_wgrad_accumulation()
-        torch.manual_seed(0)
-        layer = layers.ColumnParallelLinear(16, 24, config=config, init_method=torch.nn.init.xavier_normal_,
-                                            bias=False, skip_bias_add=True)
-        layer.weight.main_grad = torch.zeros_like(layer.weight, dtype=torch.float32)
-        xs = [torch.randn(5, 2, 16, requires_grad=True) for _ in range(2)]
-        for x in xs:
-            (layer(x)[0] ** 2).sum().backward()
-        w = layer.weight.detach().clone().requires_grad_()
-        for x in xs:
-            ((x.detach() @ w.t()) ** 2).sum().backward()
-        print("main_grad:", torch.allclose(layer.weight.main_grad, w.grad, atol=1e-5), "grad:", layer.weight.grad)
-        main = torch.zeros(24, 16, device="meta")
-        compat._wgrad_accum_fp32(torch.randn(10, 16, dtype=torch.bfloat16, device="meta"),
-                                 torch.randn(10, 24, dtype=torch.bfloat16, device="meta"), main)
-        out = torch.addmm(main, torch.randn(24, 10, dtype=torch.bfloat16, device="meta"),
-                          torch.randn(10, 16, dtype=torch.bfloat16, device="meta"), out_dtype=torch.float32, out=main)
-        print("bf16:", out is main and out.dtype == torch.float32)
-        """
-    )
-    assert probe.returncode == 0, probe.stderr[-3000:]
-    assert probe.stdout.split("\n")[-4:] == ["refused without: True", "main_grad: True grad: None", "bf16: True", ""], probe.stdout
-
-
 def test_upstream_still_captures_the_final_evaluation_in_the_deleted_training_graphs_pool():
     """What compat.separate_full_graph_pools works around: after Bridge's end-of-training _delete_cuda_graphs
     the shared pool handle of the deleted training graph is still what the next (validation) capture gets.
@@ -249,44 +194,16 @@ def test_upstream_still_captures_the_final_evaluation_in_the_deleted_training_gr
         full_cuda_graph._shared_graph_pool = saved_pool
 
 
-@needs_no_te
-def test_upstream_grad_norm_fallback_still_reads_every_norm_on_the_host():
-    """What compat.foreach_grad_clip works around: megatron-core's fallback l2 norm (no Apex, no TE) builds a
-    host tensor from the per-parameter norms, one device-to-host read each (a CUDA tensor on the GPU host)."""
-    probe = run_python(
-        """
-        import inspect
-        from megatron.core import utils
-        from megatron.core.optimizer import clip_grads
-        print(clip_grads.l2_norm_impl is utils.local_multi_tensor_l2_norm,
-              "torch.tensor(l2)" in inspect.getsource(utils.local_multi_tensor_l2_norm))
-        """
-    )
-    assert probe.returncode == 0, probe.stderr[-2000:]
-    assert probe.stdout.split()[-2:] == ["True", "True"], (
-        "megatron-core's fallback grad norm changed: check whether compat.foreach_grad_clip is still needed")
+def test_every_workaround_in_the_table_exists_and_names_a_test_that_exists():
+    """compat.WORKAROUNDS: each row's function is in compat, and its probe test exists in the named file."""
+    import ast
+    from pathlib import Path
 
+    tests = Path(__file__).parent
+    exported = set(compat.__all__)
+    for row in compat.WORKAROUNDS:
+        assert row.function in exported and callable(getattr(compat, row.function)), row.function
+        file, name = row.test.split("::")
+        defined = {n.name for n in ast.walk(ast.parse((tests / file).read_text())) if isinstance(n, ast.FunctionDef)}
+        assert name in defined, f"{row.function}: {row.test} does not exist"
 
-def test_foreach_grad_clip_computes_what_upstreams_fallback_does():
-    """Installed by compat.apply(): the clip path's norm is the norm of all gradients together, left on the
-    device as a 1-element tensor; the scale is bitwise upstream's `dst.copy_(src * scale)`, in place and across
-    dtypes (megatron-core's own _multi_tensor_copy_this_to_that, fp32 main params to bf16 ones, goes through it)."""
-    import torch
-    from megatron.core import utils
-    from megatron.core.optimizer import clip_grads, optimizer
-
-    compat.apply()
-    assert clip_grads.l2_norm_impl is compat._foreach_l2_norm
-    assert clip_grads.multi_tensor_scale_impl is optimizer.multi_tensor_scale_impl is compat._foreach_scale
-    torch.manual_seed(0)
-    grads = [torch.randn(n) for n in (7, 300, 1)] + [torch.randn(4, 5)]
-    norm, per_tensor = clip_grads.multi_tensor_applier(clip_grads.l2_norm_impl, None, [grads], False)
-    assert norm.shape == (1,) and per_tensor is None
-    torch.testing.assert_close(norm, torch.cat([g.flatten() for g in grads]).norm().reshape(1))
-    ours, theirs = [g.clone() for g in grads], [g.clone() for g in grads]
-    compat._foreach_scale(0, None, [ours, ours], 0.37)
-    utils.local_multi_tensor_scale(0, None, [theirs, theirs], 0.37)
-    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
-    bf16 = [torch.empty_like(g, dtype=torch.bfloat16) for g in grads]
-    optimizer._multi_tensor_copy_this_to_that(grads, bf16, overflow_buf=torch.zeros(1))
-    assert all(torch.equal(b, g.to(torch.bfloat16)) for b, g in zip(bf16, grads))

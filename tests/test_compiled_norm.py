@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import tiny_gpt_shape
 
-from kaiyuan_recipes.models import compiled_norm
+from kaiyuan_recipes.fastpath import compiled_norm
 from kaiyuan_recipes.models.providers import build_provider, provide_on_cpu
 
 

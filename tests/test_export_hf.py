@@ -116,7 +116,7 @@ def test_export_reads_a_fast_spec_checkpoint(tmp_path, process_group):
     original = build_cpu_model(shape, torch.bfloat16, layer_spec="fast")
     bridge_for(shape, tokenizer_vocab=151646).save_megatron_model([original], tmp_path / "megatron")
     run_config = (newest_iteration_dir(tmp_path / "megatron") / "run_config.yaml").read_text()
-    assert "kaiyuan_recipes.models.fast_spec.fast_layer_spec" in run_config and "apply_rope_fusion: true" in run_config
+    assert "kaiyuan_recipes.fastpath.spec.fast_layer_spec" in run_config and "apply_rope_fusion: true" in run_config
     done = subprocess.run([sys.executable, "-m", "kaiyuan_recipes.cli.main", "export", "hf", str(tmp_path / "megatron"),
                            str(tmp_path / "hf")], capture_output=True, text=True, timeout=600,
                           env={k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")})

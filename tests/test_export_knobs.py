@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from kaiyuan_exporters.megatron_to_hf import newest_iteration_dir
-from kaiyuan_recipes.training.config import TRAINING_STEP_MODEL_FIELDS, build_config
+from kaiyuan_recipes.fastpath import TRAINING_STEP_MODEL_FIELDS
+from kaiyuan_recipes.training.config import build_config
 
 # gpt_smoke at a size the CPU writes and exports in seconds (the real vocabulary: the bundled tokenizer ships).
 SMALL = ["model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=128", "model.num_attention_heads=4",

@@ -27,7 +27,7 @@ def _attention_case():
     """The fast spec's core attention at gpt_smoke's head layout, and random q, k, v (64 tokens, batch 2)."""
     from megatron.core.transformer.enums import AttnMaskType
 
-    from kaiyuan_recipes.models.fast_spec import SDPADotProductAttention
+    from kaiyuan_recipes.fastpath.spec import SDPADotProductAttention
 
     provider = build_provider(load_model_file("gpt_smoke") | {"num_layers": 1}, "fast")
     provider.finalize()
@@ -55,7 +55,7 @@ def test_sdpa_attention_in_bf16_is_closer_to_fp32_than_the_local_specs(megatron_
     from megatron.core.transformer.dot_product_attention import DotProductAttention
     from megatron.core.transformer.enums import AttnMaskType
 
-    from kaiyuan_recipes.models.fast_spec import SDPADotProductAttention
+    from kaiyuan_recipes.fastpath.spec import SDPADotProductAttention
 
     megatron_forward_on_cpu(monkeypatch.setattr)
     errors = {}
@@ -75,7 +75,7 @@ def test_sdpa_attention_in_bf16_is_closer_to_fp32_than_the_local_specs(megatron_
 
 
 def test_fast_spec_model_uses_sdpa_in_every_layer(megatron_parallel):
-    from kaiyuan_recipes.models.fast_spec import SDPADotProductAttention
+    from kaiyuan_recipes.fastpath.spec import SDPADotProductAttention
     from kaiyuan_recipes.models.providers import provide_on_cpu
 
     provider = build_provider(load_model_file("gpt_smoke") | {"num_layers": 2}, "fast")
@@ -113,7 +113,7 @@ def test_fast_spec_rope_goes_through_megatrons_fused_hook_compiled(megatron_para
     apply_rotary_pos_emb (what attention calls) computes what the unfused path computes."""
     from megatron.core.models.common.embeddings import rope_utils
 
-    from kaiyuan_recipes.models.fast_spec import compiled_rope, rope_thd
+    from kaiyuan_recipes.fastpath.spec import compiled_rope, rope_thd
 
     shape = tiny_gpt_shape()
     provider = build_provider(shape, "fast")
@@ -129,7 +129,7 @@ def test_fast_spec_rope_goes_through_megatrons_fused_hook_compiled(megatron_para
     assert not torch.equal(fused, t)
     # cos / sin are computed once per angle tensor (Megatron hands every layer the same one), and again when
     # those angles change in place or another tensor comes
-    from kaiyuan_recipes.models import fast_spec
+    from kaiyuan_recipes.fastpath import spec as fast_spec
 
     assert fast_spec._cos_sin(freqs, t.dtype)[0] is fast_spec._cos_sin(freqs, t.dtype)[0]
     freqs.mul_(0.5)
@@ -146,7 +146,7 @@ def test_fast_spec_rope_goes_through_megatrons_fused_hook_compiled(megatron_para
 def test_sdpa_backend_priority_keeps_the_result(megatron_parallel, backend):
     """kaiyuan.sdpa_backend only reorders SDPA's kernels (the others stay as fallbacks: on this CPU host
     every order ends at the same kernel), so attention's output is unchanged; unknown names are refused."""
-    from kaiyuan_recipes.models import fast_spec
+    from kaiyuan_recipes.fastpath import spec as fast_spec
 
     attention, q, k, v = _attention_case()
     try:
@@ -168,7 +168,7 @@ def test_whole_fast_spec_model_computes_what_the_local_spec_computes(megatron_pa
     function. The local side uses Megatron's exact cross-entropy: its fused one (on in both specs by default)
     rounds the logits' gradient to bf16 (megatron/core/fusions/fused_cross_entropy.py), 2e-3 apart from exact
     in fp32."""
-    from kaiyuan_recipes.models.chunked_loss import install_chunked_loss
+    from kaiyuan_recipes.fastpath.chunked_loss import install_chunked_loss
     from kaiyuan_recipes.models.providers import provide_on_cpu
 
     shape = tiny_gpt_shape(num_layers=2, seq_length=64, max_position_embeddings=64, qk_layernorm=True)
@@ -198,7 +198,7 @@ def test_swiglu_backward_is_installed_and_keeps_upstreams_gradient(megatron_para
     upstream on CUDA in tests/gpu/test_fast_spec_gpu.py."""
     from megatron.core.fusions import fused_bias_swiglu
 
-    from kaiyuan_recipes.models import swiglu_backward
+    from kaiyuan_recipes.fastpath import swiglu_backward
 
     build_provider(tiny_gpt_shape(), "fast")
     assert fused_bias_swiglu.SwiGLUFunction.backward is swiglu_backward._backward

@@ -24,8 +24,8 @@ def run_rank(rank: int, world: int, port: int, results) -> None:
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
     megatron_forward_on_cpu()
-    from kaiyuan_recipes.models.chunked_loss import install_chunked_loss
-    from kaiyuan_recipes.models.fast_spec import SDPADotProductAttention
+    from kaiyuan_recipes.fastpath.chunked_loss import install_chunked_loss
+    from kaiyuan_recipes.fastpath.spec import SDPADotProductAttention
     from kaiyuan_recipes.models.providers import build_provider, provide_on_cpu
 
     shape = tiny_gpt_shape(num_layers=2, seq_length=SEQ, max_position_embeddings=SEQ)

@@ -6,7 +6,7 @@ import types
 
 import torch
 
-from kaiyuan_recipes.training.fused_adamw import fuse_adamw
+from kaiyuan_recipes.fastpath.fused_adamw import fuse_adamw
 
 
 def adamw(seed: int = 0) -> torch.optim.AdamW:
@@ -53,12 +53,12 @@ def test_only_fast_path_runs_that_need_not_be_deterministic_use_it(tmp_path):
     from kaiyuan_recipes.training.config import build_config
 
     def run(*knobs):
-        return build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", *knobs])[1]
+        return build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", *knobs])[1].fastpath.on("fused_adamw")
 
-    assert run("kaiyuan.layer_spec=fast").uses_fused_adamw
-    assert not run("kaiyuan.layer_spec=fast", "kaiyuan.deterministic=true").uses_fused_adamw
-    assert not run("kaiyuan.layer_spec=local").uses_fused_adamw
-    assert not run("kaiyuan.layer_spec=fast", "kaiyuan.fused_adamw=false").uses_fused_adamw  # the A/B knob
+    assert run("kaiyuan.layer_spec=fast")
+    assert not run("kaiyuan.layer_spec=fast", "kaiyuan.deterministic=true")
+    assert not run("kaiyuan.layer_spec=local")
+    assert not run("kaiyuan.layer_spec=fast", "kaiyuan.fused_adamw=false")  # the A/B knob
 
 
 def test_megatron_fsdp_dtensor_params_are_left_alone(megatron_parallel):

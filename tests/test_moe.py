@@ -128,7 +128,7 @@ def experts_step(experts, grouped: bool, x, tokens_per_expert, probs):
 def test_fast_spec_grouped_experts_compute_what_sequential_mlp_computes(megatron_parallel):
     """The fast spec's experts: SequentialMLP's parameters and layout, one grouped GEMM per projection.
     Same outputs and weight gradients as SequentialMLP's own loop, with an expert that gets no tokens."""
-    from kaiyuan_recipes.models.grouped_experts import GroupedGemmSequentialMLP
+    from kaiyuan_recipes.fastpath.grouped_experts import GroupedGemmSequentialMLP
     from kaiyuan_recipes.models.providers import build_provider, provide_on_cpu
 
     provider = build_provider(dict(SMALL_MOE, activation_func="silu"), "fast")
@@ -157,7 +157,7 @@ def test_grouped_experts_leave_dense_layers_alone():
     dense = build_provider(load_model_file("gpt_smoke"), "local")  # imports Megatron-Bridge through compat
     from megatron.bridge.models.gpt_provider import local_layer_spec
 
-    from kaiyuan_recipes.models.grouped_experts import with_grouped_experts
+    from kaiyuan_recipes.fastpath.grouped_experts import with_grouped_experts
 
     spec = local_layer_spec(dense)
     before = spec.submodules.mlp

@@ -73,7 +73,7 @@ def test_auto_layer_spec(monkeypatch):
     import torch
 
     from kaiyuan_recipes import compat
-    from kaiyuan_recipes.models.fast_spec import fast_layer_spec
+    from kaiyuan_recipes.fastpath.spec import fast_layer_spec
     from kaiyuan_recipes.models.providers import resolve_layer_spec
     from kaiyuan_recipes.training.config import build_config
 
@@ -91,10 +91,10 @@ def test_auto_layer_spec(monkeypatch):
     assert get_model_provider("gpt_smoke")().transformer_layer_spec is fast_layer_spec
     cfg, run = build_config("gpt_smoke", [])
     assert run.layer_spec == "fast" and cfg.model.transformer_layer_spec is fast_layer_spec
-    assert run.uses_chunked_loss and run.uses_fused_adamw
+    assert run.fastpath.on("chunked_loss") and run.fastpath.on("fused_adamw")
     # under Megatron-FSDP too: ZeRO 2's losses with it equal those with full logits on 2 H200s
     # (benchmarks/results/2026-12-01_zero_stages_zero2_chunked_mb8x1.json)
-    assert build_config("gpt_smoke", ["kaiyuan.zero_stage=2"])[1].uses_chunked_loss
+    assert build_config("gpt_smoke", ["kaiyuan.zero_stage=2"])[1].fastpath.on("chunked_loss")
     assert build_config("gpt_smoke", ["kaiyuan.deterministic=true"])[1].layer_spec == "local"
     assert build_config("gpt_smoke", ["kaiyuan.layer_spec=local"])[1].layer_spec == "local"
 

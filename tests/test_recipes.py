@@ -109,9 +109,9 @@ def test_overlap_and_recompute_knobs(tmp_path):
 
 
 def test_invalid_zero_stage_and_sdpa_backend():
-    with pytest.raises(ValueError, match="kaiyuan.zero_stage: expected 0, 1 or 2, got 3"):
+    with pytest.raises(ValueError, match="kaiyuan.zero_stage: expected one of 0, 1, 2; got 3"):
         build_config("gpt_smoke", ["kaiyuan.zero_stage=3"])
-    with pytest.raises(ValueError, match=r"kaiyuan.sdpa_backend: expected one of .*'cudnn'.*, got 'triton'"):
+    with pytest.raises(ValueError, match=r"kaiyuan.sdpa_backend: expected one of auto, cudnn, .*; got 'triton'"):
         build_config("gpt_smoke", ["kaiyuan.sdpa_backend=triton"])
 
 
@@ -224,13 +224,16 @@ def test_cuda_graph_knob_and_the_loss_guard_that_replaces_megatrons_check(tmp_pa
 
     common = [f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=mock"]
     cfg, run = build_config("gpt_smoke", [*common, "kaiyuan.cuda_graph=true"])
-    assert run.cuda_graph and cfg.model.cuda_graph_impl == "full_iteration" and cfg.model.use_te_rng_tracker
+    assert run.fastpath.on("cuda_graph") and cfg.model.cuda_graph_impl == "full_iteration"
+    assert cfg.model.use_te_rng_tracker
     assert cfg.model.cuda_graph_use_single_mempool is False  # compat.separate_full_graph_pools
     assert not cfg.rerun_state_machine.check_for_nan_in_loss
     layout = validate(cfg, 1, run.max_positions)
     resolved = resolve_with_upstream(cfg, world_size=2)  # upstream turns both on if either is
     assert not resolved.ddp.overlap_param_gather and not resolved.optimizer.overlap_param_gather
-    assert summarize(cfg, run, layout, [])["model"]["cuda_graph"] == "full_iteration"
+    summary = summarize(cfg, run, layout, [])
+    assert summary["model"]["cuda_graph_impl"] == "full_iteration"
+    assert summary["fast_path"]["cuda_graph"] == "on (kaiyuan.cuda_graph=true)"
     # the default (auto) leaves the local spec (this CPU host's) eager
     default, _ = build_config("gpt_smoke", common)
     assert default.model.cuda_graph_impl == "none" and default.rerun_state_machine.check_for_nan_in_loss
@@ -268,7 +271,7 @@ def test_wgrad_fusion_knob(tmp_path):
     assert cfg.model.gradient_accumulation_fusion
     layout = validate(cfg, 1, run.max_positions)
     resolve_with_upstream(cfg, world_size=1)
-    assert summarize(cfg, run, layout, [])["model"]["wgrad_fusion"] is True
+    assert summarize(cfg, run, layout, [])["model"]["gradient_accumulation_fusion"] is True
     eager = build_config("gpt_smoke", [*common, "kaiyuan.layer_spec=fast", "kaiyuan.cuda_graph=false"])[0]
     assert not eager.model.gradient_accumulation_fusion  # auto: only with the graph
     for refused in (["kaiyuan.layer_spec=local"], ["kaiyuan.layer_spec=fast", "kaiyuan.zero_stage=2"]):
@@ -280,12 +283,12 @@ def test_step_fusion_auto_turns_on_only_where_measured(tmp_path):
     """kaiyuan.cuda_graph / wgrad_fusion = auto (the defaults): the whole-step graph and the fused weight-gradient
     accumulation together for the fast spec at ZeRO 0/1 with a dense model and TP = PP = 1; eager and unfused
     everywhere else, with the reason; an explicit true / false wins; anything else is refused, naming the knob."""
-    from kaiyuan_recipes.training.config import graph_ineligible_reason
+    from kaiyuan_recipes.fastpath.decisions import graph_ineligible_reason
     from kaiyuan_recipes.training.summary import summarize
 
     common = [f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=mock"]
     cfg, run = build_config("qwen3_1p7b", [*common, "kaiyuan.layer_spec=fast"])
-    assert run.cuda_graph is True and run.wgrad_fusion is True
+    assert run.fastpath.on("cuda_graph") and run.fastpath.on("wgrad_fusion")
     assert cfg.model.cuda_graph_impl == "full_iteration" and cfg.model.gradient_accumulation_fusion
     validate(cfg, 1, run.max_positions)
     resolve_with_upstream(cfg, world_size=1)
@@ -293,17 +296,17 @@ def test_step_fusion_auto_turns_on_only_where_measured(tmp_path):
                               (["kaiyuan.layer_spec=fast", "kaiyuan.zero_stage=2"], "ZeRO 2"),
                               (["kaiyuan.layer_spec=fast", "model.tensor_model_parallel_size=2"], "tensor or pipeline")):
         cfg, run = build_config("qwen3_1p7b", [*common, *overrides])
-        assert run.cuda_graph is False and run.wgrad_fusion is False, overrides
+        assert not run.fastpath.on("cuda_graph") and not run.fastpath.on("wgrad_fusion"), overrides
         assert cfg.model.cuda_graph_impl == "none" and not cfg.model.gradient_accumulation_fusion
         assert reason in graph_ineligible_reason(cfg, run)
-        summary = summarize(cfg, run, validate(cfg, 2, run.max_positions), [])["model"]
-        assert summary["cuda_graph"].startswith("none (auto: ") and reason in summary["cuda_graph"]
+        summary = summarize(cfg, run, validate(cfg, 2, run.max_positions), [])["fast_path"]
+        assert summary["cuda_graph"].startswith("off (auto: ") and reason in summary["cuda_graph"]
     cfg, run = build_config("laoyao_moe_2b", [*common, "kaiyuan.layer_spec=fast"])
-    assert run.cuda_graph is False and "MoE" in graph_ineligible_reason(cfg, run)
+    assert not run.fastpath.on("cuda_graph") and "MoE" in graph_ineligible_reason(cfg, run)
     validate(cfg, 1, run.max_positions)  # auto never produces the graph validate() refuses for MoE
     cfg, run = build_config("qwen3_1p7b", [*common, "kaiyuan.layer_spec=fast", "kaiyuan.wgrad_fusion=false"])
-    assert run.cuda_graph is True and not cfg.model.gradient_accumulation_fusion
-    with pytest.raises(ValueError, match="kaiyuan.cuda_graph: expected true, false or auto, got 'yes'"):
+    assert run.fastpath.on("cuda_graph") and not cfg.model.gradient_accumulation_fusion
+    with pytest.raises(ValueError, match="kaiyuan.cuda_graph: expected one of true, false, auto; got 'yes'"):
         build_config("qwen3_1p7b", [*common, "kaiyuan.cuda_graph=yes"])
 
 

@@ -103,7 +103,7 @@ def single_rank_overrides(shape: dict[str, Any]) -> dict[str, Any] | None:
 def rebuild_overrides(shape: dict[str, Any]) -> dict[str, Any]:
     """What a checkpoint's recorded model config must change to be rebuilt here, outside training: one rank,
     and the training-step-only fields (kaiyuan.cuda_graph / wgrad_fusion) off."""
-    from kaiyuan_recipes.training.config import TRAINING_STEP_MODEL_FIELDS
+    from kaiyuan_recipes.fastpath import TRAINING_STEP_MODEL_FIELDS
 
     return TRAINING_STEP_MODEL_FIELDS | (single_rank_overrides(shape) or {})
 

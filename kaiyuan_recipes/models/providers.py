@@ -9,10 +9,9 @@ from typing import Any
 from kaiyuan_recipes import compat
 from kaiyuan_recipes.recipe_tree import load_model_file
 
+from kaiyuan_recipes.training.knobs import LAYER_SPECS
+
 ACTIVATIONS = ("silu", "gelu", "relu")
-LAYER_SPECS = ("auto", "local", "fast", "transformer_engine")
-# kaiyuan.sdpa_backend (fast spec): the SDPA kernels tried first; auto leaves the order to torch.
-SDPA_BACKENDS = ("auto", "cudnn", "flash", "efficient")
 # Stated in model.yaml for validation and HF export; RoPE models have no position table.
 NOT_PROVIDER_FIELDS = ("max_position_embeddings",)
 
@@ -44,10 +43,10 @@ def build_provider(shape: dict[str, Any], layer_spec: str = "auto"):
 
 
 def resolve_layer_spec(layer_spec: str = "auto", deterministic: bool = False) -> str:
-    """`auto`: Transformer Engine's spec where TE is installed; without it the fast spec on a CUDA host (2.6x the
-    local spec's tokens/s on qwen3_1p7b; in one pass its loss ~1 % below the local's:
-    benchmarks/results/2026-11-30_fast_vs_local_onepass.json), and the local spec on a CPU-only host or under
-    kaiyuan.deterministic (two same-seed runs of the fast spec part from step 3: SDPA's backward)."""
+    """`auto`: Transformer Engine's spec where TE is installed; without it the fast spec on a CUDA host
+    (kaiyuan_recipes/fastpath/; measured against the local spec in benchmarks/RESULTS.md), and the local spec on a
+    CPU-only host or under kaiyuan.deterministic (two same-seed runs of the fast spec part from step 3: SDPA's
+    backward)."""
     if layer_spec not in LAYER_SPECS:
         raise ValueError(f"kaiyuan.layer_spec: expected one of {LAYER_SPECS}, got {layer_spec!r}")
     if layer_spec == "transformer_engine" and not compat.transformer_engine_available():
@@ -66,13 +65,11 @@ def select_layer_spec(provider, layer_spec: str = "auto"):
     use_te = layer_spec == "transformer_engine"
     if not use_te:
         compat.apply_local_spec_settings(provider)
-    if layer_spec == "fast":  # the local spec with SDPA core attention (models/fast_spec.py)
+    if layer_spec == "fast":  # the local spec with SDPA core attention (fastpath/spec.py)
         # (its compiled RoPE hooks are filled by compat.import_megatron_bridge, which build_provider called)
-        from kaiyuan_recipes.models.fast_spec import FAST_SPEC_SETTINGS, fast_layer_spec
+        from kaiyuan_recipes.fastpath.spec import use_fast_spec
 
-        provider.transformer_layer_spec = fast_layer_spec
-        for key, value in FAST_SPEC_SETTINGS.items():
-            setattr(provider, key, value)
+        use_fast_spec(provider)
     if provider.num_moe_experts:
         # Grouped GEMM experts need TE (TEGroupedMLP); the local spec runs them one by one (SequentialMLP).
         provider.moe_grouped_gemm = use_te

@@ -1,7 +1,8 @@
 """Assembles a Megatron-Bridge ConfigContainer from a recipe's three files plus overrides.
 
-One function per concern: sections from YAML, ZeRO stage → DDP settings, run layout, data source.
-Everything a recipe can say is a ConfigContainer field or a `kaiyuan.*` knob — nothing hidden here."""
+One function per concern: sections from YAML, ZeRO stage → DDP settings, run layout, data source, and the fast
+path's plan (kaiyuan_recipes/fastpath/). Everything a recipe can say is a ConfigContainer field or a `kaiyuan.*`
+knob (training/knobs.py) — nothing hidden here."""
 
 from __future__ import annotations
 
@@ -14,10 +15,13 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from kaiyuan_recipes import compat
-from kaiyuan_recipes.models.providers import SDPA_BACKENDS, build_provider, resolve_layer_spec
+from kaiyuan_recipes import compat, fastpath
+from kaiyuan_recipes.fastpath.decisions import FastPathPlan
+from kaiyuan_recipes.models.providers import build_provider, resolve_layer_spec
 from kaiyuan_recipes.recipe_tree import load_recipe_tree
+from kaiyuan_recipes.run_layout import RunLayout
 from kaiyuan_recipes.training import overrides as ov
+from kaiyuan_recipes.training.knobs import Knobs
 
 # Megatron's NullTokenizer appends EOD after the base vocabulary: with 151,643 base ranks the EOD id
 # is 151,643, the same id <|endoftext|> has in the Qwen2 tokenizer.
@@ -30,67 +34,35 @@ ZERO_STAGES = {
     1: dict(use_distributed_optimizer=True, data_parallel_sharding_strategy="optim", use_megatron_fsdp=False),
     2: dict(use_distributed_optimizer=True, data_parallel_sharding_strategy="optim_grads", use_megatron_fsdp=True),
 }
-AUTO = "auto"  # a knob decided on the final config (resolve_step_fusion)
-# The model fields kaiyuan.cuda_graph and kaiyuan.wgrad_fusion set, with their off values. They decide how a
-# training step runs (a captured graph, the fused weight-gradient GEMM), not the model's weights or maths; a
-# checkpoint's run_config.yaml records them, and a model rebuilt outside training (export, serving,
-# evaluation) takes these values instead: it has neither training's kernels nor its step.
-TRAINING_STEP_MODEL_FIELDS: dict[str, Any] = {"cuda_graph_impl": "none", "use_te_rng_tracker": False,
-                                             "gradient_accumulation_fusion": False}
-DATA_SOURCES = ("sample", "mock", "blend", "curriculum", "plan")
-
-
 @dataclass
-class RunSettings:
-    """The `kaiyuan.*` knobs, resolved."""
+class RunSettings(Knobs):
+    """The `kaiyuan.*` knobs resolved for one run: the layer spec decided (never `auto`), where the run lives, and
+    (set by build_config on the final config) the fast path's plan."""
 
-    recipe: str
-    run_name: str
-    run_dir: Path
-    zero_stage: int
-    layer_spec: str
-    data: str
-    tokenizer: str | None
+    recipe: str = ""
+    run_dir: Path = Path()
     max_positions: int | None = None
-    curriculum: str | None = None
-    phase: int | None = None
-    heldout: str | None = None
-    plan: str | None = None
-    tokenizer_sha256: str | None = None
-    deterministic: bool = False
-    chunked_loss: bool = True
-    sdpa_backend: str = "auto"
-    compiled_norm: bool = True
-    fused_adamw: bool = True
-    cuda_graph: bool | str = AUTO  # resolved to a bool by build_config (resolve_step_fusion)
-    wgrad_fusion: bool | str = AUTO
-    graph_off_reason: str | None = None  # why `auto` left the graph off (the dry-run summary shows it)
+    fastpath: FastPathPlan | None = None
 
     @property
-    def uses_fused_adamw(self) -> bool:
-        """The fast path's fused optimizer step (training/fused_adamw.py); not bit-for-bit the foreach step."""
-        return self.layer_spec == "fast" and self.fused_adamw and not self.deterministic
-
-    @property
-    def uses_chunked_loss(self) -> bool:
-        """The fast path's chunked linear + cross-entropy (models/chunked_loss.py; installed where TP is 1)."""
-        return self.layer_spec == "fast" and self.chunked_loss
+    def layout(self) -> RunLayout:
+        return RunLayout(self.run_dir)
 
     @property
     def checkpoint_dir(self) -> Path:
-        return self.run_dir / "checkpoints"
+        return self.layout.checkpoints
 
     @property
     def tensorboard_dir(self) -> Path:
-        return self.run_dir / "tb_logs"
+        return self.layout.tensorboard
 
     @property
     def log_dir(self) -> Path:
-        return self.run_dir / "logs"
+        return self.layout.logs
 
     @property
     def state_dir(self) -> Path:
-        return self.run_dir / "run_state"
+        return self.layout.state
 
 
 def _section_types() -> dict[str, type]:
@@ -135,46 +107,11 @@ def _build_section(name: str, cls: type, values: dict[str, Any], recipe: str) ->
     return cls(**values)
 
 
-def resolve_run_settings(recipe: str, knobs: dict[str, Any]) -> RunSettings:
-    stage = knobs.get("zero_stage", 1)
-    if stage not in ZERO_STAGES:
-        raise ValueError(f"kaiyuan.zero_stage: expected 0, 1 or 2, got {stage!r}")
-    if knobs.get("data", "sample") not in DATA_SOURCES:
-        raise ValueError(f"kaiyuan.data: expected one of {DATA_SOURCES}, got {knobs.get('data')!r}")
-    if knobs.get("sdpa_backend", "auto") not in SDPA_BACKENDS:
-        raise ValueError(f"kaiyuan.sdpa_backend: expected one of {SDPA_BACKENDS}, got {knobs.get('sdpa_backend')!r}")
-    run_name = knobs.get("run_name") or recipe
-    if "/" in run_name or run_name in {".", ".."}:
-        raise ValueError(f"kaiyuan.run_name: {run_name!r} must be a plain directory name")
-    deterministic = bool(knobs.get("deterministic", False))
-    layer_spec = resolve_layer_spec(knobs.get("layer_spec", "auto"), deterministic)
-    for knob in ("cuda_graph", "wgrad_fusion"):
-        if knobs.get(knob, AUTO) not in (True, False, AUTO):
-            raise ValueError(f"kaiyuan.{knob}: expected true, false or auto, got {knobs[knob]!r}")
-    if knobs.get("wgrad_fusion") is True and (layer_spec != "fast" or stage > 1):
-        raise ValueError("kaiyuan.wgrad_fusion needs kaiyuan.layer_spec=fast (a CUDA kernel) and kaiyuan.zero_stage "
-                         f"0 or 1 (Megatron-FSDP's path needs TE); got layer_spec={layer_spec}, zero_stage={stage}")
-    return RunSettings(
-        recipe=recipe,
-        run_name=run_name,
-        run_dir=Path(knobs.get("run_root", "./runs")).expanduser().resolve() / run_name,
-        zero_stage=stage,
-        layer_spec=layer_spec,
-        data=knobs.get("data", "sample"),
-        tokenizer=knobs.get("tokenizer"),
-        curriculum=knobs.get("curriculum"),
-        phase=knobs.get("phase"),
-        heldout=knobs.get("heldout"),
-        plan=knobs.get("plan"),
-        tokenizer_sha256=knobs.get("tokenizer_sha256"),
-        deterministic=deterministic,
-        chunked_loss=bool(knobs.get("chunked_loss", True)),
-        sdpa_backend=knobs.get("sdpa_backend", "auto"),
-        compiled_norm=bool(knobs.get("compiled_norm", True)),
-        fused_adamw=bool(knobs.get("fused_adamw", True)),
-        cuda_graph=knobs.get("cuda_graph", AUTO),
-        wgrad_fusion=knobs.get("wgrad_fusion", AUTO),
-    )
+def resolve_run_settings(recipe: str, values: dict[str, Any]) -> RunSettings:
+    knobs = Knobs.from_mapping(values)
+    run_name = knobs.run_name or recipe
+    return RunSettings(**{**knobs.knob_values(), "layer_spec": resolve_layer_spec(knobs.layer_spec, knobs.deterministic)},
+                       recipe=recipe, run_dir=Path(knobs.run_root).expanduser().resolve() / run_name)
 
 
 def _apply_zero_stage(cfg: Any, stage: int) -> None:
@@ -198,56 +135,6 @@ def _megatron_fsdp_grads_as_declared(cfg: Any) -> None:
         cfg.ddp.megatron_fsdp_main_grads_dtype = torch.float32
 
 
-def graph_ineligible_reason(cfg: Any, run: RunSettings) -> str | None:
-    """Why `auto` leaves the whole-step CUDA graph off for this run, or None. Auto turns it on only where it was
-    measured: the fast spec, ZeRO 0/1, a dense model, no tensor or pipeline parallelism."""
-    m = cfg.model
-    if run.layer_spec != "fast":
-        return f"layer_spec={run.layer_spec}"
-    if run.zero_stage > 1:
-        return "ZeRO 2 (Megatron-FSDP)"
-    if getattr(m, "num_moe_experts", None):
-        return "MoE (per-batch expert shapes)"
-    if m.tensor_model_parallel_size != 1 or m.pipeline_model_parallel_size != 1:
-        return "tensor or pipeline parallel"
-    return None
-
-
-def resolve_step_fusion(cfg: Any, run: RunSettings) -> None:
-    """kaiyuan.cuda_graph / kaiyuan.wgrad_fusion = auto (the default): both on where graph_ineligible_reason finds
-    nothing. They go together: the fused weight-gradient GEMMs pay off only in a replayed graph (qwen3_1p7b on
-    one H200: eager 38,851 -> eager + fusion 36,664 -> graph 40,416 -> graph + fusion 41,358 tokens/s,
-    benchmarks/results/2026-11-30_train_throughput_step_fusion.json)."""
-    reason = graph_ineligible_reason(cfg, run)
-    if run.cuda_graph == AUTO:
-        run.cuda_graph, run.graph_off_reason = reason is None, reason
-    if run.wgrad_fusion == AUTO:  # (the check installs the addmm path into megatron-core: only when wanted)
-        run.wgrad_fusion = bool(run.cuda_graph) and reason is None and compat.torch_wgrad_accumulation()
-
-
-def _apply_full_step_cuda_graph(cfg: Any) -> None:
-    """kaiyuan.cuda_graph: each step's forward and backward captured once (megatron-core's full-iteration graph,
-    after model.cuda_graph_warmup_steps eager steps) and replayed. It needs a graph-safe RNG tracker (without TE
-    megatron-core's own, asked for through use_te_rng_tracker) and Megatron's per-micro-batch NaN check off
-    (Bridge requires it: the check reads the loss on the host); training/loss_guard.py checks once a step.
-    The distributed optimizer's parameter all-gather runs in its step instead of overlapping the next forward:
-    that overlap waits for the gather in forward pre-hooks, Python that a replayed graph skips."""
-    cfg.model.cuda_graph_impl = "full_iteration"
-    cfg.model.use_te_rng_tracker = cfg.rng.te_rng_tracker = True
-    cfg.rerun_state_machine.check_for_nan_in_loss = False
-    cfg.ddp.overlap_param_gather = cfg.optimizer.overlap_param_gather = False
-    compat.separate_full_graph_pools(cfg.model)  # else the run fails in its final evaluation
-
-
-def _apply_wgrad_fusion(cfg: Any) -> None:
-    """kaiyuan.wgrad_fusion (checked against the layer spec and ZeRO stage in resolve_run_settings): linear layers
-    accumulate their weight gradient straight into the fp32 main grad (megatron-core's
-    gradient_accumulation_fusion, through torch's addmm without Apex: compat)."""
-    if not compat.torch_wgrad_accumulation():
-        raise ValueError("kaiyuan.wgrad_fusion needs torch.addmm(..., out_dtype=) (torch 2.8+) or Apex")
-    cfg.model.gradient_accumulation_fusion = True
-
-
 # What deterministic training needs in the environment before CUDA / NCCL start (Megatron-Bridge checks
 # NCCL_ALGO; cuBLAS needs a fixed workspace under torch.use_deterministic_algorithms).
 DETERMINISTIC_ENV = {"NCCL_ALGO": "Ring", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
@@ -261,13 +148,13 @@ def deterministic_env(cfg: Any) -> dict[str, str]:
 
 
 def _apply_run_layout(cfg: Any, run: RunSettings) -> None:
-    cfg.checkpoint.save = str(run.checkpoint_dir)
-    cfg.checkpoint.load = str(run.checkpoint_dir)  # restart = resume, as the original scripts did
-    cfg.logger.tensorboard_dir = str(run.tensorboard_dir)
+    cfg.checkpoint.save = str(run.layout.checkpoints)
+    cfg.checkpoint.load = str(run.layout.checkpoints)  # restart = resume, as the original scripts did
+    cfg.logger.tensorboard_dir = str(run.layout.tensorboard)
     # Megatron's shuffle-index cache defaults to a folder beside the data: shared by every run reading it,
     # written without a lock, and impossible on read-only storage. Per run, unless the recipe says otherwise.
     if getattr(cfg.dataset, "path_to_cache", None) is None:
-        cfg.dataset.path_to_cache = str(run.run_dir / "dataset_cache")
+        cfg.dataset.path_to_cache = str(run.layout.dataset_cache)
 
 
 def _tokenizer_config(run: RunSettings) -> Any:
@@ -354,26 +241,13 @@ def build_config(recipe: str, overrides: list[str] | None = None) -> tuple[Any, 
         model=build_provider(model_shape, run.layer_spec), mixed_precision=mixed_precision, **sections
     )
     _apply_zero_stage(cfg, run.zero_stage)
-    if run.layer_spec == "fast":
-        from kaiyuan_recipes.models.compiled_norm import set_compiled_norm
-        from kaiyuan_recipes.models.fast_spec import set_sdpa_backend
-
-        set_sdpa_backend(run.sdpa_backend)
-        set_compiled_norm(run.compiled_norm)
-    if run.uses_chunked_loss:
-        from kaiyuan_recipes.models.chunked_loss import install_chunked_loss
-
-        cfg.model.register_pre_wrap_hook(install_chunked_loss)
     if run.deterministic:
         cfg.model.deterministic_mode = True
         cfg.model.cross_entropy_loss_fusion = False  # upstream: not deterministic
     _apply_run_layout(cfg, run)
     _apply_data_source(cfg, run)
     ov.apply_to_container(cfg, container_overrides)
-    resolve_step_fusion(cfg, run)  # on the final model shape (an override may add TP or experts)
-    if run.cuda_graph:
-        _apply_full_step_cuda_graph(cfg)
-    if run.wgrad_fusion:
-        _apply_wgrad_fusion(cfg)
+    run.fastpath = fastpath.plan(cfg, run)  # on the final config (an override may add TP or experts)
+    fastpath.apply(cfg, run.fastpath)
     _megatron_fsdp_grads_as_declared(cfg)
     return cfg, run

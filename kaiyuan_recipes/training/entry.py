@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Any
 
-from kaiyuan_recipes import compat
+from kaiyuan_recipes import compat, fastpath
 from kaiyuan_recipes.launch.stacks import enable_stack_dumps
 from kaiyuan_recipes.training.config import RunSettings, build_config, deterministic_env
 from kaiyuan_recipes.training.validate import validate
@@ -30,11 +30,7 @@ def worker_callbacks(cfg: Any, run: RunSettings) -> list[Any]:
         from kaiyuan_recipes.training.loss_guard import NonFiniteLossCallback
 
         callbacks.append(NonFiniteLossCallback())
-    if run.uses_fused_adamw:
-        from kaiyuan_recipes.training.fused_adamw import FusedAdamWCallback
-
-        callbacks.append(FusedAdamWCallback())
-    return callbacks
+    return callbacks + fastpath.callbacks(run.fastpath)
 
 
 def main(argv: list[str] | None = None) -> None:

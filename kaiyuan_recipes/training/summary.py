@@ -41,7 +41,6 @@ def resolve_with_upstream(cfg: Any, world_size: int) -> Any:
 
 
 def summarize(cfg: Any, run: RunSettings, layout: dict[str, int], launch_argv: list[str]) -> dict[str, Any]:
-    from kaiyuan_recipes.models.chunked_loss import unsupported_config_reason
     from kaiyuan_recipes.training.profiling import PROFILE_DIR, profiled_iterations
 
     shape = {f.name: getattr(cfg.model, f.name) for f in dataclasses.fields(cfg.model)}
@@ -60,14 +59,10 @@ def summarize(cfg: Any, run: RunSettings, layout: dict[str, int], launch_argv: l
             "layer_spec": getattr(cfg.model.transformer_layer_spec, "__name__", str(cfg.model.transformer_layer_spec)),
             "transformer_impl": cfg.model.transformer_impl,
             "deterministic": bool(getattr(cfg.model, "deterministic_mode", False)),
-            "fused_adamw": run.uses_fused_adamw,
-            # what will run: the chunked loss's hook declines models it cannot serve (tensor parallel, ...)
-            "chunked_loss": run.uses_chunked_loss and unsupported_config_reason(cfg.model) is None,
-            "sdpa_backend": run.sdpa_backend if run.layer_spec == "fast" else None,
-            "compiled_norm": run.compiled_norm if run.layer_spec == "fast" else None,
-            "cuda_graph": cfg.model.cuda_graph_impl + (f" (auto: {run.graph_off_reason})" if run.graph_off_reason else ""),
-            "wgrad_fusion": bool(cfg.model.gradient_accumulation_fusion),
+            "cuda_graph_impl": cfg.model.cuda_graph_impl,
+            "gradient_accumulation_fusion": bool(cfg.model.gradient_accumulation_fusion),
         },
+        "fast_path": run.fastpath.summary(),
         "batch": {
             "global_batch_size": cfg.train.global_batch_size,
             "micro_batch_size": cfg.train.micro_batch_size,

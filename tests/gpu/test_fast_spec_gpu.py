@@ -75,7 +75,7 @@ def test_sdpa_attention_matches_local_attention_on_cuda():
     from megatron.core.transformer.dot_product_attention import DotProductAttention
     from megatron.core.transformer.enums import AttnMaskType
 
-    from kaiyuan_recipes.models import fast_spec
+    from kaiyuan_recipes.fastpath import spec as fast_spec
     from kaiyuan_recipes.models.providers import build_provider
 
     provider = build_provider(load_model_file("laoyao_moe_2b") | {"num_layers": 1}, "fast")
@@ -111,7 +111,7 @@ def test_chunked_cross_entropy_matches_full_logits_on_cuda():
     full logits + cross-entropy — loss, both gradients — and the time and peak memory of each. Uniform
     upstream gradients (Megatron's training loss) and per-token ones (a loss mask): both weigh the logits'
     gradient kept from the forward."""
-    from kaiyuan_recipes.models.chunked_loss import ChunkedLinearCrossEntropy, chunk_tokens
+    from kaiyuan_recipes.fastpath.chunked_loss import ChunkedLinearCrossEntropy, chunk_tokens
 
     torch.manual_seed(0)
     vocab, hidden_size, tokens = 151936, 2048, 8192
@@ -173,7 +173,7 @@ def test_swiglu_backward_kernel_matches_upstream_on_cuda():
     qwen3_1p7b's fc1 output (8192 tokens x 2 x 6144, bf16); both sides compute in fp32 and round once."""
     from megatron.core.fusions import fused_bias_swiglu
 
-    from kaiyuan_recipes.models.swiglu_backward import swiglu_back
+    from kaiyuan_recipes.fastpath.swiglu_backward import swiglu_back
 
     torch.manual_seed(0)
     y = torch.randn(8192, 12288, dtype=torch.bfloat16, device=DEVICE)
@@ -190,7 +190,7 @@ def test_swiglu_backward_kernel_matches_upstream_on_cuda():
 def test_compiled_rms_norm_matches_torch_on_cuda(shape):
     """The compiled RMSNorm against torch's, forward and backward in bf16 at qwen3_1p7b's shapes; times both
     (the profile had torch's at 80 ms of the 863 ms step)."""
-    from kaiyuan_recipes.models.compiled_norm import CompiledRMSNorm
+    from kaiyuan_recipes.fastpath.compiled_norm import CompiledRMSNorm
 
     torch.manual_seed(0)
     dim = shape[-1]
@@ -223,11 +223,11 @@ def test_compiled_rms_norm_matches_torch_on_cuda(shape):
 
 
 def test_wgrad_accumulation_into_fp32_main_grad_on_cuda():
-    """kaiyuan.wgrad_fusion's accumulate (compat._wgrad_accum_fp32: torch's addmm, bf16 inputs, fp32 output in
+    """kaiyuan.wgrad_fusion's accumulate (apex_standins._wgrad_accum_fp32: torch's addmm, bf16 inputs, fp32 output in
     place) at qwen3_1p7b's largest linear (fc1: 2048 -> 2 x 6144, 8192 tokens), two micro-batches: against the
     fp32 product of the same bf16 values, and no further from it than what runs without the fusion (a bf16
     weight gradient added to the fp32 main grad). Times both (the unfused add was 34 ms of the 815 ms step)."""
-    from kaiyuan_recipes import compat
+    from kaiyuan_recipes.fastpath import apex_standins
 
     torch.manual_seed(0)
     tokens, d_in, d_out = 8192, 2048, 12288
@@ -239,7 +239,7 @@ def test_wgrad_accumulation_into_fp32_main_grad_on_cuda():
 
     def fused_step():
         for x, g in zip(xs, gs):
-            compat._wgrad_accum_fp32(x, g, fused)
+            apex_standins._wgrad_accum_fp32(x, g, fused)
 
     def unfused_step():
         for x, g in zip(xs, gs):

@@ -1,8 +1,7 @@
 """The fast spec's RMSNorm: torch.nn.RMSNorm (the module, parameters and state dict the local spec's
-WrappedTorchNorm builds) with its forward compiled by megatron-core's jit_fuser (torch.compile). Profiled on an
-H200 (benchmarks/results/2026-11-30_profile_qwen3_1p7b_fast.json), torch's own RMSNorm kernels took 80 ms of
-qwen3_1p7b's 863 ms step, 36 of them in the weight-gradient reduction at ~6x its memory-bound time; the
-compiled forward and backward are single fused kernels each. `kaiyuan.compiled_norm=false` keeps torch's."""
+WrappedTorchNorm builds) with its forward compiled by megatron-core's jit_fuser (torch.compile): one fused kernel
+each way where torch's own kernels spend ~6x the memory-bound time in the weight-gradient reduction (profile:
+benchmarks/RESULTS.md). `kaiyuan.compiled_norm=false` keeps torch's."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ _enabled = True
 
 
 def set_compiled_norm(enabled: bool) -> None:
-    """Process-wide, like the SDPA backend order: set while the run's config is built."""
+    """Process-wide, like the SDPA backend order: set by fastpath.apply from the run's plan."""
     global _enabled
     _enabled = bool(enabled)
 

@@ -138,7 +138,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
 
 def _main_grad_accumulate(weight: torch.Tensor) -> Any:
     """kaiyuan.wgrad_fusion for the output layer: megatron-core's weight-gradient accumulate (Apex's extension or
-    compat.torch_wgrad_accumulation) into the DDP main grad, in fp32 across chunks and micro-batches, instead of a
+    fastpath.apex_standins.torch_wgrad_accumulation) into the DDP main grad, in fp32 across chunks and micro-batches, instead of a
     bf16 weight gradient that DDP's hook then adds; None where the weight has no main grad to take it."""
     from megatron.core.tensor_parallel import layers
 
@@ -181,7 +181,7 @@ def _chunked_language_model_loss(self, labels: torch.Tensor, logits: Any) -> tor
 
 
 def unsupported_config_reason(config: Any) -> str | None:
-    """Why a model with this config cannot use the chunked loss, or None (the dry-run summary asks too)."""
+    """Why a model with this config cannot use the chunked loss, or None (fastpath/decisions.py asks too)."""
     if config.tensor_model_parallel_size != 1 or config.sequence_parallel:
         return "tensor parallel (the output layer is vocab-parallel)"
     if getattr(config, "use_mup", False) or getattr(config, "mtp_num_layers", None):

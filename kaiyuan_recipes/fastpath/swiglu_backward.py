@@ -4,8 +4,8 @@ concatenation, and inductor's kernel for it reads the gate half and the upstream
 H200's ~4.8 TB/s: 24.7 ms of qwen3_1p7b's 783 ms step (benchmarks/results/2026-12-01_profile_qwen3_1p7b_graph.json).
 
 Installed into megatron-core's SwiGLUFunction (the fast spec's bias-free SwiGLU, bias_activation_fusion=True) by
-register_swiglu_backward; anything the kernel does not cover (not CUDA, not contiguous, mixed dtypes) goes to
-megatron-core's own swiglu_back."""
+register_swiglu_backward when the plan says so (kaiyuan.swiglu_backward); anything the kernel does not cover
+(not CUDA, not contiguous, mixed dtypes) goes to megatron-core's own swiglu_back."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def _backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor, None, 
 
 
 def register_swiglu_backward() -> bool:
-    """Process-wide, like the fused-RoPE hooks (models/fast_spec.py); returns whether it was installed now."""
+    """Process-wide (megatron-core's autograd function); returns whether it was installed now."""
     from megatron.core.fusions import fused_bias_swiglu
 
     if fused_bias_swiglu.SwiGLUFunction.backward is _backward:

@@ -1,0 +1,150 @@
+"""The `kaiyuan:` section of a recipe: our own settings, beside Megatron-Bridge's ConfigContainer sections.
+
+One typed dataclass; each field's documentation is here and only here. The README's knob table is generated
+from it (`python -m kaiyuan_recipes.training.knobs --write README.md`; tests/test_knobs.py fails when they
+differ), and recipes/_base/*.yaml set every field's recipe default (tested to equal the fields)."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+AUTO = "auto"  # decided on the final config (fastpath/decisions.py)
+LAYER_SPECS = ("auto", "local", "fast", "transformer_engine")
+SDPA_BACKENDS = ("auto", "cudnn", "flash", "efficient")
+DATA_SOURCES = ("sample", "mock", "blend", "curriculum", "plan")
+ZERO_STAGE_CHOICES = (0, 1, 2)
+TRI_STATE = (True, False, AUTO)
+
+
+class KnobError(ValueError):
+    pass
+
+
+def knob(default: Any, doc: str, choices: tuple | None = None) -> Any:
+    return field(default=default, metadata={"doc": doc, "choices": choices})
+
+
+@dataclass
+class Knobs:
+    # Parallelism and layer spec
+    zero_stage: int = knob(1, "0 = plain DDP; 1 = distributed optimizer (optimizer state sharded); 2 = optimizer "
+                              "state and gradients sharded (Megatron-FSDP).", ZERO_STAGE_CHOICES)
+    layer_spec: str = knob(AUTO, "auto: Transformer Engine's spec where TE imports; without TE the fast spec on a CUDA "
+                                 "host, Megatron's local spec on a CPU host or with deterministic.", LAYER_SPECS)
+    deterministic: bool = knob(False, "Bit-reproducible training (Megatron's deterministic_mode, unfused "
+                                      "cross-entropy, a fixed NCCL algorithm); slower.")
+    # The fast path's pieces (fastpath/decisions.py decides each on the final config; the dry run shows why)
+    chunked_loss: bool = knob(True, "Fast spec, tensor parallel 1: cross-entropy chunk by chunk from the output "
+                                    "layer's input; the [tokens, vocab] logits are never materialised.")
+    sdpa_backend: str = knob(AUTO, "Fast spec: the SDPA kernels tried first (the rest stay as fallbacks).",
+                             SDPA_BACKENDS)
+    compiled_norm: bool = knob(True, "Fast spec: RMSNorm compiled (one fused kernel each way) instead of torch's.")
+    swiglu_backward: bool = knob(True, "Fast spec: SwiGLU's backward as one Triton kernel (CUDA hosts with Triton).")
+    fused_adamw: bool = knob(True, "Fast spec: torch's fused AdamW step (one kernel) instead of the foreach one; "
+                                   "off under deterministic.")
+    foreach_grad_clip: bool = knob(True, "Without Apex/TE: gradient norm and clipping through torch's foreach "
+                                         "kernels instead of one host sync per parameter.")
+    cuda_graph: bool | str = knob(AUTO, "Each step captured once as a CUDA graph and replayed. auto = on for the "
+                                        "fast spec at ZeRO 0/1, dense, no TP/PP.", TRI_STATE)
+    wgrad_fusion: bool | str = knob(AUTO, "Weight gradients accumulated straight into the fp32 main grad (fast "
+                                          "spec, ZeRO 0/1). auto = with the CUDA graph.", TRI_STATE)
+    # Where the run lives
+    run_root: str = knob("./runs", "Runs live in <run_root>/<run_name>/ (layout: kaiyuan_recipes/run_layout.py).")
+    run_name: str | None = knob(None, "Default: the recipe name.")
+    # Data
+    data: str = knob("sample", "sample: the bundled corpus; mock: synthetic tokens; blend: dataset.blend; "
+                               "curriculum: a phase of kaiyuan.curriculum; plan: kaiyuan.plan.", DATA_SOURCES)
+    tokenizer: str | None = knob(None, "A Hugging Face tokenizer directory; null = the bundled Qwen2 one "
+                                       "(mock: NullTokenizer).")
+    tokenizer_sha256: str | None = knob(None, "Checked against the tokenizer's tokenizer.json when given.")
+    plan: str | None = knob(None, "data=plan: a category blend plan (a name under recipes/plans or a YAML).")
+    curriculum: str | None = knob(None, "data=curriculum: a name under recipes/curricula or a YAML.")
+    phase: int | None = knob(None, "data=curriculum: the phase to train (`kaiyuan train … --phase N`).")
+    heldout: str | None = knob(None, "A held-out validation prefix (`kaiyuan data heldout`); null = split from "
+                                     "the blend.")
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(Knobs):
+            _check(f, getattr(self, f.name))
+        if self.run_name is not None and ("/" in self.run_name or self.run_name in {"", ".", ".."}):
+            raise KnobError(f"kaiyuan.run_name: {self.run_name!r} must be a plain directory name")
+        if self.phase is not None and self.phase < 1:
+            raise KnobError(f"kaiyuan.phase: expected a phase number from 1, got {self.phase}")
+        if self.tokenizer_sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", self.tokenizer_sha256):
+            raise KnobError(f"kaiyuan.tokenizer_sha256: expected 64 lowercase hex digits, got {self.tokenizer_sha256!r}")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> "Knobs":
+        names = [f.name for f in dataclasses.fields(Knobs)]
+        for key in values:
+            if key not in names:
+                match = difflib.get_close_matches(key, names, n=1)
+                raise KnobError(f"unknown knob kaiyuan.{key}" + (f"; closest: kaiyuan.{match[0]}" if match else ""))
+        return cls(**values)
+
+    def knob_values(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(Knobs)}
+
+
+def _expected_type(f: dataclasses.Field) -> tuple[type, ...]:
+    text = str(f.type)
+    kinds = tuple(t for name, t in (("bool", bool), ("int", int), ("str", str)) if name in text)
+    return kinds + ((type(None),) if "None" in text else ())
+
+
+def _check(f: dataclasses.Field, value: Any) -> None:
+    choices = f.metadata.get("choices")
+    if choices is not None:
+        if not any(value is c or (type(value) is type(c) and value == c) for c in choices):
+            shown = ", ".join(str(c).lower() if isinstance(c, bool) else str(c) for c in choices)
+            raise KnobError(f"kaiyuan.{f.name}: expected one of {shown}; got {value!r}")
+        return
+    kinds = _expected_type(f)
+    ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
+    if not ok:
+        names = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+        raise KnobError(f"kaiyuan.{f.name}: expected {names}; got {value!r} ({type(value).__name__})")
+
+
+def _shown(value: Any) -> str:
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def knob_table() -> str:
+    """The README's table of knobs, from the dataclass."""
+    rows = ["| knob | default | choices | what it does |", "|---|---|---|---|"]
+    for f in dataclasses.fields(Knobs):
+        choices = f.metadata.get("choices")
+        shown = " / ".join(_shown(c) for c in choices) if choices else ""
+        rows.append(f"| `{f.name}` | `{_shown(f.default)}` | {shown} | {f.metadata['doc']} |")
+    return "\n".join(rows) + "\n"
+
+
+BEGIN, END = "<!-- knobs:begin -->", "<!-- knobs:end -->"
+
+
+def with_knob_table(markdown: str) -> str:
+    """`markdown` with the text between the knob markers replaced by the current table."""
+    if BEGIN not in markdown or END not in markdown:
+        raise KnobError(f"no {BEGIN} ... {END} section to write the knob table into")
+    head, rest = markdown.split(BEGIN, 1)
+    return f"{head}{BEGIN}\n{knob_table()}{END}{rest.split(END, 1)[1]}"
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--write"] and len(argv) == 2:
+        path = Path(argv[1])
+        path.write_text(with_knob_table(path.read_text()))
+        return 0
+    sys.stdout.write(knob_table())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,82 @@
+"""The fast path's one plan and one apply: every piece on or off with its reason, nothing installed into
+megatron-core unless the plan says so, and checkpoints that name the fast spec's old module still load."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+from kaiyuan_recipes.training.config import build_config
+
+PIECES = ("fast_spec", "sdpa_backend", "compiled_norm", "swiglu_backward", "grouped_experts", "chunked_loss",
+          "fused_adamw", "foreach_grad_clip", "cuda_graph", "wgrad_fusion")
+
+
+def plan_of(tmp_path, recipe="gpt_smoke", *overrides):
+    return build_config(recipe, [f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=mock", *overrides])[1].fastpath
+
+
+def test_every_piece_has_a_decision_and_a_reason(tmp_path):
+    local = plan_of(tmp_path, "gpt_smoke", "kaiyuan.layer_spec=local")
+    assert tuple(local.pieces) == PIECES
+    assert all(not local.on(p) and "layer_spec=local" in local.pieces[p].reason
+               for p in PIECES if p not in ("foreach_grad_clip",))
+    fast = plan_of(tmp_path, "gpt_smoke", "kaiyuan.layer_spec=fast")
+    assert all(fast.on(p) for p in PIECES if p != "grouped_experts")
+    assert fast.pieces["grouped_experts"].reason == "dense model"
+    knobs_off = plan_of(tmp_path, "gpt_smoke", "kaiyuan.layer_spec=fast", "kaiyuan.compiled_norm=false",
+                        "kaiyuan.swiglu_backward=false", "kaiyuan.chunked_loss=false", "kaiyuan.fused_adamw=false",
+                        "kaiyuan.foreach_grad_clip=false", "kaiyuan.cuda_graph=false")
+    for piece in ("compiled_norm", "swiglu_backward", "chunked_loss", "fused_adamw", "foreach_grad_clip", "cuda_graph"):
+        assert not knobs_off.on(piece) and f"kaiyuan.{piece}=false" in knobs_off.pieces[piece].reason
+    assert knobs_off.pieces["wgrad_fusion"].reason == "auto: with the CUDA graph only"
+    moe = plan_of(tmp_path, "laoyao_moe_2b", "kaiyuan.layer_spec=fast")
+    assert moe.on("grouped_experts") and moe.pieces["cuda_graph"].reason == "auto: MoE (per-batch expert shapes)"
+    assert not plan_of(tmp_path, "gpt_smoke", "kaiyuan.layer_spec=fast", "kaiyuan.deterministic=true").on("fused_adamw")
+
+
+_PROBE = """
+import json, sys
+from kaiyuan_recipes.training.config import build_config
+build_config("gpt_smoke", ["kaiyuan.data=mock", "kaiyuan.run_root=" + sys.argv[1], *sys.argv[2:]])
+from megatron.core import utils
+from megatron.core.fusions import fused_bias_swiglu
+from megatron.core.optimizer import clip_grads
+from megatron.core.tensor_parallel import layers
+from kaiyuan_recipes.fastpath import swiglu_backward
+print(json.dumps({"swiglu_backward": fused_bias_swiglu.SwiGLUFunction.backward is swiglu_backward._backward,
+                  "foreach_grad_clip": clip_grads.l2_norm_impl is not utils.local_multi_tensor_l2_norm,
+                  "wgrad_fusion": bool(layers._grad_accum_fusion_available)}))
+"""
+
+
+def installed_after_build(tmp_path, *overrides) -> dict:
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(_PROBE), str(tmp_path), *overrides],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_megatron_core_is_patched_only_where_the_plan_says(tmp_path):
+    """Importing megatron.bridge and building a config patch nothing of megatron-core's that the plan left off
+    (in a fresh process each: these patches are process-wide)."""
+    assert installed_after_build(tmp_path, "kaiyuan.layer_spec=local", "kaiyuan.foreach_grad_clip=false") == {
+        "swiglu_backward": False, "foreach_grad_clip": False, "wgrad_fusion": False}
+    assert installed_after_build(tmp_path, "kaiyuan.layer_spec=local") == {
+        "swiglu_backward": False, "foreach_grad_clip": True, "wgrad_fusion": False}
+    assert installed_after_build(tmp_path, "kaiyuan.layer_spec=fast") == {
+        "swiglu_backward": True, "foreach_grad_clip": True, "wgrad_fusion": True}
+
+
+def test_a_checkpoint_naming_the_old_fast_spec_module_still_instantiates():
+    """run_config.yaml of checkpoints saved before the fast path had its own package names
+    kaiyuan_recipes.models.fast_spec.fast_layer_spec; Megatron-Bridge's instantiate must still resolve it."""
+    from kaiyuan_recipes import compat
+
+    compat.import_megatron_bridge()
+    from megatron.bridge.utils.instantiate_utils import instantiate
+
+    from kaiyuan_recipes.fastpath.spec import fast_layer_spec
+
+    for target in ("kaiyuan_recipes.models.fast_spec.fast_layer_spec", "kaiyuan_recipes.fastpath.spec.fast_layer_spec"):
+        assert instantiate({"_target_": target, "_call_": False}) is fast_layer_spec
