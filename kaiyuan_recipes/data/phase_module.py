@@ -97,12 +97,12 @@ def _recorded_scheduler(checkpoint_dir: str | None) -> dict[str, Any]:
     """The scheduler section of the newest checkpoint's run_config.yaml under `checkpoint_dir` ({} if none)."""
     import yaml
 
-    if not checkpoint_dir:
+    from kaiyuan_recipes.run_layout import RUN_CONFIG_FILE, RunLayout
+
+    latest = RunLayout.latest_iteration_dir(Path(checkpoint_dir)) if checkpoint_dir else None
+    if latest is None:
         return {}
-    tracker = Path(checkpoint_dir) / "latest_checkpointed_iteration.txt"
-    if not tracker.is_file() or not tracker.read_text().strip().isdigit():
-        return {}
-    config = Path(checkpoint_dir) / f"iter_{int(tracker.read_text().strip()):07d}" / "run_config.yaml"
+    config = latest / RUN_CONFIG_FILE
     if not config.is_file():
         return {}
     recorded = yaml.safe_load(config.read_text()) or {}

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kaiyuan_recipes.run_layout import RunLayout
+
 # PNG name -> (title, candidate TensorBoard tags, first found wins)
 PANELS = {
     "loss": ("training loss", ("lm loss",)),
@@ -17,7 +19,7 @@ PANELS = {
 def read_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    tb = Path(run_dir) / "tb_logs"
+    tb = RunLayout(Path(run_dir)).tensorboard
     if not tb.is_dir():
         tb = Path(run_dir)
     if not any(tb.rglob("events.out.tfevents.*")):
