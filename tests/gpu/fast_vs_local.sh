@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # GPU check for [perf] §2 numerics, through the device tool from the repo root (wheels in .whl):
 #   bash tests/gpu/fast_vs_local.sh
-# On the 2-GPU host, half the time: the runs split over the GPUs, then the report alone (SPECS= trains none):
-#   CUDA_VISIBLE_DEVICES=0 SPECS=local bash tests/gpu/fast_vs_local.sh &
-#   CUDA_VISIBLE_DEVICES=1 SPECS="fast fast_fused_ce" bash tests/gpu/fast_vs_local.sh; wait; SPECS= bash tests/gpu/fast_vs_local.sh
+# On the 2-GPU host, half the time: the runs split over the GPUs, then the report alone (--report-only trains none):
+#   CUDA_VISIBLE_DEVICES=0 bash tests/gpu/fast_vs_local.sh --runs local &
+#   CUDA_VISIBLE_DEVICES=1 bash tests/gpu/fast_vs_local.sh --runs "fast fast_fused_ce"; wait
+#   bash tests/gpu/fast_vs_local.sh --report-only
 # gpt_smoke, 200 steps on the bundled sample corpus, same seed: the local spec, the fast spec, and the fast
 # spec with Megatron's fused cross-entropy instead of the chunked one (same function; only the rounding of the
 # logits' gradient differs: it casts it to bf16). The loss logged every 10 steps (Megatron's average over the
@@ -12,8 +13,14 @@
 # moves the curve. So each run also comes in a one-pass form (*_onepass: one 1,024-token sequence a step, 200
 # steps = ~0.5 epoch), where the curves compare functions rather than memorisation.
 # In one pass the fast spec's loss ran ~1 % below the local's (2026-11-30_fast_vs_local_onepass.json): the
-# optional fast_foreach_adam run (SPECS=fast_foreach_adam_onepass) tells whether the fused AdamW step is why.
+# optional fast_foreach_adam run (--runs fast_foreach_adam_onepass) tells whether the fused AdamW step is why.
+# Writes $out/RUN.log per run and $out/fast_vs_local.json (the pairs' report, benchmarks/determinism_report.py).
 set -euo pipefail
+source tests/gpu/flags.sh
+all_runs="local fast fast_fused_ce local_onepass fast_onepass fast_fused_ce_onepass"
+flag runs "" "train only these runs (of: $all_runs fast_foreach_adam fast_foreach_adam_onepass), one part of a split run: no report (default: all six, then the report)"
+switch report-only "train nothing; write the report from the logs already in --out"
+parse_flags "$@"
 source tests/gpu/env.sh
 root=/tmp/fast_vs_local
 declare -A extra=([local]="kaiyuan.layer_spec=local" [fast]="kaiyuan.layer_spec=fast"
@@ -21,7 +28,8 @@ declare -A extra=([local]="kaiyuan.layer_spec=local" [fast]="kaiyuan.layer_spec=
                   [fast_foreach_adam]="kaiyuan.layer_spec=fast kaiyuan.fused_adamw=false")
 note="*_onepass: global batch 1 x 1,024 tokens (~0.5 epoch)"
 onepass="train.global_batch_size=1 train.micro_batch_size=1 dataset.seq_length=1024 model.seq_length=1024"
-for run in ${SPECS-local fast fast_fused_ce local_onepass fast_onepass fast_fused_ce_onepass}; do
+runs=${opt_runs:-$all_runs}; [ "$opt_report_only" = 1 ] && runs=""
+for run in $runs; do
   rm -rf "${root:?}/$run"
   overrides=${extra[${run%_onepass}]}
   [ "$run" = "${run%_onepass}" ] || overrides="$overrides $onepass"
@@ -29,7 +37,7 @@ for run in ${SPECS-local fast fast_fused_ce local_onepass fast_onepass fast_fuse
   kaiyuan train gpt_smoke kaiyuan.run_root=$root kaiyuan.run_name=$run $overrides \
     train.train_iters=200 logger.log_interval=10 checkpoint.save_interval=1000 > "$out/$run.log" 2>&1
 done
-[ "${SPECS-all}" = all ] || [ -z "${SPECS-}" ] || exit 0  # a part of a split run: the report comes after
+[ -z "$opt_runs" ] || [ "$opt_report_only" = 1 ] || exit 0  # a part of a split run: the report comes after
 pairs=()
 for suffix in "" _onepass; do
   [ -f "$out/local$suffix.log" ] && pairs+=(--pair "local_vs_fast$suffix"

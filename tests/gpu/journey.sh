@@ -9,14 +9,12 @@
 #       --out benchmarks/results/DATE_journey.json                                        (on the CPU host)
 # --rev REV records the git revision the tree was at (the device has no .git).
 set -uo pipefail
-part=all rev=${REV:-unknown}
-while [ $# -gt 0 ]; do
-  case $1 in
-    --part) part=$2; shift 2 ;;
-    --rev) rev=$2; shift 2 ;;
-    *) echo "usage: journey.sh [--part foreground|detached|all] [--rev REV]" >&2; exit 2 ;;
-  esac
-done
+source tests/gpu/flags.sh
+flag part all "foreground, detached, or all (both, one after the other)"
+flag rev unknown "the git revision the tree was at, recorded in the results"
+parse_flags "$@"
+part=$opt_part rev=$opt_rev
+case $part in foreground|detached|all) ;; *) echo "journey.sh: --part foreground|detached|all, not '$part'" >&2; exit 2 ;; esac
 source tests/gpu/env.sh
 # Every log goes to $logs, packed into one $OUT/journey_PART.tgz at the end (the device returns at most 8 files).
 root=/tmp/journey; runs=$root/runs; logs=$root/logs_$part; steps=$logs/journey_steps_$part.jsonl

@@ -6,6 +6,8 @@
 # tensor (model weights, fp32 main params, exp_avg, exp_avg_sq, optimizer param groups, scheduler).
 #   bash tests/gpu/resume_diag.sh
 set -euo pipefail
+source tests/gpu/flags.sh
+parse_flags "$@"
 source tests/gpu/env.sh
 root=/tmp/resume_diag; rm -rf "$root"
 common=(kaiyuan.run_root=$root kaiyuan.layer_spec=local train.train_iters=7 train.global_batch_size=8

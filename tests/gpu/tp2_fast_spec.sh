@@ -8,10 +8,14 @@
 # and each TP rank keeps its slice (on the GPU each rank draws its own slice from its own RNG stream, so TP=2
 # starts from another model: iteration 1's loss differed by 0.4 %). The report compares the two loss curves
 # (they differ by TP's reduction order only) and the step times.
+# Writes $out/tp1.log, tp2.log and tp2_fast_spec.json (benchmarks/determinism_report.py). Needs two GPUs.
 set -euo pipefail
+source tests/gpu/flags.sh
+flag iters 40 "training iterations of each run"
+parse_flags "$@"
 source tests/gpu/env.sh
 root=/tmp/tp2; rm -rf "$root"
-common=(kaiyuan.run_root=$root kaiyuan.layer_spec=fast kaiyuan.data=sample train.train_iters=${ITERS:-40}
+common=(kaiyuan.run_root=$root kaiyuan.layer_spec=fast kaiyuan.data=sample train.train_iters=$opt_iters
         train.global_batch_size=8 train.micro_batch_size=2 logger.log_interval=1 scheduler.lr_warmup_iters=5
         checkpoint.save_interval=1000 model.use_cpu_initialization=true)
 kaiyuan train gpt_smoke kaiyuan.run_name=tp1 "${common[@]}" > "$out/tp1.log" 2>&1

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # GPU proof for [core], run through the device tool from the repo root:
-#   bash tests/gpu/train_proof.sh smoke|qwen   (wheels from ../shared/gpu-host/fetch-wheels.sh in .whl)
+#   bash tests/gpu/train_proof.sh --model smoke|qwen|smoke-sample   (wheels from `make gpu-wheels` in .whl)
 # Trains with `kaiyuan train`, stops at a checkpoint (train.exit_interval), restarts the same
-# command, and writes benchmarks/results-style JSON plus the logs under $OUT.
+# command, and writes benchmarks/results-style JSON ($out/RECIPE_train.json) plus the logs and metrics under $out.
+# smoke-sample: one uninterrupted gpt_smoke run on the default data (the bundled sample corpus).
 set -euo pipefail
-which=${1:?smoke|qwen|smoke-sample}
+source tests/gpu/flags.sh
+flag model "" "required: smoke (gpt_smoke, 200 steps, stop at 100), qwen (qwen3_1p7b, 20 steps, stop at 10) or smoke-sample"
+parse_flags "$@"
+which=$opt_model
+case "$which" in smoke|qwen|smoke-sample) ;; *) echo "train_proof.sh: --model smoke|qwen|smoke-sample, not '$which'" >&2; exit 2 ;; esac
 source tests/gpu/env.sh
 root=/tmp/runs
 case "$which" in
@@ -39,7 +44,7 @@ else
   cmd="kaiyuan train $recipe ${args[*]} ${first[*]} ; kaiyuan train $recipe ${args[*]} ${second[*]}"
   logs=("$out/${recipe}_launch1.log" "$out/${recipe}_launch2.log")
 fi
-python3 benchmarks/train_report.py "$root/$recipe" --name "${recipe}_${which}_train" --command "bash tests/gpu/train_proof.sh $which  # $cmd" \
+python3 benchmarks/train_report.py "$root/$recipe" --name "${recipe}_${which}_train" --command "bash tests/gpu/train_proof.sh --model $which  # $cmd" \
   --out "$out/${recipe}_train.json" --log "${logs[@]}"
 cp "$root/$recipe/run_state/metrics.jsonl" "$out/${recipe}_metrics.jsonl"
 ls -la "$root/$recipe/checkpoints"
