@@ -27,11 +27,11 @@ def main() -> None:
     from kaiyuan_exporters.hf_to_megatron import build_cpu_model
     from kaiyuan_exporters.megatron_to_hf import bridge_for, ensure_single_process_group, export_hf
     from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir, tokenizer_vocab_size
-    from kaiyuan_recipes.recipe_tree import load_model_file
+    from kaiyuan_recipes.models.shape import ModelShape
 
     shutil.rmtree(args.work, ignore_errors=True)
     ensure_single_process_group()
-    shape = load_model_file(args.recipe)
+    shape = ModelShape.for_recipe(args.recipe)
     model = build_cpu_model(shape, torch.bfloat16)
     params = sum(p.numel() for p in model.parameters())
     start = time.perf_counter()

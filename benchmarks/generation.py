@@ -50,12 +50,11 @@ def hf_generate(model, batch: list[list[int]], new_tokens: int, sampled: bool = 
 def write_random_qwen3(path: Path) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from kaiyuan_exporters.hf_config import hf_config_for
     from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
-    from kaiyuan_recipes.recipe_tree import load_model_file
+    from kaiyuan_recipes.models.shape import ModelShape
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(hf_config_for(load_model_file("qwen3_1p7b"), 151646),
+    model = AutoModelForCausalLM.from_config(ModelShape.for_recipe("qwen3_1p7b").hf_config(151646),
                                              dtype=torch.bfloat16)
     model.save_pretrained(path)
     AutoTokenizer.from_pretrained(str(default_tokenizer_dir())).save_pretrained(path)

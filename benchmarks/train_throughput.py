@@ -139,10 +139,10 @@ def hf_run(model: str, compiled: bool, mbs: int, micro: int, seq: int, steps: in
     """A plain transformers training loop: AdamW (fused on CUDA), bf16 weights, SDPA, grad accumulation."""
     from transformers import AutoModelForCausalLM
 
-    from kaiyuan_exporters.hf_config import hf_config_for
-    from kaiyuan_recipes.recipe_tree import load_model_file
+    from kaiyuan_recipes.models.hf_config import hf_config_for
+    from kaiyuan_recipes.models.shape import ModelShape
 
-    shape = load_model_file(model) | (TINY if tiny else {})
+    shape = dict(ModelShape.for_recipe(model).fields) | (TINY if tiny else {})
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     net = AutoModelForCausalLM.from_config(hf_config_for(shape), dtype=dtype, attn_implementation="sdpa").to(device)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-4, fused=device == "cuda")

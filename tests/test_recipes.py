@@ -129,7 +129,7 @@ def test_seq_longer_than_max_positions():
     cfg, run = build_config("gpt_smoke", ["dataset.seq_length=8192", "model.seq_length=8192"])
     with pytest.raises(ConfigError, match="seq_length=8192 is longer than the model's max_position_embeddings=4096"):
         validate(cfg, 1, run.max_positions)
-    cfg, run = build_config("gpt_smoke", ["dataset.seq_length=2048"])
+    cfg, run = build_config("gpt_smoke", ["dataset.seq_length=2048", "model.seq_length=4096"])
     with pytest.raises(ConfigError, match="model.seq_length=4096 differs from dataset.seq_length=2048"):
         validate(cfg, 1, run.max_positions)
 

@@ -14,17 +14,19 @@ import torch
 
 from kaiyuan_exporters.megatron_to_hf import bridge_for, ensure_single_process_group, single_rank_overrides
 from kaiyuan_recipes.atomic import atomic_directory
+from kaiyuan_recipes.models.shape import ModelShape
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-def build_cpu_model(shape: dict[str, Any], dtype: torch.dtype = torch.float32, layer_spec: str = "local") -> Any:
+def build_cpu_model(shape: ModelShape | dict[str, Any], dtype: torch.dtype = torch.float32, layer_spec: str = "local") -> Any:
     """Our provider's GPTModel on the CPU (one process group of one rank must exist); the local spec unless
     told (`auto` would pick the fast spec on a CUDA host, for a model that stays on the CPU)."""
     from kaiyuan_recipes.models.providers import build_provider, provide_on_cpu
 
-    provider = build_provider(shape | {"activation_func": shape.get("activation_func", "silu")}
-                              | (single_rank_overrides(shape) or {}), layer_spec)
+    fields = dict(ModelShape.of(shape).fields)
+    provider = build_provider(fields | {"activation_func": fields.get("activation_func", "silu")}
+                              | (single_rank_overrides(fields) or {}), layer_spec)
     provider.params_dtype = dtype
     provider.bf16 = dtype == torch.bfloat16
     provider.fp16 = dtype == torch.float16
@@ -36,7 +38,7 @@ def hf_dtype(hf_dir: Path) -> torch.dtype:
     return DTYPES.get(str(config.get("dtype") or config.get("torch_dtype") or "float32"), torch.float32)
 
 
-def import_hf(hf_dir: Path, out: Path, shape: dict[str, Any]) -> Path:
+def import_hf(hf_dir: Path, out: Path, shape: ModelShape | dict[str, Any]) -> Path:
     """Write the HF weights in `hf_dir` as a Megatron checkpoint (iteration 0, no optimizer) at `out`."""
     hf_dir, out = Path(hf_dir), Path(out)
     if not (hf_dir / "config.json").is_file():

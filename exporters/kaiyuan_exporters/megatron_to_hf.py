@@ -10,10 +10,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from kaiyuan_exporters.hf_config import hf_config_for
 from kaiyuan_recipes import compat
 from kaiyuan_recipes.atomic import atomic_directory
 from kaiyuan_recipes.data.tokenizer import special_token_ids, tokenizer_vocab_size
+from kaiyuan_recipes.models.shape import ModelShape
 from kaiyuan_recipes.run_layout import LATEST_ITERATION_FILE, RUN_CONFIG_FILE, RunLayout
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json")
@@ -51,14 +51,6 @@ def newest_iteration_dir(root: Path) -> Path:
     return max((p for p in root.iterdir() if p.name.startswith("iter_") and p.is_dir()), key=lambda p: p.name)
 
 
-# The model.yaml fields that decide the HF config, read back from a checkpoint's run_config.yaml.
-SHAPE_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
-                "kv_channels", "seq_length", "max_position_embeddings", "normalization", "layernorm_epsilon",
-                "gated_linear_unit", "add_bias_linear", "qk_layernorm", "rotary_base",
-                "share_embeddings_and_output_weights", "vocab_size", "make_vocab_size_divisible_by",
-                "num_moe_experts", "moe_ffn_hidden_size", "moe_router_topk", "moe_router_pre_softmax",
-                "moe_aux_loss_coeff")
-
 
 def run_config(checkpoint: Path) -> tuple[Path, dict[str, Any] | None]:
     """The newest checkpoint's run_config.yaml (Megatron-Bridge writes one per save) and its contents."""
@@ -68,7 +60,7 @@ def run_config(checkpoint: Path) -> tuple[Path, dict[str, Any] | None]:
     return config_file, (yaml.safe_load(config_file.read_text()) or {}) if config_file.is_file() else None
 
 
-def checkpoint_shape(checkpoint: Path) -> dict[str, Any]:
+def checkpoint_shape(checkpoint: Path) -> ModelShape:
     """The model shape a Megatron-Bridge checkpoint was trained with (its run_config.yaml)."""
     config_file, config = run_config(checkpoint)
     if config is None:
@@ -77,7 +69,7 @@ def checkpoint_shape(checkpoint: Path) -> dict[str, Any]:
     missing = [k for k in ("num_layers", "hidden_size", "vocab_size") if model.get(k) is None]
     if missing:
         raise ValueError(f"{config_file}: model section lacks {missing}")
-    return {k: model[k] for k in SHAPE_FIELDS if model.get(k) is not None}
+    return ModelShape.from_run_config(model)
 
 
 def require_torch_dist(checkpoint: Path) -> None:
@@ -91,13 +83,13 @@ def require_torch_dist(checkpoint: Path) -> None:
                          "checkpoint train with kaiyuan.zero_stage=1 (optimizer state sharded, saved as torch_dist)")
 
 
-def single_rank_overrides(shape: dict[str, Any]) -> dict[str, Any] | None:
+def single_rank_overrides(shape: ModelShape | dict[str, Any]) -> dict[str, Any] | None:
     """Settings for rebuilding a model in one process: MoE token routing with the all-gather dispatcher
     (the all-to-all one creates a CUDA stream when built; with one rank both route identically)."""
     return {"moe_token_dispatcher_type": "allgather"} if shape.get("num_moe_experts") else None
 
 
-def rebuild_overrides(shape: dict[str, Any]) -> dict[str, Any]:
+def rebuild_overrides(shape: ModelShape | dict[str, Any]) -> dict[str, Any]:
     """What a checkpoint's recorded model config must change to be rebuilt here, outside training: one rank,
     and the training-step-only fields (kaiyuan.cuda_graph / wgrad_fusion) off."""
     from kaiyuan_recipes.fastpath import TRAINING_STEP_MODEL_FIELDS
@@ -105,7 +97,8 @@ def rebuild_overrides(shape: dict[str, Any]) -> dict[str, Any]:
     return TRAINING_STEP_MODEL_FIELDS | (single_rank_overrides(shape) or {})
 
 
-def bridge_for(shape: dict[str, Any], tokenizer_vocab: int | None = None, tokenizer_dir: Path | None = None):
+def bridge_for(shape: ModelShape | dict[str, Any], tokenizer_vocab: int | None = None,
+               tokenizer_dir: Path | None = None):
     """An AutoBridge for `shape`; with a tokenizer directory, its size and its eos / pad ids (e.g. GLM-5.2's
     for laoyao_moe_2b) go into the HF config."""
     compat.import_megatron_bridge()
@@ -114,13 +107,13 @@ def bridge_for(shape: dict[str, Any], tokenizer_vocab: int | None = None, tokeni
     special: dict[str, int | None] = {}
     if tokenizer_dir is not None:
         tokenizer_vocab, special = tokenizer_vocab_size(tokenizer_dir), special_token_ids(Path(tokenizer_dir))
-    return AutoBridge.from_hf_config(hf_config_for(shape, tokenizer_vocab, **special))
+    return AutoBridge.from_hf_config(ModelShape.of(shape).hf_config(tokenizer_vocab, **special))
 
 
-def export_hf(checkpoint: Path, out: Path, shape: dict[str, Any] | None = None, tokenizer_dir: Path | None = None,
-              show_progress: bool = True) -> Path:
+def export_hf(checkpoint: Path, out: Path, shape: ModelShape | dict[str, Any] | None = None,
+              tokenizer_dir: Path | None = None, show_progress: bool = True) -> Path:
     """Load the newest torch_dist checkpoint under `checkpoint` and write it as a HF directory.
-    `shape` (a model.yaml) defaults to the one recorded in the checkpoint."""
+    `shape` (a recipe's ModelShape) defaults to the one recorded in the checkpoint."""
     out = Path(out)
     if out.exists():
         raise FileExistsError(f"{out}: exists; choose a new output directory")

@@ -29,10 +29,10 @@ def export_hf(args: Any) -> int:
 
     from kaiyuan_exporters.megatron_to_hf import export_hf as run_export
     from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
-    from kaiyuan_recipes.recipe_tree import load_model_file
+    from kaiyuan_recipes.models.shape import ModelShape
 
     start = time.perf_counter()
-    shape = load_model_file(args.recipe) if args.recipe else None
+    shape = ModelShape.for_recipe(args.recipe) if args.recipe else None
     out = run_export(args.checkpoint, args.out, shape, args.tokenizer or default_tokenizer_dir())
     print(f"{out}  ({time.perf_counter() - start:.1f} s)")
     return 0
@@ -40,7 +40,7 @@ def export_hf(args: Any) -> int:
 
 def export_megatron(args: Any) -> int:
     from kaiyuan_exporters.hf_to_megatron import import_hf
-    from kaiyuan_recipes.recipe_tree import load_model_file
+    from kaiyuan_recipes.models.shape import ModelShape
 
-    print(import_hf(args.hf_dir, args.out, load_model_file(args.recipe)))
+    print(import_hf(args.hf_dir, args.out, ModelShape.for_recipe(args.recipe)))
     return 0

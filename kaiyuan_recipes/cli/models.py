@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kaiyuan_recipes.models.param_count import count_parameters
+from kaiyuan_recipes.models.shape import ModelShape
 from kaiyuan_recipes.models.registry import available_models
-from kaiyuan_recipes.recipe_tree import known_recipes, load_model_file
+from kaiyuan_recipes.recipe_tree import known_recipes
 
 
 def add_parser(sub: Any) -> None:
@@ -28,8 +28,8 @@ def list_models(_args: Any) -> int:
         if name not in recipes:
             table.add_row(name, "?", "?", "?", "", "", "", "", "")
             continue
-        shape = load_model_file(name)
-        count = count_parameters(shape)
+        shape = ModelShape.for_recipe(name)
+        count = shape.parameters()
         table.add_row(
             name,
             f"{count.total / 1e9:.3f}B",

@@ -7,13 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 from kaiyuan_recipes import compat
-from kaiyuan_recipes.recipe_tree import load_model_file
 
 from kaiyuan_recipes.training.knobs import LAYER_SPECS
 
 ACTIVATIONS = ("silu", "gelu", "relu")
-# Stated in model.yaml for validation and HF export; RoPE models have no position table.
-NOT_PROVIDER_FIELDS = ("max_position_embeddings",)
 
 
 def _activation(name: str):
@@ -30,6 +27,8 @@ def build_provider(shape: dict[str, Any], layer_spec: str = "auto"):
     import dataclasses
 
     from megatron.bridge.models.gpt_provider import GPTModelProvider
+
+    from kaiyuan_recipes.models.shape import NOT_PROVIDER_FIELDS
 
     fields = {k: v for k, v in shape.items() if k not in NOT_PROVIDER_FIELDS}
     if isinstance(fields.get("activation_func"), str):
@@ -89,7 +88,9 @@ def provide_on_cpu(provider):
 
 
 def provider_for_recipe(name: str, layer_spec: str = "auto"):
-    return build_provider(load_model_file(name), layer_spec)
+    from kaiyuan_recipes.models.shape import ModelShape
+
+    return ModelShape.for_recipe(name).provider(layer_spec)
 
 
 def gpt_smoke(layer_spec: str = "auto"):

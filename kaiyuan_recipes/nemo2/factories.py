@@ -16,7 +16,6 @@ from kaiyuan_recipes import compat
 compat.cpu_cuda_arch_list()  # also done at interpreter start by .venv-nemo2's kaiyuan_compat.pth
 
 import nemo_run as run  # noqa: E402
-import torch  # noqa: E402
 from nemo.collections import llm  # noqa: E402
 from nemo.collections.common.tokenizers.huggingface.auto_tokenizer import AutoTokenizer  # noqa: E402
 from nemo.collections.llm.api import pretrain  # noqa: E402
@@ -26,26 +25,16 @@ from nemo.lightning.pytorch.optim import MegatronOptimizerModule, WarmupHoldAnne
 from megatron.core.optimizer import OptimizerConfig  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from kaiyuan_recipes.recipe_tree import load_model_file, load_recipe_tree  # noqa: E402
-
-# model.yaml fields that are not TransformerConfig fields in NeMo 2's config classes.
-_NOT_CONFIG = ("max_position_embeddings", "should_pad_vocab", "vocab_size")
-_ACTIVATIONS = {"silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu, "relu": torch.nn.functional.relu}
-
+from kaiyuan_recipes.models.shape import ModelShape  # noqa: E402
+from kaiyuan_recipes.recipe_tree import load_recipe_tree  # noqa: E402
 
 def model_config(recipe: str) -> run.Config:
-    """NeMo 2's Qwen3Config (QK-norm) or GPTConfig with the recipe's model.yaml fields, nothing else."""
-    shape = load_model_file(recipe)
-    fields = {k: v for k, v in shape.items() if k not in _NOT_CONFIG}
-    fields["activation_func"] = _ACTIVATIONS[fields.get("activation_func", "silu")]
-    # NeMo 2 pads the vocabulary from the tokenizer; the recipe's size is the padded one already.
-    fields["vocab_size"] = shape["vocab_size"]
-    cls = llm.Qwen3Config if shape.get("qk_layernorm") else llm.GPTConfig
-    return run.Config(cls, **fields)
+    """NeMo 2's Qwen3Config (QK-norm) or GPTConfig with the recipe's model shape, nothing else."""
+    return ModelShape.for_recipe(recipe).nemo2_config()
 
 
 def model(recipe: str) -> run.Config:
-    module = llm.Qwen3Model if load_model_file(recipe).get("qk_layernorm") else llm.GPTModel
+    module = llm.Qwen3Model if ModelShape.for_recipe(recipe).get("qk_layernorm") else llm.GPTModel
     return run.Config(module, config=model_config(recipe))
 
 

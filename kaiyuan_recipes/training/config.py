@@ -17,7 +17,8 @@ from omegaconf import OmegaConf
 
 from kaiyuan_recipes import compat, fastpath
 from kaiyuan_recipes.fastpath.decisions import FastPathPlan
-from kaiyuan_recipes.models.providers import build_provider, resolve_layer_spec
+from kaiyuan_recipes.models.providers import resolve_layer_spec
+from kaiyuan_recipes.models.shape import ModelShape
 from kaiyuan_recipes.recipe_tree import load_recipe_tree
 from kaiyuan_recipes.run_layout import RunLayout
 from kaiyuan_recipes.training import overrides as ov
@@ -221,7 +222,7 @@ def build_config(recipe: str, overrides: list[str] | None = None) -> tuple[Any, 
 
     profiling = profiling_config(data.pop("profile", {}))
 
-    model_shape = data.pop("model")
+    model_section = data.pop("model")
     mixed_precision = data.pop("mixed_precision", "bf16_mixed")
     types = _section_types()
     unknown = sorted(set(data) - set(types))
@@ -232,14 +233,12 @@ def build_config(recipe: str, overrides: list[str] | None = None) -> tuple[Any, 
     sections.setdefault("tokenizer", _tokenizer_config(run))
     if profiling is not None:
         sections["profiling"] = profiling
-    # The model reads seq_length from the data part: one value, stated once. RoPE models have no
-    # position table, so max_position_embeddings is ours (validation, HF export), not the provider's.
-    model_shape.setdefault("seq_length", sections["dataset"].seq_length)
-    run.max_positions = model_shape.pop("max_position_embeddings", None)
-
-    cfg = ConfigContainer(
-        model=build_provider(model_shape, run.layer_spec), mixed_precision=mixed_precision, **sections
-    )
+    # The model reads seq_length from the data part: one value, stated once.
+    if "seq_length" in model_section:
+        raise ov.OverrideError(f"recipe {recipe!r}: model.seq_length is dataset.seq_length's; state it there only")
+    shape = ModelShape({**model_section, "seq_length": sections["dataset"].seq_length})
+    run.max_positions = shape.max_positions
+    cfg = ConfigContainer(model=shape.provider(run.layer_spec), mixed_precision=mixed_precision, **sections)
     _apply_zero_stage(cfg, run.zero_stage)
     if run.deterministic:
         cfg.model.deterministic_mode = True
@@ -247,6 +246,8 @@ def build_config(recipe: str, overrides: list[str] | None = None) -> tuple[Any, 
     _apply_run_layout(cfg, run)
     _apply_data_source(cfg, run)
     ov.apply_to_container(cfg, container_overrides)
+    if not any(ov.split_key(o)[0] == "model.seq_length" for o in container_overrides):
+        cfg.model.seq_length = cfg.dataset.seq_length  # an override of dataset.seq_length reaches the model
     run.fastpath = fastpath.plan(cfg, run)  # on the final config (an override may add TP or experts)
     fastpath.apply(cfg, run.fastpath)
     _megatron_fsdp_grads_as_declared(cfg)
