@@ -167,8 +167,9 @@ class LocalRun(Run):
                        eta_s=(total - last["iteration"]) * step_time if total and state == "running" else None)
         return out
 
-    def logs(self, follow: bool = False, out: TextIO = sys.stdout, poll: float = 0.5,
+    def logs(self, follow: bool = False, out: TextIO | None = None, poll: float = 0.5,
              stop_when_done: bool = True) -> None:
+        out = sys.stdout if out is None else out
         log_path = self.layout.console_log
         if not log_path.is_file():
             raise RunStateError(f"{log_path}: no log yet")

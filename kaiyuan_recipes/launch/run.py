@@ -6,7 +6,6 @@ everything after that finds it from the run directory through open_run, so the v
 
 from __future__ import annotations
 
-import sys
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, TextIO
@@ -49,8 +48,9 @@ class Run(ABC):
         """running / finished / failed (with the error) / stopped, as JSON."""
 
     @abstractmethod
-    def logs(self, follow: bool = False, out: TextIO = sys.stdout) -> None:
-        """Write the run's console output to `out` (with `follow`, until the run ends, where the back-end can)."""
+    def logs(self, follow: bool = False, out: TextIO | None = None) -> None:
+        """Write the run's console output to `out` (default: stdout as it is at the call), with `follow` until the
+        run ends where the back-end can."""
 
     @abstractmethod
     def stacks(self) -> str:

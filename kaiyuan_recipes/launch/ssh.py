@@ -323,8 +323,9 @@ class MultiNodeRun(Run):
         return "".join(f"==> node {rank} ({node.host}) <==\n{self.node_stacks(rank)}"
                        for rank, node in enumerate(self.spec.nodes))
 
-    def logs(self, follow: bool = False, out: TextIO = sys.stdout) -> None:
+    def logs(self, follow: bool = False, out: TextIO | None = None) -> None:
         """The last 200 lines of each node's log (`follow` is not offered over SSH: each call is one round trip)."""
+        out = sys.stdout if out is None else out
         for rank, node in enumerate(self.spec.nodes):
             out.write(f"==> node {rank} ({node.host}) <==\n")
             out.write(self.node_log(rank, 200))
