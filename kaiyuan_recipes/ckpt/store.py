@@ -1,0 +1,136 @@
+"""A run's checkpoints on disk: which iteration directories exist, and the small files each one holds
+(torch.distributed.checkpoint's .metadata, megatron-core's metadata.json, Megatron-Bridge's run_config.yaml
+and train_state.pt). Reading these needs torch only; no tensor data is read here."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from kaiyuan_recipes.run_layout import RunLayout
+
+ITER_DIR = re.compile(r"^iter_(\d+)$")
+# Megatron-Bridge's tracker file and per-iteration files (megatron.bridge.training.utils.checkpoint_utils).
+TRACKER = "latest_checkpointed_iteration.txt"
+RUN_CONFIG = "run_config.yaml"
+TRAIN_STATE = "train_state.pt"
+DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's metadata file (torch_dist and fsdp_dtensor)
+MCORE_METADATA = "metadata.json"  # megatron-core's dist_checkpointing config: present exactly for torch_dist
+
+
+class CheckpointError(ValueError):
+    """A path that is not what the command needs; the message names the path and what was expected."""
+
+
+def iteration_of(path: Path) -> int | None:
+    m = ITER_DIR.match(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
+def checkpoint_root(path: Path) -> Path:
+    """A run directory or its checkpoints/ folder, as the folder that holds iter_* directories."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: does not exist")
+    root = RunLayout.checkpoint_root(path)
+    if not root.is_dir():
+        raise CheckpointError(f"{root}: not a directory (expected a run directory or its checkpoints/ folder)")
+    return root
+
+
+def iteration_dirs(root: Path) -> list[Path]:
+    """The iter_* directories under a checkpoints folder, oldest first (by iteration number, as Bridge sorts)."""
+    found = [p for p in Path(root).iterdir() if p.is_dir() and iteration_of(p) is not None]
+    return sorted(found, key=iteration_of)
+
+
+def tracker_iteration(root: Path) -> int | None:
+    """The iteration latest_checkpointed_iteration.txt names (None when absent; 'release' is not an iteration)."""
+    tracker = Path(root) / TRACKER
+    text = tracker.read_text().strip() if tracker.is_file() else ""
+    return int(text) if text.isdigit() else None
+
+
+def resolve_checkpoint(path: Path) -> Path:
+    """One iter_* directory: as given, or the one a run's tracker names (else its newest)."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: does not exist")
+    if (path / DCP_METADATA).is_file():
+        return path
+    if iteration_of(path) is not None:
+        raise CheckpointError(f"{path}: no {DCP_METADATA} (not a complete torch_dist / fsdp_dtensor checkpoint: "
+                              "still being written, or damaged)")
+    root = checkpoint_root(path)
+    iterations = iteration_dirs(root)
+    if not iterations:
+        raise CheckpointError(f"{root}: no iter_* checkpoint directories (expected a run directory, its "
+                              "checkpoints/ folder or one iter_* directory)")
+    named = tracker_iteration(root)
+    chosen = next((p for p in iterations if iteration_of(p) == named), iterations[-1])
+    return resolve_checkpoint(chosen)
+
+
+def read_dcp_metadata(ckpt: Path) -> Any:
+    """torch.distributed.checkpoint's Metadata, read by its own FileSystemReader."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    file = Path(ckpt) / DCP_METADATA
+    if not file.is_file():
+        raise CheckpointError(f"{file}: missing (expected torch.distributed.checkpoint metadata)")
+    try:
+        return FileSystemReader(str(ckpt)).read_metadata()
+    except Exception as err:  # a truncated or foreign file: unpickling fails in many ways
+        raise CheckpointError(f"{file}: unreadable as torch.distributed.checkpoint metadata ({err})") from err
+
+
+def checkpoint_format(ckpt: Path) -> str:
+    """torch_dist when megatron-core's metadata.json says so, else fsdp_dtensor for plain DCP: the rule
+    Megatron-Bridge's loader applies (checkpointing._get_checkpoint_format)."""
+    config = Path(ckpt) / MCORE_METADATA
+    if config.is_file():
+        try:
+            backend = json.loads(config.read_text()).get("sharded_backend")
+        except (ValueError, AttributeError) as err:
+            raise CheckpointError(f"{config}: not megatron-core's checkpoint metadata ({err})") from err
+        return str(backend)
+    if (Path(ckpt) / DCP_METADATA).is_file():
+        return "fsdp_dtensor"
+    raise CheckpointError(f"{ckpt}: neither {MCORE_METADATA} nor {DCP_METADATA} (not a Megatron checkpoint)")
+
+
+def read_run_config(ckpt: Path) -> dict[str, Any] | None:
+    """The ConfigContainer Megatron-Bridge wrote with this save, as plain YAML (None when absent)."""
+    import yaml
+
+    file = Path(ckpt) / RUN_CONFIG
+    if not file.is_file():
+        return None
+    try:
+        return yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise CheckpointError(f"{file}: not YAML ({err})") from err
+
+
+def read_train_state(ckpt: Path) -> dict[str, Any] | None:
+    """Bridge's TrainState of this save (step, consumed samples, FLOPs) as plain numbers; None when absent."""
+    import torch
+
+    file = Path(ckpt) / TRAIN_STATE
+    if not file.is_file():
+        return None
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise CheckpointError(f"{file}: unreadable ({err})") from err
+    return {k: (v.item() if isinstance(v, torch.Tensor) else v) for k, v in state.items()}
+
+
+def disk_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+
+
+def section(config: dict[str, Any] | None, name: str) -> dict[str, Any]:
+    return ((config or {}).get(name) or {}) if isinstance(config, dict) else {}

@@ -1,0 +1,141 @@
+"""`kaiyuan ckpt verify`: every shard file the metadata names is present and of the size its items need,
+and every tensor and object loads (one stored chunk at a time). DCP keeps no checksums: flipped bits inside
+a chunk that still unpickles are not detected, but a missing, truncated or garbled file is."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kaiyuan_recipes.ckpt import regions, store
+
+
+@dataclass
+class ShardFile:
+    name: str
+    items: int
+    expected_bytes: int  # the end of its last item, as the metadata records the items
+    actual_bytes: int | None  # None: missing
+
+
+@dataclass
+class Problem:
+    file: str  # the path to look at
+    what: str
+
+
+@dataclass
+class VerifyReport:
+    path: str
+    format: str
+    files: list[ShardFile]
+    tensors_checked: int
+    objects_checked: int
+    bytes_read: int
+    problems: list[Problem]
+    nonfinite: list[str] = field(default_factory=list)  # tensors with NaN / Inf (loadable, but suspect)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def shard_files(ckpt: Path, metadata: Any) -> list[ShardFile]:
+    items: dict[str, int] = defaultdict(int)
+    ends: dict[str, int] = defaultdict(int)
+    for info in metadata.storage_data.values():
+        items[info.relative_path] += 1
+        ends[info.relative_path] = max(ends[info.relative_path], info.offset + info.length)
+    files = []
+    for name in sorted(ends):
+        path = ckpt / name
+        files.append(ShardFile(name, items[name], ends[name], path.stat().st_size if path.is_file() else None))
+    return files
+
+
+def file_problems(ckpt: Path, files: list[ShardFile]) -> list[Problem]:
+    problems = []
+    for f in files:
+        path = str(ckpt / f.name)
+        if f.actual_bytes is None:
+            problems.append(Problem(path, f"missing (the metadata places {f.items} items in it)"))
+        elif f.actual_bytes < f.expected_bytes:
+            problems.append(Problem(path, f"truncated: {f.actual_bytes:,} bytes, its items need {f.expected_bytes:,}"))
+        else:
+            try:
+                with open(path, "rb") as fh:
+                    fh.read(1)
+            except OSError as err:
+                problems.append(Problem(path, f"unreadable ({err})"))
+    return problems
+
+
+def _short(err: BaseException) -> str:
+    import pickle
+
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    if isinstance(err, CheckpointException) and err.failures:  # DCP's per-rank wrapper
+        err = next(iter(err.failures.values()))[0]  # (exception, traceback)
+    if isinstance(err, pickle.UnpicklingError):
+        return "its stored bytes do not unpickle: garbled data"
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0][:200] if lines else ''}"
+
+
+def verify_checkpoint(path: Path, show_progress: bool = False) -> VerifyReport:
+    import torch
+
+    ckpt = store.resolve_checkpoint(path)
+    fmt = store.checkpoint_format(ckpt)
+    metadata = store.read_dcp_metadata(ckpt)
+    files = shard_files(ckpt, metadata)
+    problems = file_problems(ckpt, files)
+    bad_files = {Path(p.file).name for p in problems}
+    for name in (store.TRAIN_STATE, store.RUN_CONFIG):
+        try:
+            (store.read_train_state if name == store.TRAIN_STATE else store.read_run_config)(ckpt)
+        except store.CheckpointError as err:
+            problems.append(Problem(str(ckpt / name), str(err).removeprefix(f"{ckpt / name}: ")))
+
+    tensors = regions.tensor_entries(metadata)
+    objects = regions.bytes_entries(metadata)
+    files_of: dict[str, set[str]] = defaultdict(set)
+    bytes_of: dict[str, int] = defaultdict(int)
+    for idx, info in metadata.storage_data.items():
+        files_of[idx.fqn].add(info.relative_path)
+        bytes_of[idx.fqn] += info.length
+    done = read = checked_t = checked_o = 0
+    nonfinite = []
+    bar = regions.read_progress("verifying", show_progress)
+    with bar:
+        task = bar.add_task("read", total=sum(bytes_of.values()))
+        for fqn in list(tensors) + objects:
+            where = sorted(files_of[fqn])
+            done += bytes_of[fqn]
+            if bad_files.intersection(where):
+                bar.update(task, completed=done)
+                continue  # its file is already reported
+            try:
+                if fqn in tensors:
+                    finite = True
+                    for region in regions.stored_regions(fqn, tensors[fqn]):
+                        value = regions.load_region(ckpt, region, tensors[fqn].properties.dtype, metadata)
+                        finite = finite and (not value.is_floating_point() or bool(torch.isfinite(value).all()))
+                    if not finite:
+                        nonfinite.append(fqn)
+                    checked_t += 1
+                else:
+                    regions.load_object(ckpt, fqn, metadata)
+                    checked_o += 1
+                read += bytes_of[fqn]
+            except BaseException as err:  # DCP's CheckpointException is a BaseException
+                if isinstance(err, KeyboardInterrupt):
+                    raise
+                names = ", ".join(str(ckpt / w) for w in where)
+                problems.append(Problem(names, f"{fqn}: does not load ({_short(err)})"))
+                bad_files.update(where)
+            bar.update(task, completed=done)
+    return VerifyReport(str(ckpt), fmt, files, checked_t, checked_o, read, problems, nonfinite)
