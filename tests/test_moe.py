@@ -33,7 +33,8 @@ def test_shape_is_2b_total_half_b_active():
 def test_full_size_provider_builds_with_megatron_core(megatron_parallel):
     from megatron.core.transformer.moe.experts import SequentialMLP
 
-    from kaiyuan_recipes.models.providers import laoyao_moe_2b, provide_on_cpu
+    from kaiyuan_recipes.models.providers import provide_on_cpu
+    from kaiyuan_recipes.models.shape import laoyao_moe_2b
 
     provider = laoyao_moe_2b()
     provider.params_dtype = torch.bfloat16
@@ -69,10 +70,10 @@ def test_tokenizer_sha256_checked_when_given(tmp_path):
 
 
 def test_moe_roundtrip_through_torch_dist_and_kv_cache(tmp_path, megatron_parallel):
-    from transformers import AutoModelForCausalLM
-
     from kaiyuan_exporters.hf_to_megatron import build_cpu_model, import_hf
     from kaiyuan_exporters.megatron_to_hf import bridge_for, export_hf
+    from transformers import AutoModelForCausalLM
+
     from kaiyuan_recipes import compat
 
     compat.import_megatron_bridge()
@@ -198,10 +199,9 @@ def test_export_parity_counts_routing_flips(tmp_path, megatron_parallel, monkeyp
     decisions and the logits before each prompt's first flip are compared apart from those after."""
     import sys
 
-    from transformers import AutoModelForCausalLM
-
     from kaiyuan_exporters.hf_to_megatron import build_cpu_model
     from kaiyuan_exporters.megatron_to_hf import bridge_for, export_hf
+    from transformers import AutoModelForCausalLM
 
     sys.path.insert(0, str(Path(__file__).parent / "gpu"))
     from conftest import megatron_forward_on_cpu

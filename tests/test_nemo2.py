@@ -33,7 +33,8 @@ def test_factory_dryrun_with_overrides():
 
 def test_gpt_smoke_factory_and_a_bad_override():
     probe = nemo2("nemo", "llm", "pretrain", "--factory", "kaiyuan_gpt_smoke", "--dryrun", "-y")
-    assert probe.returncode == 0 and "GPTConfig(" in probe.stdout and "num_layers=12" in probe.stdout, probe.stderr[-2000:]
+    assert probe.returncode == 0 and "GPTConfig(" in probe.stdout and "num_layers=12" in probe.stdout, (
+        probe.stderr[-2000:])
     bad = nemo2("nemo", "llm", "pretrain", "--factory", "kaiyuan_qwen3", "trainer.max_stepz=10", "--dryrun", "-y")
     assert bad.returncode != 0 and "trainer.max_stepz" in bad.stdout + bad.stderr
 
@@ -57,7 +58,7 @@ print(json.dumps(out))
 
 @pytest.mark.parametrize("recipe", ["qwen3_1p7b", "gpt_smoke"])
 def test_nemo2_model_config_matches_the_bridge_provider(recipe):
-    from kaiyuan_recipes.models.providers import provider_for_recipe
+    from kaiyuan_recipes.models.shape import provider_for_recipe
     from kaiyuan_recipes.recipe_tree import load_model_file
 
     shape = load_model_file(recipe)
@@ -84,8 +85,10 @@ def test_launch_executors_on_the_same_command_line():
     local = nemo2("nemo", "llm", "pretrain", "--factory", "kaiyuan_gpt_smoke", "run.executor=kaiyuan_local",
                   "run.executor.ntasks_per_node=2", "--dryrun", "-y")
     assert local.returncode == 0, local.stderr[-2000:]
-    assert "LocalExecutor(" in local.stdout and "launcher='torchrun'" in local.stdout and "ntasks_per_node=2" in local.stdout
+    assert ("LocalExecutor(" in local.stdout and "launcher='torchrun'" in local.stdout
+            and "ntasks_per_node=2" in local.stdout)
     ssh = nemo2("nemo", "llm", "pretrain", "--factory", "kaiyuan_gpt_smoke", "run.executor=kaiyuan_ssh",
                 "run.executor.hosts=gpu1,gpu2", "run.executor.container=kaiyuan", "--dryrun", "-y")
     assert ssh.returncode == 0, ssh.stderr[-2000:]
-    assert "SSHMultiNodeExecutor(" in ssh.stdout and "hosts='gpu1,gpu2'" in ssh.stdout and "container='kaiyuan'" in ssh.stdout
+    assert ("SSHMultiNodeExecutor(" in ssh.stdout and "hosts='gpu1,gpu2'" in ssh.stdout
+            and "container='kaiyuan'" in ssh.stdout)

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from kaiyuan_recipes.launch.lifecycle import LocalRun, RunStateError
-from kaiyuan_recipes.launch.run import Run, RunError, open_run
+from kaiyuan_recipes.launch.backends import open_run
+from kaiyuan_recipes.launch.run import Run, RunError
 from kaiyuan_recipes.launch.ssh import MultiNodeRun
 from kaiyuan_recipes.run_layout import RunLayout
 from test_lifecycle import job, wait_for  # noqa: F401  (job: the torchrun job fixture)

@@ -1,6 +1,6 @@
 """`kaiyuan start | stop | status | logs | stacks`: start picks the back-end from its flags (--hosts: one
 torchrun per host over SSH, else this node); the other verbs open the run's handle from its directory
-(kaiyuan_recipes.launch.run.open_run) and ask it."""
+(kaiyuan_recipes.launch.backends.open_run) and ask it."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def start_multinode(args: Any, overrides: list[str], cfg: Any, run: Any) -> int:
 
 
 def stop(args: Any) -> int:
-    from kaiyuan_recipes.launch.run import open_run
+    from kaiyuan_recipes.launch.backends import open_run
 
     run = open_run(args.run_root / checked_run_name(args.run_name))
     result = run.stop(grace=args.grace)
@@ -97,7 +97,7 @@ def stop(args: Any) -> int:
 
 
 def status(args: Any) -> int:
-    from kaiyuan_recipes.launch.run import open_run
+    from kaiyuan_recipes.launch.backends import open_run
     from kaiyuan_recipes.run_layout import RunLayout
 
     runs = [args.run_root / checked_run_name(args.run_name)] if args.run_name is not None else \
@@ -108,14 +108,14 @@ def status(args: Any) -> int:
 
 
 def logs(args: Any) -> int:
-    from kaiyuan_recipes.launch.run import open_run
+    from kaiyuan_recipes.launch.backends import open_run
 
     open_run(args.run_root / checked_run_name(args.run_name)).logs(follow=args.follow)
     return 0
 
 
 def stacks(args: Any) -> int:
-    from kaiyuan_recipes.launch.run import open_run
+    from kaiyuan_recipes.launch.backends import open_run
 
     print(open_run(args.run_root / checked_run_name(args.run_name)).stacks(), end="")
     return 0

@@ -2,7 +2,8 @@
 
 Back-ends: LocalRun (detached on this node, launch/lifecycle.py) and MultiNodeRun (one torchrun per host over
 SSH, launch/ssh.py); a Slurm one would be a third. `kaiyuan start` picks the back-end from its flags;
-everything after that finds it from the run directory through open_run, so the verbs never ask which."""
+everything after that finds it from the run directory through open_run (launch/backends.py), so the verbs never
+ask which."""
 
 from __future__ import annotations
 
@@ -55,14 +56,3 @@ class Run(ABC):
     @abstractmethod
     def stacks(self) -> str:
         """Every rank's Python stacks now (launch/stacks.py), as text for people."""
-
-
-def open_run(run_dir: Path) -> Run:
-    """The run in `run_dir`, with the back-end that started it: multi-node when its state file is there
-    (written at start), else a run on this node (also the answer for a directory nothing started in)."""
-    from kaiyuan_recipes.launch.lifecycle import LocalRun
-    from kaiyuan_recipes.launch.ssh import MultiNodeRun
-
-    if RunLayout(Path(run_dir)).multinode_state.is_file():
-        return MultiNodeRun(run_dir)
-    return LocalRun(run_dir)

@@ -1,4 +1,4 @@
-"""Megatron-Bridge GPTModelProvider configurations built offline from recipes/<name>/model.yaml.
+"""Megatron-Bridge GPTModelProvider configurations built offline from a model shape (models/shape.py).
 
 Unlike upstream's Qwen3 recipes (AutoBridge.from_hf_pretrained), nothing here touches the hub."""
 
@@ -11,6 +11,8 @@ from kaiyuan_recipes import compat
 from kaiyuan_recipes.training.knobs import LAYER_SPECS
 
 ACTIVATIONS = ("silu", "gelu", "relu")
+# Stated in model.yaml for validation and HF export; RoPE models have no position table.
+NOT_PROVIDER_FIELDS = ("max_position_embeddings",)
 
 
 def _activation(name: str):
@@ -27,8 +29,6 @@ def build_provider(shape: dict[str, Any], layer_spec: str = "auto"):
     import dataclasses
 
     from megatron.bridge.models.gpt_provider import GPTModelProvider
-
-    from kaiyuan_recipes.models.shape import NOT_PROVIDER_FIELDS
 
     fields = {k: v for k, v in shape.items() if k not in NOT_PROVIDER_FIELDS}
     if isinstance(fields.get("activation_func"), str):
@@ -85,24 +85,3 @@ def provide_on_cpu(provider):
     provider.finalize()
     provider._pg_collection = ProcessGroupCollection.use_mpu_process_groups()
     return provider.provide()
-
-
-def provider_for_recipe(name: str, layer_spec: str = "auto"):
-    from kaiyuan_recipes.models.shape import ModelShape
-
-    return ModelShape.for_recipe(name).provider(layer_spec)
-
-
-def gpt_smoke(layer_spec: str = "auto"):
-    """~340M GPT (12 layers, 768 hidden, GQA 8/4, SwiGLU, RoPE, untied embeddings)."""
-    return provider_for_recipe("gpt_smoke", layer_spec)
-
-
-def qwen3_1p7b(layer_spec: str = "auto"):
-    """Qwen3-1.7B shape: 28 layers, 2048 hidden, GQA 16/8, QK-norm, untied; 2.03B parameters."""
-    return provider_for_recipe("qwen3_1p7b", layer_spec)
-
-
-def laoyao_moe_2b(layer_spec: str = "auto"):
-    """~2B-total / ~0.5B-active Qwen3-MoE-style model: 24 layers, 64 experts of 320, top-8, GLM-5.2 vocab."""
-    return provider_for_recipe("laoyao_moe_2b", layer_spec)

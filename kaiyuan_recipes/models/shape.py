@@ -17,8 +17,6 @@ SHAPE_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_h
                 "share_embeddings_and_output_weights", "vocab_size", "make_vocab_size_divisible_by",
                 "num_moe_experts", "moe_ffn_hidden_size", "moe_router_topk", "moe_router_pre_softmax",
                 "moe_aux_loss_coeff")
-# Stated in model.yaml for validation and HF export; RoPE models have no position table.
-NOT_PROVIDER_FIELDS = ("max_position_embeddings",)
 # model.yaml fields that NeMo 2's config classes do not take (NeMo 2 pads the vocabulary itself).
 NOT_NEMO2_FIELDS = ("max_position_embeddings", "should_pad_vocab")
 
@@ -85,3 +83,23 @@ class ModelShape:
         from kaiyuan_recipes.models.param_count import count_parameters
 
         return count_parameters(dict(self.fields))
+
+
+# The `kaiyuan_recipes.models` entry points (models/registry.py): one provider factory per shipped recipe.
+def provider_for_recipe(name: str, layer_spec: str = "auto"):
+    return ModelShape.for_recipe(name).provider(layer_spec)
+
+
+def gpt_smoke(layer_spec: str = "auto"):
+    """~340M GPT (12 layers, 768 hidden, GQA 8/4, SwiGLU, RoPE, untied embeddings)."""
+    return provider_for_recipe("gpt_smoke", layer_spec)
+
+
+def qwen3_1p7b(layer_spec: str = "auto"):
+    """Qwen3-1.7B shape: 28 layers, 2048 hidden, GQA 16/8, QK-norm, untied; 2.03B parameters."""
+    return provider_for_recipe("qwen3_1p7b", layer_spec)
+
+
+def laoyao_moe_2b(layer_spec: str = "auto"):
+    """~2B-total / ~0.5B-active Qwen3-MoE-style model: 24 layers, 64 experts of 320, top-8, GLM-5.2 vocab."""
+    return provider_for_recipe("laoyao_moe_2b", layer_spec)
