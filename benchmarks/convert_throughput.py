@@ -122,19 +122,23 @@ def main() -> None:
             })
             print(json.dumps(results[-1], indent=1), flush=True)
     rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    mlm_rev = subprocess.run(["git", "-C", str(args.megatron_lm), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    mlm_rev = subprocess.run(["git", "-C", str(args.megatron_lm), "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True).stdout.strip()
     report = {
         "command": "python " + " ".join(sys.argv),
         "revision": rev,
         "megatron_lm_revision": args.megatron_lm_revision or mlm_rev or "unknown",
-        "host": {"platform": platform.platform(), "cores": args.cores, "cpu": platform.processor(), "python": platform.python_version()},
+        "host": {"platform": platform.platform(), "cores": args.cores, "cpu": platform.processor(),
+                 "python": platform.python_version()},
         "date": time.strftime("%Y-%m-%d"),
         "setup": "same documents (bundled sample corpus, shuffled and repeated), same tokenizer (bundled Qwen2 BPE), "
-                 f"EOD appended, {args.cores} cores: ours 1 file x {args.cores} tokenizer threads, Megatron-LM --workers {args.cores}",
+                 f"EOD appended, {args.cores} cores: ours 1 file x {args.cores} tokenizer threads, "
+                 f"Megatron-LM --workers {args.cores}",
         "results": results,
         "speedup_vs_megatron": min(r["speedup_vs_megatron"] for r in results),
         "peak_rss_growth_ours": results[-1]["ours"]["peak_rss_mb"] / results[0]["ours"]["peak_rss_mb"],
-        "peak_rss_growth_megatron": results[-1]["megatron_lm"]["peak_rss_mb"] / results[0]["megatron_lm"]["peak_rss_mb"],
+        "peak_rss_growth_megatron": (results[-1]["megatron_lm"]["peak_rss_mb"]
+                                     / results[0]["megatron_lm"]["peak_rss_mb"]),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")

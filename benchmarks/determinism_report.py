@@ -4,7 +4,8 @@ runs of tests/gpu/stop_resume.sh, which run the same command twice.
 
 Also compares two different set-ups (local vs fast spec: `--after` the warmup, `within_1_percent`).
 
-usage: python benchmarks/determinism_report.py --pair NAME LOG_A LOG_B [--pair …] [--after N] --command CMD --out FILE.json"""
+usage: python benchmarks/determinism_report.py --pair NAME LOG_A LOG_B [--pair …] [--after N]
+       --command CMD --out FILE.json"""
 
 from __future__ import annotations
 

@@ -26,6 +26,7 @@ def main() -> None:
     args = ap.parse_args()
     from kaiyuan_exporters.hf_to_megatron import build_cpu_model
     from kaiyuan_exporters.megatron_to_hf import bridge_for, ensure_single_process_group, export_hf
+
     from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir, tokenizer_vocab_size
     from kaiyuan_recipes.models.shape import ModelShape
 
@@ -35,7 +36,8 @@ def main() -> None:
     model = build_cpu_model(shape, torch.bfloat16)
     params = sum(p.numel() for p in model.parameters())
     start = time.perf_counter()
-    bridge_for(shape, tokenizer_vocab_size(default_tokenizer_dir())).save_megatron_model([model], args.work / "megatron")
+    bridge_for(shape, tokenizer_vocab_size(default_tokenizer_dir())).save_megatron_model(
+        [model], args.work / "megatron")
     write_s = time.perf_counter() - start
     del model
     start = time.perf_counter()

@@ -63,9 +63,8 @@ def write_random_qwen3(path: Path) -> Path:
 
 def fp32_agreement(hf_dir: Path, batch: list[list[int]], new_tokens: int) -> dict:
     """In fp32 (no bf16 near-ties), the graph decoder against transformers' generate, same weights."""
-    from transformers import AutoModelForCausalLM
-
     from kaiyuan_exporters.serving.decode import StaticDecoder
+    from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).cuda().eval()
     ref = hf_generate(model, batch, new_tokens)
@@ -86,10 +85,9 @@ def main() -> None:
     ap.add_argument("--modes", nargs="+", default=["graph", "reduce-overhead"], help="decoder modes to measure")
     ap.add_argument("--sampled", action="store_true", help="sample on both sides (throughput; no fp32 check)")
     args = ap.parse_args()
-    from transformers import AutoModelForCausalLM
-
     from kaiyuan_exporters.serving.decode import StaticDecoder
     from kaiyuan_exporters.serving.engine import GenerationEngine, Request, Sampling
+    from transformers import AutoModelForCausalLM
 
     hf_dir = write_random_qwen3(args.random_qwen3) if args.random_qwen3 else args.hf_dir
     engine = GenerationEngine(hf_dir, "cuda", max_batch_size=max(args.batch_sizes))

@@ -79,9 +79,11 @@ def report(run_dir: Path, name: str, command: str, logs: list[Path] = ()) -> dic
         "steps": len(steps),
         "final_iteration": steps[-1]["iteration"],
         "tokens_per_s_per_gpu": statistics.median(r["tokens_per_s_per_gpu"] for r in steady) if steady else None,
-        "model_tflops_per_gpu": statistics.median(r["model_tflops_per_gpu"] for r in steady if r["model_tflops_per_gpu"])
-        if any(r.get("model_tflops_per_gpu") for r in steady)
-        else tflops_from_logs(list(logs)),
+        "model_tflops_per_gpu": (
+            statistics.median(r["model_tflops_per_gpu"] for r in steady if r["model_tflops_per_gpu"])
+            if any(r.get("model_tflops_per_gpu") for r in steady)
+            else tflops_from_logs(list(logs))
+        ),
         "first_loss": steps[0]["loss"],
         "last_loss": steps[-1]["loss"],
         "loss_fell": steps[-1]["loss"] < steps[0]["loss"],

@@ -71,7 +71,6 @@ def megatron_parallel():
 def process_group():
     """The export's own single-process group (kaiyuan_exporters.megatron_to_hf), torn down after the module."""
     import torch
-
     from kaiyuan_exporters.megatron_to_hf import ensure_single_process_group
 
     ensure_single_process_group()

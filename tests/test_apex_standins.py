@@ -24,7 +24,8 @@ def test_upstream_layers_still_need_apex_to_fuse_weight_gradient_accumulation():
     probe = run_python("from megatron.core.tensor_parallel import layers; print(layers._grad_accum_fusion_available)")
     assert probe.returncode == 0, probe.stderr[-2000:]
     assert probe.stdout.strip() == "False", (
-        "megatron-core fuses weight-gradient accumulation without Apex now: delete apex_standins.torch_wgrad_accumulation")
+        "megatron-core fuses weight-gradient accumulation without Apex now: "
+        "delete apex_standins.torch_wgrad_accumulation")
 
 
 def test_torch_wgrad_accumulation_through_megatron_cores_linear_layer():
@@ -71,7 +72,8 @@ def test_torch_wgrad_accumulation_through_megatron_cores_linear_layer():
         """
     )
     assert probe.returncode == 0, probe.stderr[-3000:]
-    assert probe.stdout.split("\n")[-4:] == ["refused without: True", "main_grad: True grad: None", "bf16: True", ""], probe.stdout
+    assert probe.stdout.split("\n")[-4:] == ["refused without: True", "main_grad: True grad: None", "bf16: True", ""], (
+        probe.stdout)
 
 
 @needs_no_te
@@ -93,9 +95,10 @@ def test_upstream_grad_norm_fallback_still_reads_every_norm_on_the_host():
 
 
 def test_foreach_grad_clip_computes_what_upstreams_fallback_does():
-    """Installed by fastpath.apply when the plan turns it on (the default without Apex/TE): the clip path's norm is the norm of all gradients together, left on the
-    device as a 1-element tensor; the scale is bitwise upstream's `dst.copy_(src * scale)`, in place and across
-    dtypes (megatron-core's own _multi_tensor_copy_this_to_that, fp32 main params to bf16 ones, goes through it)."""
+    """Installed by fastpath.apply when the plan turns it on (the default without Apex/TE): the clip path's norm
+    is the norm of all gradients together, left on the device as a 1-element tensor; the scale is bitwise
+    upstream's `dst.copy_(src * scale)`, in place and across dtypes (megatron-core's own
+    _multi_tensor_copy_this_to_that, fp32 main params to bf16 ones, goes through it)."""
     import torch
     from megatron.core import utils
     from megatron.core.optimizer import clip_grads, optimizer

@@ -90,7 +90,8 @@ def test_missing_manifest_is_named(tmp_path):
 
 @pytest.mark.parametrize("edit, message", [
     (lambda p: p["categories"]["math"].update(share=-0.5), "category 'math': share must be a number in \\(0, 1\\]"),
-    (lambda p: p["categories"]["math"]["sources"][0].pop("dir"), "sources\\[0\\] must be a mapping with 'name' and 'dir'"),
+    (lambda p: p["categories"]["math"]["sources"][0].pop("dir"),
+     "sources\\[0\\] must be a mapping with 'name' and 'dir'"),
     (lambda p: p["categories"]["math"].update(sources=["math"]), "sources\\[0\\] must be a mapping"),
     (lambda p: p.update(categories=[1, 2]), "'categories' must be a mapping"),
     (lambda p: p.update(total_tokens=0), "total_tokens must be a positive number"),

@@ -3,8 +3,8 @@ as logits + cross-entropy, on its own and inside a real megatron-core GPTModel's
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from conftest import tiny_gpt_shape
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from kaiyuan_recipes.fastpath.chunked_loss import ChunkedLinearCrossEntropy, DeferredLogits, install_chunked_loss
 
@@ -200,8 +200,9 @@ def test_fast_spec_runs_register_the_hook(tmp_path):
         import subprocess
         import sys
 
-        done = subprocess.run([sys.executable, "-m", "kaiyuan_recipes.cli.main", "train", "gpt_smoke", "--dry-run", "--json",
-                               f"kaiyuan.run_root={tmp_path}", *args], capture_output=True, text=True, timeout=300)
+        done = subprocess.run([sys.executable, "-m", "kaiyuan_recipes.cli.main", "train", "gpt_smoke", "--dry-run",
+                               "--json", f"kaiyuan.run_root={tmp_path}", *args],
+                              capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
         return json.loads(done.stdout[done.stdout.index("{"):])["fast_path"]["chunked_loss"]
 
@@ -220,8 +221,8 @@ def test_fast_spec_runs_register_the_hook(tmp_path):
 def test_weight_gradient_accumulates_into_the_main_grad_with_wgrad_fusion():
     """kaiyuan.wgrad_fusion: over two micro-batches the output layer's weight gradient lands in the fp32 main grad
     (megatron-core's accumulate, installed by apex_standins.torch_wgrad_accumulation) equal to the sum of the
-    ordinary gradients, and the weight gets megatron-core's dummy grad with grad_added_to_main_grad set, so DDP's hook adds
-    nothing; a weight without a main grad (no DDP) gets its ordinary gradient."""
+    ordinary gradients, and the weight gets megatron-core's dummy grad with grad_added_to_main_grad set, so DDP's
+    hook adds nothing; a weight without a main grad (no DDP) gets its ordinary gradient."""
     from kaiyuan_recipes.fastpath import apex_standins
 
     assert apex_standins.torch_wgrad_accumulation()

@@ -21,7 +21,8 @@ def test_train_dry_run_prints_the_plan(tmp_path):
     assert plan["parallel"]["data"] == 1 and plan["parallel"]["zero_stage"] == 1
     assert plan["checkpoint"]["keep_most_recent"] == 3
     assert plan["checkpoint"]["dir"] == str(tmp_path / "gpt_smoke" / "checkpoints")
-    assert plan["launch_command"].endswith("-m kaiyuan_recipes.training.entry gpt_smoke kaiyuan.run_root=" + str(tmp_path) + " train.train_iters=100")
+    assert plan["launch_command"].endswith(
+        "-m kaiyuan_recipes.training.entry gpt_smoke kaiyuan.run_root=" + str(tmp_path) + " train.train_iters=100")
     assert "--nproc-per-node=1" in plan["launch_command"]
     assert plan["profiling"] == "off" and plan["model"]["deterministic"] is False
     assert not (tmp_path / "gpt_smoke").exists()  # a dry run writes nothing

@@ -1,7 +1,6 @@
 """Each compat workaround: it works, and a test that fails once upstream fixes the defect (so the
 workaround can be deleted). Upstream behaviour is probed in fresh subprocesses, without compat."""
 
-import importlib.util
 import inspect
 import subprocess
 import sys
@@ -94,7 +93,8 @@ def test_optimizer_state_is_initialised_only_for_a_load_of_an_empty_state():
         _init_optimizer_states_with_dummy_values = DistributedOptimizer._init_optimizer_states_with_dummy_values
 
         def __init__(self):
-            self.optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.ones(4)), torch.nn.Parameter(torch.ones(2, 3))])
+            self.optimizer = torch.optim.AdamW(
+                [torch.nn.Parameter(torch.ones(4)), torch.nn.Parameter(torch.ones(2, 3))])
 
     holder = Holder()
     assert compat.ensure_optimizer_state_for_load(holder, is_loading=False) is False

@@ -70,7 +70,8 @@ def test_convert_writes_megatron_readable_shards(tmp_path, tokenizer_dir, hf_tok
         assert ds[0].dtype == np.int32
     manifest = json.loads((out / MANIFEST).read_text())
     shard = manifest["shards"]["phase1_part-00000_text_document"]
-    assert shard["documents"] == 23 and shard["tokens"] == int(read_back(out / "phase1_part-00000_text_document").sequence_lengths.sum())
+    assert shard["documents"] == 23
+    assert shard["tokens"] == int(read_back(out / "phase1_part-00000_text_document").sequence_lengths.sum())
     assert shard["input_size"] == (tmp_path / "in" / "a.parquet").stat().st_size
     assert len(manifest["tokenizer_sha256"]) == 64
 
@@ -119,7 +120,8 @@ def test_a_deleted_input_takes_its_shard_with_it_and_a_new_text_key_reconverts(t
         (pa.table({"content": ["a"]}), "no column 'text' (columns: content)"),
         (pa.table({"text": ["ok", None, "ok"]}), "row 1 (0-based): 'text' is null"),
         (pa.table({"text": ["ok", "", "ok"]}), "row 1 (0-based): 'text' is empty"),
-        (pa.table({"text": pa.array([b"ok", b"\xff\xfe bad"], pa.binary())}), "row 1 (0-based): 'text' is not valid UTF-8"),
+        (pa.table({"text": pa.array([b"ok", b"\xff\xfe bad"], pa.binary())}),
+         "row 1 (0-based): 'text' is not valid UTF-8"),
         (pa.table({"text": pa.array([], pa.string())}), "the file has no rows"),
         (pa.table({"text": [1, 2]}), "column 'text' has type int64; expected string"),
     ],
@@ -167,12 +169,14 @@ def test_cli_convert_and_inspect(tmp_path, tokenizer_dir):
 
     write_parquet(tmp_path / "in" / "a.parquet", ["hello world", "你好"], rank=[1, 2])
     cmd = [sys.executable, "-m", "kaiyuan_recipes.cli.main"]
-    out = subprocess.run(cmd + ["data", "convert", "--input-dir", str(tmp_path / "in"), "--output-dir", str(tmp_path / "out"),
+    out = subprocess.run(cmd + ["data", "convert", "--input-dir", str(tmp_path / "in"),
+                                "--output-dir", str(tmp_path / "out"),
                                 "--tokenizer", str(tokenizer_dir), "--output-prefix", "phase3", "--num-shards", "1",
                                 "--workers-per-shard", "2"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "2 documents" in out.stdout and (tmp_path / "out" / "phase3_part-00000_text_document.idx").is_file()
-    out = subprocess.run(cmd + ["data", "inspect", "--json", str(tmp_path / "in" / "a.parquet")], capture_output=True, text=True)
+    out = subprocess.run(cmd + ["data", "inspect", "--json", str(tmp_path / "in" / "a.parquet")],
+                         capture_output=True, text=True)
     report = json.loads(out.stdout)[0]
     assert report["rows"] == 2 and report["has_rank_column"] and report["schema"]["rank"] == "int64"
     assert report["text_stats"]["chars_max"] == 11 and report["sample_row"]["text"] == "hello world"
@@ -192,8 +196,9 @@ def test_tiktoken_and_tokenizers_paths_give_identical_shards(tmp_path, tokenizer
     (other / "tokenizer.json").write_text(json.dumps(spec))
     assert is_bundled_qwen2_bpe(str(tokenizer_dir)) and not is_bundled_qwen2_bpe(str(other))
     # Recent combining marks (U+1DF6 U+1DF7) are ordered differently by Python's Unicode tables and `tokenizers`'.
-    texts = ["Ca\u0301fe\u0301 naïve 1234 🎉", "<|im_start|>user 你好<|im_end|>", "  spaces   and\ttabs\n\n", "混合 text",
-             "\u1df6\u1df7", "a\u1df6\u0301b", "\u1df9\u0300 \U0001FAE8 \u0CF3 \U00011F00", "ﬁ ① Å Ω ｆｕｌｌ"]
+    texts = ["Ca\u0301fe\u0301 naïve 1234 🎉", "<|im_start|>user 你好<|im_end|>", "  spaces   and\ttabs\n\n",
+             "混合 text", "\u1df6\u1df7", "a\u1df6\u0301b", "\u1df9\u0300 \U0001FAE8 \u0CF3 \U00011F00",
+             "ﬁ ① Å Ω ｆｕｌｌ"]
     write_parquet(tmp_path / "in" / "a.parquet", texts)
     fast = convert_directory(options(tmp_path, tokenizer_dir, output_dir=tmp_path / "fast"), show_progress=False)
     slow = convert_directory(options(tmp_path, other, output_dir=tmp_path / "slow"), show_progress=False)
@@ -289,7 +294,8 @@ def test_inspect_reports_every_file_with_the_same_exit_code_for_table_and_json(t
     data[start:start + 64] = b"\xff" * 64
     (tmp_path / "corrupt.parquet").write_bytes(bytes(data))
     (tmp_path / "none.parquet").write_text("x")
-    paths = [str(tmp_path / n) for n in ("int.parquet", "bin.parquet", "corrupt.parquet", "none.parquet", "good.parquet")]
+    paths = [str(tmp_path / n)
+             for n in ("int.parquet", "bin.parquet", "corrupt.parquet", "none.parquet", "good.parquet")]
     codes = []
     for extra in ([], ["--json"]):
         run = subprocess.run([sys.executable, "-m", "kaiyuan_recipes.cli.main", "data", "inspect", *paths, "--full",

@@ -6,8 +6,8 @@ import io
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from fake_hub import FakeHub
+
 from kaiyuan_recipes.data.download import DownloadError, download_phases, parse_phases
 
 REPO = "kaiyuan-test/phases"
@@ -85,7 +85,8 @@ def test_interrupted_download_resumes(hub, tmp_path, monkeypatch):
 
 def test_corruption_on_the_wire_is_detected_and_nothing_kept(hub, tmp_path):
     hub.corrupt.add("phase2/part-000.parquet")
-    with pytest.raises(DownloadError, match="phase2/part-000.parquet: sha256 .* on the hub .after a fresh download; removed"):
+    with pytest.raises(DownloadError,
+                       match="phase2/part-000.parquet: sha256 .* on the hub .after a fresh download; removed"):
         download_phases(tmp_path, [2], repo_id=REPO, endpoint=hub.url, show_progress=False)
     assert not (tmp_path / "phase2/part-000.parquet").exists()
 

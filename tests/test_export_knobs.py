@@ -10,8 +10,8 @@ import sys
 
 import pytest
 import torch
-
 from kaiyuan_exporters.megatron_to_hf import newest_iteration_dir
+
 from kaiyuan_recipes.fastpath import TRAINING_STEP_MODEL_FIELDS
 from kaiyuan_recipes.training.config import build_config
 

@@ -44,7 +44,8 @@ def test_fused_step_matches_foreach_after_switching_mid_run():
 def test_chained_optimizers_and_other_optimizers():
     dense, expert = adamw(), adamw(1)
     sgd = torch.optim.SGD([torch.nn.Parameter(torch.ones(3))], lr=0.1)
-    chained = types.SimpleNamespace(chained_optimizers=[types.SimpleNamespace(optimizer=o) for o in (dense, expert, sgd)])
+    chained = types.SimpleNamespace(
+        chained_optimizers=[types.SimpleNamespace(optimizer=o) for o in (dense, expert, sgd)])
     assert fuse_adamw(chained) == 4
     assert "fused" not in sgd.param_groups[0] or not sgd.param_groups[0].get("fused")
 

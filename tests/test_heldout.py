@@ -47,7 +47,8 @@ def test_bad_heldout_lines_are_all_reported(tmp_path):
     rows = fixture_rows()
     rows[3] = {"dimension": "poetry", "prompt": "x", "completion": "y"}
     rows[5] = {"dimension": "logic", "prompt": "x"}
-    src = write_jsonl(tmp_path / "bad.jsonl", rows, extra_lines=["{not json", '{"dimension": "math", "prompt": "p", "completion": "c", "choices": "A/B"}'])
+    src = write_jsonl(tmp_path / "bad.jsonl", rows, extra_lines=[
+        "{not json", '{"dimension": "math", "prompt": "p", "completion": "c", "choices": "A/B"}'])
     with pytest.raises(HeldoutError) as err:
         read_heldout(src, per_dimension=4)
     text = str(err.value)
@@ -73,6 +74,7 @@ def test_empty_heldout_file(tmp_path):
 def test_heldout_and_eval_reject_the_same_multiple_choice_lines(tmp_path, extra, message):
     """One check, in one place: a line `kaiyuan data heldout` accepts is one `kaiyuan eval heldout` scores."""
     from kaiyuan_exporters.heldout_eval import load_samples
+
     from kaiyuan_recipes.data.heldout import HeldoutError, read_heldout
 
     path = tmp_path / "h.jsonl"

@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 import torch
-
 from kaiyuan_exporters.heldout_eval import aggregate, evaluate_models, load_samples, score
+
 from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
 
 
@@ -18,7 +18,8 @@ def tiny_model(tmp_path_factory):
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False)
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      tie_word_embeddings=False)
     model = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
         model.lm_head.weight.normal_(0, 2.0)  # a peaked, not uniform, next-token distribution
@@ -60,7 +61,8 @@ def test_numbers_match_independent_computation(tiny_model, tmp_path):
     rows = [
         {"dimension": "english_dialogue", "prompt": "Hello, how are", "completion": " you today?"},
         {"dimension": "chinese_dialogue", "prompt": "你好，", "completion": "世界🎉再见"},  # multi-byte UTF-8
-        {"dimension": "logic", "prompt": prompt_mc, "completion": choices[by_avg], "choices": choices, "answer": by_avg},
+        {"dimension": "logic", "prompt": prompt_mc, "completion": choices[by_avg], "choices": choices,
+         "answer": by_avg},
     ]
     data = tmp_path / "h.jsonl"
     data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))

@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from kaiyuan_recipes.training.config import build_config
-from kaiyuan_recipes.training.knobs import BEGIN, END, Knobs, KnobError, knob_table
+from kaiyuan_recipes.training.knobs import BEGIN, END, KnobError, Knobs, knob_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,7 +32,8 @@ def test_readme_knob_table_is_the_generated_one():
 
 
 @pytest.mark.parametrize("override, message", [
-    ("kaiyuan.chunked_los=false", "unknown override key 'kaiyuan.chunked_los'; closest valid key: kaiyuan.chunked_loss"),
+    ("kaiyuan.chunked_los=false",
+     "unknown override key 'kaiyuan.chunked_los'; closest valid key: kaiyuan.chunked_loss"),
     ("kaiyuan.chunked_loss=maybe", "kaiyuan.chunked_loss: expected bool; got 'maybe' (str)"),
     ("kaiyuan.zero_stage=true", "kaiyuan.zero_stage: expected one of 0, 1, 2; got True"),
     ("kaiyuan.phase=0", "kaiyuan.phase: expected a phase number from 1, got 0"),

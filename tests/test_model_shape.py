@@ -34,7 +34,8 @@ def test_seq_length_is_the_datas_and_stated_once(tmp_path):
     cfg, _ = build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", "dataset.seq_length=2048"])
     assert cfg.model.seq_length == cfg.dataset.seq_length == 2048
     cfg, _ = build_config("laoyao_moe_2b", [f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=mock"])
-    assert cfg.model.seq_length == cfg.dataset.seq_length == 8192 == ModelShape.for_recipe("laoyao_moe_2b")["seq_length"]
+    assert (cfg.model.seq_length == cfg.dataset.seq_length == 8192
+            == ModelShape.for_recipe("laoyao_moe_2b")["seq_length"])
 
 
 def test_parameter_count_and_checkpoint_shape_come_from_the_same_fields():

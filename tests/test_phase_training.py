@@ -24,10 +24,12 @@ def curriculum(tmp_path_factory):
         src = root / f"in{number}"
         src.mkdir()
         pq.write_table(pq.read_table(CORPUS_DIR / f"{name}.parquet"), src / f"{name}.parquet")
-        convert_directory(ConvertOptions(input_dir=src, output_dir=root / f"phase{number}", tokenizer_dir=default_tokenizer_dir(),
-                                         output_prefix=f"phase{number}", num_shards=1), show_progress=False)
+        convert_directory(ConvertOptions(input_dir=src, output_dir=root / f"phase{number}",
+                                         tokenizer_dir=default_tokenizer_dir(), output_prefix=f"phase{number}",
+                                         num_shards=1), show_progress=False)
         phases[number] = {"tokens": 16 * 4096 * (60 if number == 1 else 40),
-                          "sources": [{"name": f"phase{number}", "dir": str(root / f"phase{number}"), "weight": "tokens"}]}
+                          "sources": [{"name": f"phase{number}", "dir": str(root / f"phase{number}"),
+                                       "weight": "tokens"}]}
     path = root / "two_phases.yaml"
     path.write_text(yaml.safe_dump({"seq_length": 4096, "global_batch_size": 16, "phases": phases}))
     return path
@@ -75,7 +77,8 @@ def test_a_phase_resuming_a_run_trained_on_another_schedule_adopts_the_curriculu
     phase = common + ["kaiyuan.data=curriculum", f"kaiyuan.curriculum={curriculum}"]
     cfg, _ = build_config("gpt_smoke", phase + ["kaiyuan.phase=2"])
     assert cfg.scheduler.override_opt_param_scheduler is True
-    assert "resumes a checkpoint trained on another schedule (max_steps 200 -> 100, lr_decay_iters 200 -> 100" in capsys.readouterr().err
+    assert ("resumes a checkpoint trained on another schedule (max_steps 200 -> 100, lr_decay_iters 200 -> 100"
+            in capsys.readouterr().err)
     phase1, _ = build_config("gpt_smoke", phase + ["kaiyuan.phase=1"])
     phase1.to_yaml(str(iteration / "run_config.yaml"))
     cfg, _ = build_config("gpt_smoke", phase + ["kaiyuan.phase=2"])

@@ -40,8 +40,11 @@ def test_trace_written_in_run_dir_with_the_ops_that_ran(tmp_path, megatron_paral
     and the summary appears in the iteration that begins with the export (5), also when it is the last one.
     (On the GPU host, profile.steps=[6,7] with 8 iterations once wrote no summary: the callback looked one step
     late.)"""
-    from megatron.bridge.training.profiling import (handle_profiling_step, handle_profiling_stop,
-                                                    initialize_pytorch_profiler)
+    from megatron.bridge.training.profiling import (
+        handle_profiling_step,
+        handle_profiling_stop,
+        initialize_pytorch_profiler,
+    )
 
     from kaiyuan_recipes.models.providers import build_provider, provide_on_cpu
     from kaiyuan_recipes.training.profiling import ProfileSummaryCallback

@@ -292,9 +292,11 @@ def test_step_fusion_auto_turns_on_only_where_measured(tmp_path):
     assert cfg.model.cuda_graph_impl == "full_iteration" and cfg.model.gradient_accumulation_fusion
     validate(cfg, 1, run.max_positions)
     resolve_with_upstream(cfg, world_size=1)
-    for overrides, reason in ((["kaiyuan.layer_spec=local"], "layer_spec=local"),
-                              (["kaiyuan.layer_spec=fast", "kaiyuan.zero_stage=2"], "ZeRO 2"),
-                              (["kaiyuan.layer_spec=fast", "model.tensor_model_parallel_size=2"], "tensor or pipeline")):
+    for overrides, reason in (
+        (["kaiyuan.layer_spec=local"], "layer_spec=local"),
+        (["kaiyuan.layer_spec=fast", "kaiyuan.zero_stage=2"], "ZeRO 2"),
+        (["kaiyuan.layer_spec=fast", "model.tensor_model_parallel_size=2"], "tensor or pipeline"),
+    ):
         cfg, run = build_config("qwen3_1p7b", [*common, *overrides])
         assert not run.fastpath.on("cuda_graph") and not run.fastpath.on("wgrad_fusion"), overrides
         assert cfg.model.cuda_graph_impl == "none" and not cfg.model.gradient_accumulation_fusion

@@ -14,8 +14,8 @@ import time
 import httpx
 import pytest
 import torch
-
 from conftest import free_port
+
 from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
 
 TOKEN = "s3cret-token"
@@ -165,7 +165,8 @@ def test_malformed_json_oversized_body_and_auth(server):
     r = httpx.put(server + "/api", content=b"x" * (2 << 20), headers=AUTH | {"Content-Type": "application/json"})
     assert r.status_code == 413
     assert httpx.put(server + "/api", json={"prompts": ["hi"]}).status_code == 401
-    assert httpx.put(server + "/api", json={"prompts": ["hi"]}, headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert httpx.put(server + "/api", json={"prompts": ["hi"]},
+                     headers={"Authorization": "Bearer nope"}).status_code == 401
     spec = httpx.get(server + "/openapi.json").json()
     assert {"/api", "/v1/completions"} <= set(spec["paths"])
 
@@ -210,12 +211,12 @@ def test_schemathesis_finds_no_server_error(server):
 def test_engine_static_cache_greedy_path_matches_generate(tiny_model):
     """The engine's own greedy loop (static KV cache; compiled with CUDA graphs on a GPU) gives exactly
     transformers' generate tokens for a batch of equal-length prompts, and reuses its cache."""
+    from kaiyuan_exporters.serving.engine import GenerationEngine, Request
     from transformers import AutoModelForCausalLM
 
-    from kaiyuan_exporters.serving.engine import GenerationEngine, Request
-
     engine = GenerationEngine(tiny_model, "cpu", static_cache=True)
-    prompts = [engine.encode(t)[:5] for t in ("Hello world, this is a test", "另一个提示，用来测试批处理", "x = [1, 2, 3]")]
+    prompts = [engine.encode(t)[:5]
+               for t in ("Hello world, this is a test", "另一个提示，用来测试批处理", "x = [1, 2, 3]")]
     assert {len(p) for p in prompts} == {5}
     ref_model = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32).eval()
     ref = ref_model.generate(torch.tensor(prompts), max_new_tokens=12, min_new_tokens=12, do_sample=False,
@@ -230,9 +231,8 @@ def test_engine_greedy_decoder_left_pads_prompts_of_different_lengths(tiny_model
     """Greedy requests of different prompt lengths go through the static-cache decoder too (left padding,
     a padding mask over the cache, per-row positions): the same tokens as transformers' generate on the
     same left-padded batch, and as each prompt decoded alone."""
-    from transformers import AutoModelForCausalLM
-
     from kaiyuan_exporters.serving.engine import GenerationEngine, Request
+    from transformers import AutoModelForCausalLM
 
     engine = GenerationEngine(tiny_model, "cpu", static_cache=True)
     prompts = [engine.encode(t)[:n] for t, n in (("Hello world, this is a test", 3), ("另一个提示，用来测试批处理", 7),
@@ -312,10 +312,8 @@ def test_decoder_rounds_cache_lengths_and_refuses_gpu_modes_without_a_gpu(tiny_m
 def test_sampler_filters_as_transformers_warpers(temperature, top_k, top_p):
     """The decoder's sampling: the logits it draws from are exactly what transformers' warpers leave, in
     generate()'s order (temperature, top-k, top-p)."""
-    from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
-                                                        TopPLogitsWarper)
-
     from kaiyuan_exporters.serving.decode import Sampler
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
     torch.manual_seed(0)
     logits = torch.randn(6, 64) * 3

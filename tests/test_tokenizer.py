@@ -127,7 +127,8 @@ def test_materialized_tokenizer_loads_in_both_environments(tmp_path):
             "print(json.dumps([transformers.__version__, t('hello 世界 <|endoftext|>')['input_ids'], t.eos_token_id]))")
     nemo2 = Path(__file__).resolve().parents[1] / ".venv-nemo2" / "bin" / "python"
     results = [json.loads(subprocess.run([py, "-c", code, str(out)], capture_output=True, text=True, check=True,
-                                         timeout=300).stdout.strip().splitlines()[-1]) for py in (sys.executable, nemo2)]
+                                         timeout=300).stdout.strip().splitlines()[-1])
+               for py in (sys.executable, nemo2)]
     assert results[0][0].startswith("5.") and results[1][0].startswith("4.57")
     assert results[0][1:] == results[1][1:] and results[0][2] == 151643
 

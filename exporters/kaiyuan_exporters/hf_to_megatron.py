@@ -19,7 +19,9 @@ from kaiyuan_recipes.models.shape import ModelShape
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-def build_cpu_model(shape: ModelShape | dict[str, Any], dtype: torch.dtype = torch.float32, layer_spec: str = "local") -> Any:
+def build_cpu_model(
+    shape: ModelShape | dict[str, Any], dtype: torch.dtype = torch.float32, layer_spec: str = "local"
+) -> Any:
     """Our provider's GPTModel on the CPU (one process group of one rank must exist); the local spec unless
     told (`auto` would pick the fast spec on a CUDA host, for a model that stays on the CPU)."""
     from kaiyuan_recipes.models.providers import build_provider, provide_on_cpu

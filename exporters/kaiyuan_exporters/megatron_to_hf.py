@@ -126,7 +126,9 @@ def export_hf(checkpoint: Path, out: Path, shape: ModelShape | dict[str, Any] | 
     return write_hf_dir(bridge, model, out, tokenizer_dir, show_progress)
 
 
-def write_hf_dir(bridge: Any, model: Any, out: Path, tokenizer_dir: Path | None = None, show_progress: bool = True) -> Path:
+def write_hf_dir(
+    bridge: Any, model: Any, out: Path, tokenizer_dir: Path | None = None, show_progress: bool = True
+) -> Path:
     """Weights (sharded safetensors), config, tokenizer files and generation_config, written to a
     temporary directory that is renamed to `out` only when complete."""
     from transformers import GenerationConfig

@@ -34,7 +34,8 @@ def add_parser(sub: Any) -> None:
     cv.add_argument("--text-key", default="text")
     cv.add_argument("--output-prefix", required=True)
     cv.add_argument("--num-shards", type=int, default=0, help="files converted at once (0: sized to the cores)")
-    cv.add_argument("--workers-per-shard", type=int, default=0, help="tokenizer threads per file (0: sized to the cores)")
+    cv.add_argument("--workers-per-shard", type=int, default=0,
+                    help="tokenizer threads per file (0: sized to the cores)")
     cv.add_argument("--batch-size", type=int, default=1000)
     cv.add_argument("--on-bad-row", choices=("error", "skip"), default="error")
     cv.set_defaults(func=convert)
@@ -87,8 +88,8 @@ def inspect(args: Any) -> int:
 
     for r in reports:
         if "error" in r:
-            print(f"kaiyuan: error: {r['error'] if r['error'].startswith(r['path']) else r['path'] + ': ' + r['error']}",
-                  file=sys.stderr)
+            message = r["error"] if r["error"].startswith(r["path"]) else r["path"] + ": " + r["error"]
+            print(f"kaiyuan: error: {message}", file=sys.stderr)
     if args.json:
         print(json.dumps(reports, indent=2, ensure_ascii=False, default=str))
         return failed
@@ -98,9 +99,12 @@ def inspect(args: Any) -> int:
     console = Console()
     for r in reports:
         table = Table(title=r["path"], show_header=False)
-        for key in ("bytes", "rows", "row_groups", "schema", "nulls_from_metadata", "has_rank_column", "text_stats", "sample_row", "error"):
+        for key in ("bytes", "rows", "row_groups", "schema", "nulls_from_metadata", "has_rank_column", "text_stats",
+                    "sample_row", "error"):
             if key in r:
-                table.add_row(key, json.dumps(r[key], ensure_ascii=False, default=str, indent=1) if isinstance(r[key], dict) else str(r[key]))
+                value = r[key]
+                table.add_row(key, json.dumps(value, ensure_ascii=False, default=str, indent=1)
+                              if isinstance(value, dict) else str(value))
         console.print(table)
     return failed
 
@@ -111,7 +115,8 @@ def convert(args: Any) -> int:
     from kaiyuan_recipes.data.convert import ConversionInterrupted, ConvertOptions, convert_directory
     from kaiyuan_recipes.data.tokenizer import check_tokenizer_dir, default_tokenizer_dir
 
-    tokenizer = check_tokenizer_dir(args.tokenizer, args.tokenizer_sha256) if args.tokenizer else default_tokenizer_dir()
+    tokenizer = (check_tokenizer_dir(args.tokenizer, args.tokenizer_sha256) if args.tokenizer
+                 else default_tokenizer_dir())
     try:
         result = convert_directory(
             ConvertOptions(
@@ -160,7 +165,10 @@ def plan(args: Any) -> int:
 
         write_text_atomic(args.out, text + "\n")
     for cat in manifest["categories"]:
-        extra = f" (+{', '.join(f'{k}: {v:.3g}' for k, v in cat['topped_up_from'].items())})" if cat["topped_up_from"] else ""
+        if cat["topped_up_from"]:
+            extra = f" (+{', '.join(f'{k}: {v:.3g}' for k, v in cat['topped_up_from'].items())})"
+        else:
+            extra = ""
         print(f"{cat['name']:<16} share {cat['share']:.2f}  planned {cat['planned_tokens']:.4g} tokens  "
               f"available {cat['available_tokens']:.4g}  epochs {cat['epochs']:.2f}{extra}")
     if not args.out:

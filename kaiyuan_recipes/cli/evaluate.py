@@ -11,7 +11,8 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("eval", help="evaluation")
     esub = p.add_subparsers(dest="eval_cmd", required=True)
     h = esub.add_parser("heldout", help="NLL / PPL / bits-per-byte and MCQ accuracy per capability dimension")
-    h.add_argument("--model", type=Path, action="append", required=True, help="HF model directory or Megatron run/checkpoint (exported first); repeat to compare")
+    h.add_argument("--model", type=Path, action="append", required=True,
+                   help="HF model directory or Megatron run/checkpoint (exported first); repeat to compare")
     h.add_argument("--data", type=Path, required=True, help="prompt/completion jsonl (`kaiyuan data heldout`)")
     h.add_argument("--out", type=Path, required=True)
     h.add_argument("--max-length", type=int, default=2048)

@@ -13,7 +13,8 @@ def add_parser(sub: Any) -> None:
     hf = esub.add_parser("hf", help="Megatron torch_dist checkpoint -> Hugging Face directory")
     hf.add_argument("checkpoint", type=Path, help="a run directory, its checkpoints/ or an iter_* directory")
     hf.add_argument("out", type=Path)
-    hf.add_argument("--recipe", help="the recipe whose model.yaml to use (default: the shape recorded in the checkpoint)")
+    hf.add_argument("--recipe",
+                    help="the recipe whose model.yaml to use (default: the shape recorded in the checkpoint)")
     hf.add_argument("--tokenizer", type=Path, help="tokenizer directory to ship (default: the bundled one)")
     hf.set_defaults(func=export_hf)
     mg = esub.add_parser("megatron", help="Hugging Face directory -> Megatron torch_dist checkpoint "
@@ -28,6 +29,7 @@ def export_hf(args: Any) -> int:
     import time
 
     from kaiyuan_exporters.megatron_to_hf import export_hf as run_export
+
     from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
     from kaiyuan_recipes.models.shape import ModelShape
 
@@ -40,6 +42,7 @@ def export_hf(args: Any) -> int:
 
 def export_megatron(args: Any) -> int:
     from kaiyuan_exporters.hf_to_megatron import import_hf
+
     from kaiyuan_recipes.models.shape import ModelShape
 
     print(import_hf(args.hf_dir, args.out, ModelShape.for_recipe(args.recipe)))

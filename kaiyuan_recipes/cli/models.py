@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kaiyuan_recipes.models.shape import ModelShape
 from kaiyuan_recipes.models.registry import available_models
+from kaiyuan_recipes.models.shape import ModelShape
 from kaiyuan_recipes.recipe_tree import known_recipes
 
 
@@ -38,7 +38,8 @@ def list_models(_args: Any) -> int:
             str(shape["num_layers"]),
             str(shape["hidden_size"]),
             f"{shape['num_attention_heads']}/{shape.get('num_query_groups') or shape['num_attention_heads']}",
-            f"{shape['num_moe_experts']} top-{shape.get('moe_router_topk', 2)}" if shape.get("num_moe_experts") else "-",
+            (f"{shape['num_moe_experts']} top-{shape.get('moe_router_topk', 2)}"
+             if shape.get("num_moe_experts") else "-"),
             f"{shape['vocab_size']:,}",
         )
     Console(width=120).print(table)

@@ -26,7 +26,6 @@ def add_parser(sub: Any) -> None:
 
 def serve(args: Any) -> int:
     import uvicorn
-
     from kaiyuan_exporters.megatron_to_hf import as_hf_dir
     from kaiyuan_exporters.serving.api import create_app
     from kaiyuan_exporters.serving.engine import GenerationEngine

@@ -22,7 +22,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--nproc-per-node", type=int, default=1)
     p.add_argument("--dry-run", action="store_true", help="resolve and print the plan; launch nothing")
     p.add_argument("--json", action="store_true", help="with --dry-run: print the plan as JSON")
-    p.add_argument("--phase", type=int, help="train phase N of kaiyuan.curriculum (default kaiyuan_2b), resuming phase N-1")
+    p.add_argument("--phase", type=int,
+                   help="train phase N of kaiyuan.curriculum (default kaiyuan_2b), resuming phase N-1")
     p.set_defaults(func=run)
     pl = sub.add_parser("plot", help="PNGs of loss, LR, throughput and grad norm from runs' TensorBoard logs")
     pl.add_argument("run_dirs", nargs="+", type=Path)

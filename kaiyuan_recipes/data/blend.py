@@ -43,10 +43,11 @@ def load_source(name: str, output_dir: str, pattern: str = "*") -> Source:
     names = sorted(n for n in shards if fnmatch.fnmatch(n, pattern))
     if not names:
         raise BlendError(f"source {name!r}: no shards matching {pattern!r} in {manifest_path}")
-    missing = [f"{n}{ext}" for n in names for ext in (".bin", ".idx") if not (manifest_path.parent / f"{n}{ext}").is_file()]
+    missing = [f"{n}{ext}" for n in names for ext in (".bin", ".idx")
+               if not (manifest_path.parent / f"{n}{ext}").is_file()]
     if missing:
-        raise BlendError(f"source {name!r}: {manifest_path} lists shards whose files are gone ({', '.join(missing[:3])}); "
-                         "rerun `kaiyuan data convert` for that directory")
+        raise BlendError(f"source {name!r}: {manifest_path} lists shards whose files are gone "
+                         f"({', '.join(missing[:3])}); rerun `kaiyuan data convert` for that directory")
     return Source(name, [str(manifest_path.parent / n) for n in names], [int(shards[n]["tokens"]) for n in names])
 
 
@@ -95,7 +96,8 @@ def plan_categories(plan: dict[str, Any], sources: dict[str, list[Source]]) -> d
     results, weights, prefixes, per_source = [], [], [], []
     for name in cats:
         if need[name] > available[name] * max_epochs:
-            raise BlendError(f"category {name!r}: after top-ups needs {need[name]:.3g} tokens, has {available[name]:.3g}")
+            raise BlendError(f"category {name!r}: after top-ups needs {need[name]:.3g} tokens, "
+                             f"has {available[name]:.3g}")
         epochs = need[name] / available[name]
         results.append(CategoryResult(name, shares[name], available[name], need[name], epochs, topped[name]))
         for src in sources[name]:
@@ -153,7 +155,8 @@ def load_plan(path: Path) -> tuple[dict[str, Any], dict[str, list[Source]]]:
         sources[name] = []
         for i, src in enumerate(cat["sources"]):
             if not isinstance(src, dict) or not all(isinstance(src.get(k), str) and src[k] for k in ("name", "dir")):
-                raise BlendError(f"{where}: sources[{i}] must be a mapping with 'name' and 'dir' (strings), got {src!r}")
+                raise BlendError(f"{where}: sources[{i}] must be a mapping with 'name' and 'dir' (strings), "
+                                 f"got {src!r}")
             sources[name].append(load_source(src["name"], src["dir"], src.get("pattern", "*")))
     return plan, sources
 

@@ -126,7 +126,8 @@ def _texts_of(batch: Any, column: str, path: Path, first_row: int, result: Shard
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as err:
-                _bad(result, path, first_row + i, f"'{column}' is not valid UTF-8 ({err.reason} at byte {err.start})", policy)
+                _bad(result, path, first_row + i,
+                     f"'{column}' is not valid UTF-8 ({err.reason} at byte {err.start})", policy)
                 continue
             if not text:
                 _bad(result, path, first_row + i, f"'{column}' is empty", policy)
@@ -423,7 +424,8 @@ def convert_directory(opts: ConvertOptions, show_progress: bool = True) -> dict[
     # modules (torch, megatron-core) once. Plain fork is unsafe from a process that already runs
     # threads (a training process, a test runner); spawn would repeat the imports in every worker.
     ctx = get_context("forkserver")
-    ctx.set_forkserver_preload(["megatron.core.datasets.indexed_dataset", "pyarrow.parquet", "kaiyuan_recipes.data.encoders"])
+    ctx.set_forkserver_preload(
+        ["megatron.core.datasets.indexed_dataset", "pyarrow.parquet", "kaiyuan_recipes.data.encoders"])
     progress_queue, stop = ctx.Queue(), ctx.Event()
     opts_dict = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()}
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -478,6 +480,7 @@ def convert_directory(opts: ConvertOptions, show_progress: bool = True) -> dict[
         raise ConversionInterrupted(caught[0], finished, len(todo) - finished)
     elapsed = time.perf_counter() - started
     if failures:
-        raise BadInputError("; ".join(failures) + f" ({len(failures)} of {len(todo)} files failed; the others are kept)")
+        raise BadInputError("; ".join(failures)
+                            + f" ({len(failures)} of {len(todo)} files failed; the others are kept)")
     return manifest | {"converted": len(todo), "up_to_date": skipped_up_to_date, "removed": removed, "seconds": elapsed,
                        "num_shards": shards, "workers_per_shard": workers}

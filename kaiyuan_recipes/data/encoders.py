@@ -47,10 +47,10 @@ def make_batch_encoder(tokenizer_dir: Path, threads: int) -> tuple[BatchEncoder,
     """(encode, eod_id, name) for `tokenizer_dir`."""
     if is_bundled_qwen2_bpe(str(tokenizer_dir)):
         import tiktoken
-
         from tokenizers import normalizers
 
-        enc = tiktoken.Encoding("qwen2", pat_str=QWEN2_PATTERN, mergeable_ranks=_qwen_ranks(), special_tokens=SPECIAL_TOKENS)
+        enc = tiktoken.Encoding("qwen2", pat_str=QWEN2_PATTERN, mergeable_ranks=_qwen_ranks(),
+                                special_tokens=SPECIAL_TOKENS)
         # NFC as the HF tokenizer (and so Megatron-LM) applies it: `tokenizers`' own tables, not Python's, which
         # are newer and reorder recent combining marks differently (U+1DF6 U+1DF7).
         nfc = normalizers.NFC()

@@ -59,7 +59,9 @@ def read_heldout(path: Path, per_dimension: int = PER_DIMENSION) -> list[dict[st
     return rows
 
 
-def write_heldout(path: Path, output_dir: Path, tokenizer_dir: Path, per_dimension: int = PER_DIMENSION) -> dict[str, Any]:
+def write_heldout(
+    path: Path, output_dir: Path, tokenizer_dir: Path, per_dimension: int = PER_DIMENSION
+) -> dict[str, Any]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 

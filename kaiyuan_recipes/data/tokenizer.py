@@ -19,12 +19,14 @@ PORTABLE_TOKENIZER_CLASS = "Qwen2TokenizerFast"
 def _loads_everywhere(path: Path) -> bool:
     """A materialised directory from before the portable class was written is rebuilt."""
     try:
-        return json.loads((path / "tokenizer_config.json").read_text()).get("tokenizer_class") == PORTABLE_TOKENIZER_CLASS
+        config = json.loads((path / "tokenizer_config.json").read_text())
+        return config.get("tokenizer_class") == PORTABLE_TOKENIZER_CLASS
     except (OSError, ValueError):
         return False
 # Qwen2's pre-tokenizer pattern (single digits, unlike GPT-4's \p{N}{1,3}).
 QWEN2_PATTERN = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
+    r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 SPECIAL_TOKENS = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645}
 BASE_VOCAB = 151643
@@ -45,10 +47,10 @@ def qwen_tiktoken_file() -> Path:
 
 def build_qwen2_tokenizer():
     """A `tokenizers.Tokenizer` equal to the tiktoken reference, built with no network access."""
+    import inspect
+
     from tokenizers import AddedToken, normalizers
     from transformers.convert_slow_tokenizer import TikTokenConverter
-
-    import inspect
 
     # transformers 4.x (the NeMo 2 environment) iterates additional_special_tokens, whose default is None.
     extra = {"additional_special_tokens": []} if "additional_special_tokens" in inspect.signature(

@@ -18,7 +18,6 @@ from megatron.bridge.training.callbacks import Callback  # noqa: E402
 from kaiyuan_recipes.training.metrics_log import METRICS_FILE  # noqa: E402
 
 
-
 class RunMetricsCallback(Callback):
     def __init__(self, state_dir: Path, seq_length: int):
         self.path = Path(state_dir) / METRICS_FILE

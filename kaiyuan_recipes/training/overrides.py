@@ -10,7 +10,6 @@ from typing import Any, Iterable
 
 from omegaconf import DictConfig, OmegaConf
 
-
 # Sections of the recipe tree that are ours, not Megatron-Bridge ConfigContainer sections.
 TREE_SECTIONS = ("kaiyuan", "profile")
 

@@ -21,7 +21,8 @@ def tokenizer_vocab_size(cfg: Any) -> int:
         return int(tok.vocab_size) + 1  # Megatron's NullTokenizer appends EOD
     path = Path(str(tok.tokenizer_model))
     if not (path / "tokenizer.json").is_file():
-        raise ConfigError(f"tokenizer.tokenizer_model: {path}/tokenizer.json not found (expected a Hugging Face tokenizer directory)")
+        raise ConfigError(f"tokenizer.tokenizer_model: {path}/tokenizer.json not found "
+                          "(expected a Hugging Face tokenizer directory)")
     return vocab_size_of_dir(path)
 
 
@@ -73,12 +74,15 @@ def validate(cfg: Any, world_size: int, max_positions: int | None) -> dict[str, 
     if m.seq_length != seq:
         raise ConfigError(f"model.seq_length={m.seq_length} differs from dataset.seq_length={seq}; set them equal")
     if max_positions is not None and seq > max_positions:
-        raise ConfigError(f"dataset.seq_length={seq} is longer than the model's max_position_embeddings={max_positions}")
+        raise ConfigError(f"dataset.seq_length={seq} is longer than the model's "
+                          f"max_position_embeddings={max_positions}")
     groups = m.num_query_groups or m.num_attention_heads
     if m.num_attention_heads % groups:
-        raise ConfigError(f"model.num_attention_heads={m.num_attention_heads} is not a multiple of num_query_groups={groups}")
+        raise ConfigError(f"model.num_attention_heads={m.num_attention_heads} is not a multiple of "
+                          f"num_query_groups={groups}")
     if groups % m.tensor_model_parallel_size:
-        raise ConfigError(f"model.num_query_groups={groups} is not divisible by tensor_model_parallel_size={m.tensor_model_parallel_size}")
+        raise ConfigError(f"model.num_query_groups={groups} is not divisible by "
+                          f"tensor_model_parallel_size={m.tensor_model_parallel_size}")
     if m.sequence_parallel and m.transformer_impl == "local" and local_spec_norms_are_torchs():
         raise ConfigError("model.sequence_parallel=true needs Transformer Engine or Apex norms: without them the local "
                           "and fast specs use torch's RMSNorm / LayerNorm, which megatron-core refuses under sequence "
@@ -94,18 +98,21 @@ def validate(cfg: Any, world_size: int, max_positions: int | None) -> dict[str, 
         # A graph replays fixed shapes and cannot read tensors on the host; the token dispatchers copy the
         # per-expert token counts to the host (megatron/core/transformer/moe/token_dispatcher.py) unless padded.
         raise ConfigError("a whole-step CUDA graph (kaiyuan.cuda_graph / model.cuda_graph_impl=full_iteration) with "
-                          f"{m.num_moe_experts} experts needs fixed expert shapes: model.moe_expert_capacity_factor and "
-                          "model.moe_pad_expert_input_to_capacity=true; or kaiyuan.cuda_graph=false")
+                          f"{m.num_moe_experts} experts needs fixed expert shapes: model.moe_expert_capacity_factor "
+                          "and model.moe_pad_expert_input_to_capacity=true; or kaiyuan.cuda_graph=false")
     if cfg.train.exit_signal_handler and cfg.train.exit_signal != signal.SIGTERM:
-        raise ConfigError(f"train.exit_signal={signal.Signals(cfg.train.exit_signal).name}: `kaiyuan stop` and torchrun "
-                          "send SIGTERM for the checkpoint-and-exit (and `kaiyuan stacks` uses SIGUSR1); keep SIGTERM")
+        raise ConfigError(f"train.exit_signal={signal.Signals(cfg.train.exit_signal).name}: `kaiyuan stop` and "
+                          "torchrun send SIGTERM for the checkpoint-and-exit (and `kaiyuan stacks` uses SIGUSR1); "
+                          "keep SIGTERM")
     if cfg.profiling is not None and cfg.profiling.use_pytorch_profiler:
         check_profile_window(cfg)
     tok_vocab = tokenizer_vocab_size(cfg)
     if m.vocab_size < tok_vocab:
-        raise ConfigError(f"model.vocab_size={m.vocab_size} is smaller than the tokenizer's vocabulary ({tok_vocab} ids)")
+        raise ConfigError(f"model.vocab_size={m.vocab_size} is smaller than the tokenizer's vocabulary "
+                          f"({tok_vocab} ids)")
     tp = m.tensor_model_parallel_size
     if not m.should_pad_vocab and m.vocab_size % tp:
         padded = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, tp)
-        raise ConfigError(f"model.vocab_size={m.vocab_size} is not divisible by tensor_model_parallel_size={tp}; use {padded}")
+        raise ConfigError(f"model.vocab_size={m.vocab_size} is not divisible by tensor_model_parallel_size={tp}; "
+                          f"use {padded}")
     return parallel_layout(cfg, world_size)

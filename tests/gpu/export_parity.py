@@ -115,9 +115,9 @@ def main() -> None:
     ap.add_argument("--command", default=" ".join(sys.argv))
     args = ap.parse_args()
 
+    from kaiyuan_exporters.megatron_to_hf import ensure_single_process_group, newest_iteration_dir
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from kaiyuan_exporters.megatron_to_hf import ensure_single_process_group, newest_iteration_dir
     from kaiyuan_recipes import compat
 
     compat.import_megatron_bridge()

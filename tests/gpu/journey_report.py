@@ -49,7 +49,8 @@ def key_figure(name: str, log: str, folder: Path) -> dict[str, Any]:
         keep = ("state", "iteration", "loss", "checkpoint_saved", "sigkill_after_grace", "last_checkpoint")
         return {k: record[k] for k in keep if k in record}
     if name == "curl_megatron" and (body := _last_json(log)):
-        return {"texts": [t[:120] for t in body.get("text", [])], "new_tokens": [len(t) for t in body.get("tokens", [])]}
+        return {"texts": [t[:120] for t in body.get("text", [])],
+                "new_tokens": [len(t) for t in body.get("tokens", [])]}
     if name == "openai_completion" and (body := _last_json(log)):
         return {"text": body["choices"][0]["text"][:120], "usage": body.get("usage")}
     if name == "eval":
@@ -68,7 +69,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("folders", nargs="+", type=Path)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--rev", help="the revision the tree was at, where a part recorded a wrong --rev (said in the file)")
+    ap.add_argument("--rev",
+                    help="the revision the tree was at, where a part recorded a wrong --rev (said in the file)")
     args = ap.parse_args()
     parts, steps = [], []
     for folder in args.folders:

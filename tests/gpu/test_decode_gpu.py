@@ -7,7 +7,6 @@ import warnings
 
 import pytest
 import torch
-
 from kaiyuan_exporters.serving.decode import StaticDecoder
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")

@@ -11,7 +11,8 @@ import time
 import uuid
 from typing import Any
 
-from fastapi import Depends, FastAPI, HTTPException, Request as HttpRequest
+from fastapi import Depends, FastAPI, HTTPException
+from fastapi import Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -186,9 +187,9 @@ def create_app(engine: GenerationEngine, api_token: str | None = None, max_body_
         texts = ["" for _ in requests]
 
         def chunk(index: int, text: str, finish: str | None) -> str:
+            choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
             return "data: " + json.dumps({"id": cid, "object": "text_completion", "created": created,
-                                          "model": model_name, "choices": [{"index": index, "text": text,
-                                                                            "logprobs": None, "finish_reason": finish}]}) + "\n\n"
+                                          "model": model_name, "choices": [choice]}) + "\n\n"
 
         while not (done.done() and tokens.empty()):
             try:
@@ -207,7 +208,8 @@ def create_app(engine: GenerationEngine, api_token: str | None = None, max_body_
             import logging
 
             logging.getLogger(__name__).exception("generation failed inside a stream: %s", err)
-            yield "data: " + json.dumps({"error": {"message": "generation failed (see the server log)", "code": 500}}) + "\n\n"
+            error = {"message": "generation failed (see the server log)", "code": 500}
+            yield "data: " + json.dumps({"error": error}) + "\n\n"
             return
         for index, result in enumerate(results):
             yield chunk(index, engine.decode(result.token_ids)[len(texts[index]):], result.finish_reason)

@@ -23,7 +23,9 @@ RECOMPILE_LIMIT = 64
 STREAM_EVERY = 4  # streaming: new tokens go to the host every this many steps (one sync each time)
 
 
-def left_pad(prompts: list[list[int]], pad_id: int, mask_length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(
+    prompts: list[list[int]], pad_id: int, mask_length: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Prompts of any lengths as one left-padded batch (every row's next token at the same place): ids
     [batch, width] and the attention mask over `mask_length` positions (default width), 0 at the padding."""
     width = max(len(p) for p in prompts)
