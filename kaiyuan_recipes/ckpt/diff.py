@@ -32,6 +32,7 @@ class ObjectDiff:
     equal: bool
     a: str  # repr, cut to 300 characters
     b: str
+    changes: list[str] = field(default_factory=list)  # 'path: A -> B' for each differing leaf (the first 20)
 
 
 @dataclass
@@ -99,10 +100,31 @@ def _compare_tensor(a: Path, b: Path, md_a: Any, md_b: Any, key: str, sums: _Sum
     return TensorDiff(**base, equal=equal, max_abs=mine.max_abs, rel_norm=mine.rel())
 
 
+def leaf_changes(x: Any, y: Any, path: str = "", limit: int = 20) -> list[str]:
+    """Where two nested dicts / lists differ ('[0].opt_param_scheduler.num_steps: 12 -> 16'): a whole repr
+    hides the one field that moved (the iteration, a scheduler step) among RNG states and param groups."""
+    out: list[str] = []
+
+    def walk(x: Any, y: Any, path: str) -> None:
+        if len(out) >= limit:
+            return
+        if isinstance(x, dict) and isinstance(y, dict):
+            for k in list(x) + [k for k in y if k not in x]:
+                walk(x.get(k, "<absent>"), y.get(k, "<absent>"), f"{path}.{k}" if path else str(k))
+        elif isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)) and len(x) == len(y) and len(x) <= 64:
+            for i, (u, v) in enumerate(zip(x, y)):
+                walk(u, v, f"{path}[{i}]")
+        elif repr(x) != repr(y):
+            out.append(f"{path or '.'}: {repr(x)[:80]} -> {repr(y)[:80]}")
+
+    walk(x, y, path)
+    return out
+
+
 def _compare_object(a: Path, b: Path, md_a: Any, md_b: Any, key: str) -> ObjectDiff:
-    ra = repr(regions.load_object(a, key, md_a))
-    rb = repr(regions.load_object(b, key, md_b))
-    return ObjectDiff(key, ra == rb, ra[:300], rb[:300])
+    x, y = regions.load_object(a, key, md_a), regions.load_object(b, key, md_b)
+    ra, rb = repr(x), repr(y)
+    return ObjectDiff(key, ra == rb, ra[:300], rb[:300], [] if ra == rb else leaf_changes(x, y))
 
 
 def diff_checkpoints(path_a: Path, path_b: Path, show_progress: bool = False) -> DiffReport:

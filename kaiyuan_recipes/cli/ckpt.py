@@ -76,7 +76,7 @@ def _table(title: str | None = None, *columns: str, **kw: Any) -> Any:
     for c in columns:
         table.add_column(c, justify="right" if c in ("iteration", "size", "samples", "tokens", "tensors",
                                                      "parameters", "bytes", "max |Δ|", "‖Δ‖/‖A‖", "keys",
-                                                     "differ") else "left")
+                                                     "differ", "missing") else "left")
     return table
 
 
@@ -184,7 +184,8 @@ def diff_cmd(args: Any) -> int:
         console.print(tensors)
     for o in report.objects:
         if not o.equal:
-            console.print(f"{o.key} differs:\n  A {o.a}\n  B {o.b}", markup=False, highlight=False)
+            console.print(f"{o.key} differs (A -> B):\n" + "\n".join(f"  {c}" for c in o.changes or [f"{o.a} -> {o.b}"]),
+                          markup=False, highlight=False)
     for side, keys in (("A", report.only_in_a), ("B", report.only_in_b)):
         if keys:
             console.print(f"only in {side}: {', '.join(keys)}")
