@@ -11,7 +11,7 @@ VENV2 ?= .venv-nemo2
 LOCK := constraints/bridge.txt
 LOCK2 := constraints/nemo2.txt
 
-.PHONY: env env-nemo2 run test test-services lock clean gpu-wheels
+.PHONY: env env-nemo2 run test test-services lint lock clean gpu-wheels
 
 env: $(VENV)/.installed
 
@@ -71,9 +71,13 @@ test-services:
 	else echo "the multi-node tests need OpenSSH's sshd: install openssh-server (or run make test as root on Debian)" >&2; exit 1; fi
 
 # pytest exits 5 when it collected no test: that is a failure here, not a pass.
-test: env env-nemo2 test-services
+test: env env-nemo2 test-services lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+
+# ruff with the project's settings (pyproject.toml [tool.ruff]); the version is pinned in the dev extra.
+lint: env
+	$(BIN)/ruff check kaiyuan_recipes exporters tests benchmarks recipes
 
 clean:
 	rm -rf $(VENV) $(VENV2) runs

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
+from kaiyuan_recipes.launch.lifecycle import LocalRun, RunStateError, _alive
 from kaiyuan_recipes.launch.supervise import is_torchrun, training_ranks
-from kaiyuan_recipes.launch.lifecycle import _alive, LocalRun, RunStateError
 from kaiyuan_recipes.run_layout import RunLayout
 
 
@@ -196,7 +196,8 @@ def test_cli_start_refuses_bad_config_before_launch(tmp_path):
     assert out.returncode == 2 and "global_batch_size=16 is not divisible" in out.stderr
     assert not (tmp_path / "r1" / "run_state").exists()
     out = subprocess.run([sys.executable, "-m", "kaiyuan_recipes.cli.main", "start", "gpt_smoke", "r1;rm -rf x",
-                          f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=mock"], capture_output=True, text=True, timeout=300)
+                          f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=mock"],
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 2 and "use letters, digits" in out.stderr and "Traceback" not in out.stderr
     assert not list(tmp_path.iterdir())
 

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import NODES, free_port
+
 from kaiyuan_recipes.launch.ssh import MultiNodeError, MultiNodeRun, MultiNodeSpec, Node, launch_line
 
 REPO = Path(__file__).resolve().parents[1]

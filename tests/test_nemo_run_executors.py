@@ -6,7 +6,6 @@ import sys
 import time
 from pathlib import Path
 
-
 from conftest import NODES, free_port
 
 REPO = Path(__file__).resolve().parents[1]

@@ -12,7 +12,6 @@ from typing import Any
 
 from kaiyuan_recipes.cli.cluster import add_ssh_arguments, spec_from
 
-
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -45,7 +44,8 @@ def add_parser(sub: Any) -> None:
 def checked_run_name(name: str) -> str:
     """One check for every verb: a run name is a plain directory name under the run root."""
     if not RUN_NAME.fullmatch(name or ""):
-        raise ValueError(f"run name {name!r}: use letters, digits, '.', '_' and '-' only (not starting with '.' or '-')")
+        raise ValueError(f"run name {name!r}: use letters, digits, '.', '_' and '-' only "
+                         "(not starting with '.' or '-')")
     return name
 
 

@@ -11,13 +11,24 @@ from __future__ import annotations
 import types
 from typing import NamedTuple
 
-from kaiyuan_recipes.compat.megatron_bridge import (LoRAUnavailableError, dataset_helpers_prebuilt,
-                                                    install_lora_placeholder, skip_prebuilt_helpers_build,
-                                                    transformer_engine_available)
-from kaiyuan_recipes.compat.megatron_core import (LOCAL_SPEC_SETTINGS, apply_local_spec_settings, cpu_checkpoint_save,
-                                                  cpu_cuda_arch_list, ensure_optimizer_state_for_load,
-                                                  init_optimizer_state_before_load, patch_method,
-                                                  restore_adam_step_per_parameter, separate_full_graph_pools)
+from kaiyuan_recipes.compat.megatron_bridge import (
+    LoRAUnavailableError,
+    dataset_helpers_prebuilt,
+    install_lora_placeholder,
+    skip_prebuilt_helpers_build,
+    transformer_engine_available,
+)
+from kaiyuan_recipes.compat.megatron_core import (
+    LOCAL_SPEC_SETTINGS,
+    apply_local_spec_settings,
+    cpu_checkpoint_save,
+    cpu_cuda_arch_list,
+    ensure_optimizer_state_for_load,
+    init_optimizer_state_before_load,
+    patch_method,
+    restore_adam_step_per_parameter,
+    separate_full_graph_pools,
+)
 
 
 class Workaround(NamedTuple):

@@ -9,6 +9,7 @@ import importlib
 import types
 from typing import Any, Callable
 
+
 def patch_method(cls: type, name: str, wrap: Callable[[Any], Any]) -> bool:
     """Replace cls.name by wrap(original) once (marked, so applying twice is a no-op); returns True."""
     original = getattr(cls, name)

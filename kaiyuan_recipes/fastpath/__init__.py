@@ -6,7 +6,7 @@ The pieces: spec.py (the fast layer spec: SDPA attention, compiled RoPE, TE-free
 swiglu_backward.py, grouped_experts.py, chunked_loss.py, fused_adamw.py and apex_standins.py (what Apex would give
 megatron-core). loading.py is what any process needs to read a fast-spec checkpoint's config."""
 
-from kaiyuan_recipes.fastpath.install import TRAINING_STEP_MODEL_FIELDS, apply, callbacks
 from kaiyuan_recipes.fastpath.decisions import FastPathPlan, Piece, plan
+from kaiyuan_recipes.fastpath.install import TRAINING_STEP_MODEL_FIELDS, apply, callbacks
 
 __all__ = ["TRAINING_STEP_MODEL_FIELDS", "FastPathPlan", "Piece", "apply", "callbacks", "plan"]

@@ -138,8 +138,8 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
 
 def _main_grad_accumulate(weight: torch.Tensor) -> Any:
     """kaiyuan.wgrad_fusion for the output layer: megatron-core's weight-gradient accumulate (Apex's extension or
-    fastpath.apex_standins.torch_wgrad_accumulation) into the DDP main grad, in fp32 across chunks and micro-batches, instead of a
-    bf16 weight gradient that DDP's hook then adds; None where the weight has no main grad to take it."""
+    apex_standins.torch_wgrad_accumulation) into the DDP main grad, in fp32 across chunks and micro-batches,
+    instead of a bf16 weight gradient that DDP's hook then adds; None where the weight has no main grad to take it."""
     from megatron.core.tensor_parallel import layers
 
     main_grad = getattr(weight, "main_grad", None)

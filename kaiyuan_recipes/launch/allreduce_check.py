@@ -16,7 +16,8 @@ from kaiyuan_recipes.launch.stacks import enable_stack_dumps
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--backend", default="nccl" if os.environ.get("CUDA_VISIBLE_DEVICES", "x") != "" and _cuda() else "gloo")
+    gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "x") != "" and _cuda()
+    ap.add_argument("--backend", default="nccl" if gpus else "gloo")
     ap.add_argument("--hold", type=float, default=0.0)
     ap.add_argument("--tag", default="", help="echoed back verbatim (argument-passing checks)")
     args = ap.parse_args(argv)
@@ -26,7 +27,8 @@ def main(argv: list[str] | None = None) -> int:
 
     dist.init_process_group(args.backend, timeout=timedelta(seconds=120))
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if args.backend == "nccl" else torch.device("cpu")
+    on_gpu = args.backend == "nccl"
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if on_gpu else torch.device("cpu")
     value = torch.tensor([float(rank + 1)], device=device)
     dist.all_reduce(value)
     expected = world * (world + 1) / 2

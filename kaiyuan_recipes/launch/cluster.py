@@ -15,7 +15,8 @@ def up_argv(container: str, image: str, mounts: list[str] = (), env: dict[str, s
     from kaiyuan_recipes.launch.ssh import CONTAINER_NAME
 
     if not CONTAINER_NAME.fullmatch(container):
-        raise ValueError(f"--container-name {container!r}: expected a docker container name ([A-Za-z0-9][A-Za-z0-9_.-]*)")
+        raise ValueError(f"--container-name {container!r}: expected a docker container name "
+                         "([A-Za-z0-9][A-Za-z0-9_.-]*)")
     if not image or image.startswith("-") or any(c.isspace() for c in image):
         raise ValueError(f"--image {image!r}: expected an image reference (not an option)")
     if any(m.startswith("-") for m in mounts) or shm_size.startswith("-"):
@@ -35,7 +36,8 @@ def down_argv(container: str) -> list[str]:
     from kaiyuan_recipes.launch.ssh import CONTAINER_NAME
 
     if not CONTAINER_NAME.fullmatch(container):
-        raise ValueError(f"--container-name {container!r}: expected a docker container name ([A-Za-z0-9][A-Za-z0-9_.-]*)")
+        raise ValueError(f"--container-name {container!r}: expected a docker container name "
+                         "([A-Za-z0-9][A-Za-z0-9_.-]*)")
     return ["docker", "rm", "-f", "--", container]
 
 

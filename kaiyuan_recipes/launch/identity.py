@@ -46,7 +46,8 @@ class ProcessIdentity:
             return None
         fields = _stat_fields(pid)
         try:
-            argv = tuple(a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a)
+            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+            argv = tuple(a.decode(errors="replace") for a in raw.split(b"\0") if a)
         except OSError:
             return None
         if not fields or fields[0] == "Z" or len(fields) < 20:

@@ -20,8 +20,14 @@ from kaiyuan_recipes.launch.failure import last_exception, log_tail
 from kaiyuan_recipes.launch.identity import IdentityError, ProcessIdentity, signal_if_alive
 from kaiyuan_recipes.launch.run import Run, RunError
 from kaiyuan_recipes.launch.stacks import report, signal_and_read
-from kaiyuan_recipes.launch.supervise import (SUPERVISED_ENV, kill_run, live_supervisor, read_proc, record_exit,
-                                              run_foreground)
+from kaiyuan_recipes.launch.supervise import (
+    SUPERVISED_ENV,
+    kill_run,
+    live_supervisor,
+    read_proc,
+    record_exit,
+    run_foreground,
+)
 from kaiyuan_recipes.run_layout import read_metrics
 
 # Environment variables recorded with a run (never tokens or keys).

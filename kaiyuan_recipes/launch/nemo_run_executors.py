@@ -122,7 +122,8 @@ class SSHMultiNodeScheduler(nemo_run_schedulers.SchedulerMixin, Scheduler[dict])
         executor = cfg
         request = {"run_dir": executor.job_dir, "role": role.name, "target": torchrun_target(role),
                    "spec": executor.spec(), "grace": executor.stop_grace_s}
-        return AppDryRunInfo(request, lambda r: f"torchrun {' '.join(r['target'])} on {', '.join(executor.host_list())}")
+        hosts = ", ".join(executor.host_list())
+        return AppDryRunInfo(request, lambda r: f"torchrun {' '.join(r['target'])} on {hosts}")
 
     def schedule(self, dryrun_info: AppDryRunInfo) -> str:
         request = dryrun_info.request

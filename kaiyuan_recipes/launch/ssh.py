@@ -1,8 +1,8 @@
 """The multi-node back-end of launch/run.py, over SSH — what start_multinode_training.sh /
-stop_multinode_training.sh did: one torchrun per node (--nnodes/--node-rank/--master-addr/--master-port filled per node), optionally inside
-an existing same-named container through `docker exec`, the NCCL / GLOO interface variables passed
-through, one log per node, stop = SIGTERM to every node's supervisor, which hands it to the ranks (SIGKILL to the group after the grace period),
-and a node that dies fails the job and stops the others.
+stop_multinode_training.sh did: one torchrun per node (--nnodes/--node-rank/--master-addr/--master-port filled
+per node), optionally inside an existing same-named container through `docker exec`, the NCCL / GLOO interface
+variables passed through, one log per node, stop = SIGTERM to every node's supervisor, which hands it to the
+ranks (SIGKILL to the group after the grace period), and a node that dies fails the job and stops the others.
 
 Every remote command is built from argument lists and quoted with shlex: a run name or override holding
 shell metacharacters reaches the program as one literal argument. State (run_layout.py): run_state/multinode.json

@@ -1,6 +1,6 @@
 """The detached supervisor of a run: `python -m kaiyuan_recipes.launch.supervise STATE_DIR -- ARGV…`.
-It leads the run's process group, runs ARGV, and records the exit code (and signal) in
-STATE_DIR/exit.json when it ends (the file names: run_layout.py), so `kaiyuan status` can tell finished from failed from stopped.
+It leads the run's process group, runs ARGV, and records the exit code (and signal) in STATE_DIR/exit.json when
+it ends (the file names: run_layout.py), so `kaiyuan status` can tell finished from failed from stopped.
 
 A stop is SIGTERM to the supervisor, which hands it to the training ranks only — the children of each
 torchrun agent below it. Not to the whole group: torchrun answers SIGTERM by killing its ranks 30 s later

@@ -1,5 +1,6 @@
-"""The Hugging Face config with the same math as a recipe's model.yaml: MoE → Qwen3MoeForCausalLM;
-Qwen3 (QK-norm) → Qwen3ForCausalLM; the GPT shape without QK-norm (RoPE, RMSNorm, SwiGLU, GQA, no bias) → LlamaForCausalLM.
+"""The Hugging Face config with the same math as a recipe's model shape (models/shape.py): MoE →
+Qwen3MoeForCausalLM; Qwen3 (QK-norm) → Qwen3ForCausalLM; the GPT shape without QK-norm (RoPE, RMSNorm, SwiGLU,
+GQA, no bias) → LlamaForCausalLM.
 The padded vocabulary is kept (as Qwen's own checkpoints do) and the tokenizer's size recorded."""
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 from kaiyuan_recipes import compat
-
 from kaiyuan_recipes.training.knobs import LAYER_SPECS
 
 ACTIVATIONS = ("silu", "gelu", "relu")

@@ -111,7 +111,8 @@ def _build_section(name: str, cls: type, values: dict[str, Any], recipe: str) ->
 def resolve_run_settings(recipe: str, values: dict[str, Any]) -> RunSettings:
     knobs = Knobs.from_mapping(values)
     run_name = knobs.run_name or recipe
-    return RunSettings(**{**knobs.knob_values(), "layer_spec": resolve_layer_spec(knobs.layer_spec, knobs.deterministic)},
+    layer_spec = resolve_layer_spec(knobs.layer_spec, knobs.deterministic)
+    return RunSettings(**{**knobs.knob_values(), "layer_spec": layer_spec},
                        recipe=recipe, run_dir=Path(knobs.run_root).expanduser().resolve() / run_name)
 
 

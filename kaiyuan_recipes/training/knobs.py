@@ -77,7 +77,8 @@ class Knobs:
         if self.phase is not None and self.phase < 1:
             raise KnobError(f"kaiyuan.phase: expected a phase number from 1, got {self.phase}")
         if self.tokenizer_sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", self.tokenizer_sha256):
-            raise KnobError(f"kaiyuan.tokenizer_sha256: expected 64 lowercase hex digits, got {self.tokenizer_sha256!r}")
+            raise KnobError("kaiyuan.tokenizer_sha256: expected 64 lowercase hex digits, "
+                            f"got {self.tokenizer_sha256!r}")
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> "Knobs":
