@@ -18,7 +18,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--decode-mode", choices=["graph", "reduce-overhead", "eager"],
                    help="decode step: graph (compiled, one CUDA graph per batch / cache length; the CUDA "
                         "default), reduce-overhead (torch.compile's CUDA graphs), eager (the CPU default)")
-    p.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20,
+                   help="larger request bodies (declared or chunked) are a 413 (default 1 MiB)")
+    p.add_argument("--body-timeout-s", type=float, default=30.0,
+                   help="a request body not received within this many seconds is a 408 (default 30)")
+    p.add_argument("--model-name", help="the name GET /v1/models reports and requests' `model` must match "
+                                        "(default: the HF directory's name)")
     p.add_argument("--api-token-env", metavar="VAR",
                    help="require 'Authorization: Bearer <token>', the token read from environment variable VAR")
     p.set_defaults(func=serve)
@@ -37,6 +42,7 @@ def serve(args: Any) -> int:
             raise ValueError(f"--api-token-env {args.api_token_env}: that environment variable is empty or unset")
     hf_dir = as_hf_dir(args.model)
     engine = GenerationEngine(hf_dir, args.device, args.max_batch_size, decode_mode=args.decode_mode)
-    app = create_app(engine, token, args.max_body_bytes, model_name=hf_dir.name)
+    app = create_app(engine, token, args.max_body_bytes, model_name=args.model_name or hf_dir.name,
+                     body_timeout_s=args.body_timeout_s)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", access_log=False)
     return 0

@@ -186,11 +186,12 @@ class StaticDecoder:
 
     @torch.inference_mode()  # the cache's tensors are inference tensors: reset them in the mode too
     def decode(self, prompts: list[list[int]], new_tokens: int, eos: set[int], stop_early: bool,
-               on_tokens: Callable[[list[list[int]]], None] | None = None,
+               on_tokens: Callable[[list[list[int]]], bool | None] | None = None,
                sampler: Sampler | None = None) -> torch.Tensor:
         """Prompts of any lengths (left-padded here) -> (batch, <= new_tokens) continuations, greedy unless a
         sampler is given. Tokens stay on the device; end-of-text is checked every 32 steps when stop_early.
-        on_tokens, if given, receives the new tokens (a list per row) every STREAM_EVERY steps and at the end."""
+        on_tokens, if given, receives the new tokens (a list per row) every STREAM_EVERY steps and at the end;
+        when it returns True, decoding stops there."""
         batch, width = len(prompts), max(len(p) for p in prompts)
         slot = self.slot(batch, width + new_tokens, "tokens" if sampler is None else "logits")
         slot.cache.reset()
@@ -209,8 +210,11 @@ class StaticDecoder:
             tokens = self.advance(slot, tokens, sampler)
             out[:, step] = tokens
             if on_tokens is not None and (step + 1) % STREAM_EVERY == 0:
-                on_tokens(out[:, streamed: step + 1].tolist())
+                finished = on_tokens(out[:, streamed: step + 1].tolist())
                 streamed = step + 1
+                if finished:  # every row ended (a stop string, a cancelled request)
+                    out = out[:, :streamed]
+                    break
             if eos_ids is not None and step % 32 == 0 and bool(torch.isin(out[:, : step + 1], eos_ids).any(1).all()):
                 out = out[:, : step + 1]
                 break

@@ -1,0 +1,207 @@
+"""OpenAI's `POST /v1/completions` over the engine: prompts (text or token ids) checked against the envelope
+before any model work, stop strings cut from the text (never returned; a stream holds back what could
+still become one), logprobs with the top alternatives, echo (the prompt, its first token's logprob null),
+n choices per prompt, usage. Tokenizing and detokenizing whole texts run off the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import StreamingResponse
+
+from .engine import Completion, GenerationEngine, Request, Sampling, find_stop
+from .errors import APIError, error_body
+from .openai_schema import CompletionLogprobs, CompletionRequest, CompletionResponse, Usage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Prompt:
+    ids: list[int]
+    text: str  # what echo returns: the prompt as sent, or its token ids decoded
+
+
+def prepare(engine: GenerationEngine, body: CompletionRequest) -> list[Prompt]:
+    """The prompts as token ids, each within the model's positions with max_tokens (a 400 otherwise)."""
+    prompts = body.prompts
+    if len(prompts) * body.n > 128:
+        raise APIError(400, f"{len(prompts)} prompts x n={body.n}: at most 128 completions a request", "n")
+    out = []
+    for i, prompt in enumerate(prompts):
+        where = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+        if isinstance(prompt, str):
+            ids, text = engine.encode(prompt), prompt
+        else:
+            if max(prompt) >= engine.vocab_size:
+                raise APIError(400, f"{where}: token id {max(prompt)} outside the vocabulary "
+                                    f"(0 to {engine.vocab_size - 1})", "prompt")
+            ids, text = list(prompt), engine.tokenizer.decode(prompt)
+        if not ids:
+            raise APIError(400, f"{where}: an empty prompt has no token to continue", "prompt")
+        if len(ids) + body.max_tokens > engine.max_length:
+            raise APIError(400, f"{where}: {len(ids)} tokens + max_tokens {body.max_tokens} exceeds the model's "
+                                f"{engine.max_length} positions", "max_tokens")
+        out.append(Prompt(ids, text))
+    return out
+
+
+def requests_for(body: CompletionRequest, prompts: list[Prompt], group: str) -> list[Request]:
+    sampling = Sampling(body.temperature, body.top_k, body.top_p, body.seed)
+    return [Request(p.ids, body.max_tokens, sampling, stop=body.stops, top_logprobs=body.logprobs, group=group)
+            for p in prompts for _ in range(body.n)]
+
+
+def completion_text(engine: GenerationEngine, result: Completion, stops: tuple[str, ...]) -> tuple[str, str]:
+    """The generated text cut before the first stop string, and the finish reason."""
+    text = engine.decode(result.token_ids)
+    cut = find_stop(text, stops) if stops else None
+    return (text, result.finish_reason) if cut is None else (text[:cut], "stop")
+
+
+def logprobs_of(engine: GenerationEngine, prompt: Prompt, result: Completion, echo: bool,
+                start: int) -> CompletionLogprobs:
+    scores = result.scores
+    assert scores is not None
+    first = len(prompt.ids) - 1  # scores start at the prompt's second token
+    ids = (prompt.ids if echo else []) + result.token_ids
+    chosen: list[float | None] = ([None] + scores.logprobs) if echo else scores.logprobs[first:]
+    top_ids = ([None] + scores.top) if echo else scores.top[first:]
+    texts = engine.token_texts(ids)
+    alternatives = sorted({i for pairs in top_ids if pairs for i, _ in pairs})
+    names = dict(zip(alternatives, engine.token_texts(alternatives)))
+    top: list[dict[str, float] | None] = []
+    for pairs in top_ids:
+        if pairs is None:
+            top.append(None)
+            continue
+        entry: dict[str, float] = {}
+        for token, value in pairs:
+            entry.setdefault(names[token], value)  # two ids of one text: the likelier one's
+        top.append(entry)
+    offsets, at = [], start
+    for text in texts:
+        offsets.append(at)
+        at += len(text)
+    return CompletionLogprobs(tokens=texts, token_logprobs=chosen, top_logprobs=top, text_offset=offsets)
+
+
+def respond(engine: GenerationEngine, body: CompletionRequest, prompts: list[Prompt], results: list[Completion],
+            cid: str, created: int, model: str) -> dict:
+    choices = []
+    for index, result in enumerate(results):
+        prompt = prompts[index // body.n]
+        text, finish = completion_text(engine, result, body.stops)
+        logprobs = None
+        if body.logprobs is not None:
+            logprobs = logprobs_of(engine, prompt, result, body.echo, 0 if body.echo else len(prompt.text))
+        choices.append({"index": index, "text": prompt.text + text if body.echo else text,
+                        "logprobs": logprobs, "finish_reason": finish})
+    return CompletionResponse(id=cid, created=created, model=model, choices=choices,
+                              usage=usage(prompts, results)).model_dump()
+
+
+def usage(prompts: list[Prompt], results: list[Completion]) -> Usage:
+    used = sum(len(p.ids) for p in prompts), sum(len(r.token_ids) for r in results)
+    return Usage(prompt_tokens=used[0], completion_tokens=used[1], total_tokens=sum(used))
+
+
+class EngineStream(StreamingResponse):
+    """An event stream whose requests are cancelled the moment it ends for any reason (a client gone
+    included): the engine drops their rows at its next step."""
+
+    def __init__(self, content: AsyncIterator[str], requests: list[Request]):
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.requests = requests
+
+    async def __call__(self, scope, receive, send) -> None:  # noqa: ANN001  (ASGI)
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            for req in self.requests:
+                req.cancelled.set()
+
+
+class _Detokenizer:
+    """Incremental detokenizing of one row (a window of tokens, not the whole text, per token)."""
+
+    def __init__(self, engine: GenerationEngine):
+        self.engine, self.ids, self.prefix, self.read = engine, [], 0, 0
+
+    def add(self, token: int) -> str:
+        self.ids.append(token)
+        before = self.engine.decode(self.ids[self.prefix:self.read])
+        now = self.engine.decode(self.ids[self.prefix:])
+        if len(now) <= len(before) or now.endswith("\ufffd"):  # a character still incomplete
+            return ""
+        self.prefix, self.read = self.read, len(self.ids)
+        return now[len(before):]
+
+
+def held_back(text: str, stops: tuple[str, ...]) -> int:
+    """How many last characters of text could begin a stop string (not to be sent yet)."""
+    return max((k for s in stops for k in range(min(len(s) - 1, len(text)), 0, -1) if text.endswith(s[:k])),
+               default=0)
+
+
+async def stream(engine: GenerationEngine, body: CompletionRequest, prompts: list[Prompt],
+                 requests: list[Request], cid: str, created: int, model: str) -> AsyncIterator[str]:
+    def event(choices: list[dict], usage_: Usage | None = None) -> str:
+        data = CompletionResponse(id=cid, created=created, model=model, choices=choices, usage=usage_)
+        return "data: " + data.model_dump_json() + "\n\n"
+
+    try:
+        loop = asyncio.get_running_loop()
+        tokens: asyncio.Queue = asyncio.Queue()
+        for index, req in enumerate(requests):
+            req.on_token = lambda t, i=index: loop.call_soon_threadsafe(tokens.put_nowait, (i, t))
+        done = asyncio.gather(*(asyncio.wrap_future(engine.submit(r)) for r in requests))
+        rows = [_Detokenizer(engine) for _ in requests]
+        texts, sent, ended = ["" for _ in requests], [0] * len(requests), [False] * len(requests)
+        if body.echo:
+            yield event([{"index": i, "text": prompts[i // body.n].text, "finish_reason": None}
+                         for i in range(len(requests))])
+        while not (done.done() and tokens.empty()):
+            try:
+                index, token = await asyncio.wait_for(tokens.get(), timeout=0.05)
+            except TimeoutError:
+                continue
+            if ended[index]:
+                continue
+            texts[index] += rows[index].add(token)
+            cut = find_stop(texts[index], body.stops) if body.stops else None
+            ended[index] = cut is not None
+            upto = cut if cut is not None else len(texts[index]) - held_back(texts[index], body.stops)
+            if upto > sent[index]:
+                yield event([{"index": index, "text": texts[index][sent[index]:upto], "finish_reason": None}])
+                sent[index] = upto
+        results = await done
+        final = await run_in_threadpool(lambda: [completion_text(engine, r, body.stops) for r in results])
+        for index, (text, finish) in enumerate(final):
+            yield event([{"index": index, "text": text[sent[index]:], "finish_reason": finish}])
+        if body.stream_options is not None and body.stream_options.include_usage:
+            yield event([], usage(prompts, results))
+        yield "data: [DONE]\n\n"
+    except Exception as err:  # noqa: BLE001  (headers are sent: the stream ends with an error event)
+        log.exception("generation failed inside a stream: %s", err)
+        yield "data: " + json.dumps(error_body(500, "generation failed (see the server log)")) + "\n\n"
+
+
+async def complete(engine: GenerationEngine, body: CompletionRequest, model: str) -> dict | EngineStream:
+    if body.model not in (None, model):
+        raise APIError(404, f"model {body.model!r} is not served here (GET /v1/models: {model!r})", "model",
+                       "model_not_found")
+    prompts = await run_in_threadpool(prepare, engine, body)
+    cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    requests = requests_for(body, prompts, cid)
+    if body.stream:
+        return EngineStream(stream(engine, body, prompts, requests, cid, created, model), requests)
+    results = await asyncio.gather(*(asyncio.wrap_future(engine.submit(r)) for r in requests))
+    return await run_in_threadpool(respond, engine, body, prompts, results, cid, created, model)
