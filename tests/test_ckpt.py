@@ -24,7 +24,7 @@ SMALL = ["model.num_layers=1", "model.hidden_size=64", "model.ffn_hidden_size=12
 SEQ, GBS = 64, 2
 
 WRITER = '''
-import contextlib, json, socket, sys
+import contextlib, json, os, socket, sys
 
 
 def cpu_shims(torch):
@@ -47,23 +47,46 @@ def cpu_shims(torch):
     tensor_parallel.get_cuda_rng_tracker().fork = contextlib.nullcontext
 
 
-def train_and_save(cfg, saves):
-    """Bridge's setup and train loop, reduced to one process: DDP-wrapped model, setup_optimizer, steps
-    (forward, backward, optimizer and scheduler step), save_checkpoint at each iteration in `saves`."""
-    import torch
-    from megatron.bridge.training.checkpointing import save_checkpoint
+def setup(cfg):
+    """Bridge's setup in one process: the model up to its DDP wrap (which opens a CUDA stream: provider,
+    Float16Module, bf16 params), megatron-core DDP, setup_optimizer."""
     from megatron.bridge.training.optim import setup_optimizer
     from megatron.bridge.training.state import GlobalState
     from megatron.core.distributed import DistributedDataParallel
     from megatron.core.process_groups_config import ProcessGroupCollection
 
-    # Bridge's get_model up to its DDP wrap (which opens a CUDA stream): provider, Float16Module, bf16 params.
     chunks = cfg.model.provide_distributed_model(ddp_config=cfg.ddp, use_cpu_initialization=True, wrap_with_ddp=False,
                                                  pg_collection=ProcessGroupCollection.use_mpu_process_groups())
     model = [DistributedDataParallel(config=cfg.model, ddp_config=cfg.ddp, module=m) for m in chunks]
     opt, sched = setup_optimizer(cfg.optimizer, cfg.scheduler, model)
     state = GlobalState()
     state.cfg = cfg
+    return model, opt, sched, state
+
+
+def resume(cfg):
+    """Bridge's load_checkpoint of cfg.checkpoint.load into this process's layout; prints what it restored."""
+    import torch.distributed as dist
+    from megatron.bridge.training.checkpointing import load_checkpoint
+    from megatron.core.num_microbatches_calculator import init_num_microbatches_calculator
+
+    model, opt, sched, state = setup(cfg)
+    init_num_microbatches_calculator(dist.get_rank(), None, cfg.train.global_batch_size, cfg.train.micro_batch_size,
+                                     dist.get_world_size())  # as Bridge's initialize does
+    load_checkpoint(state, model, opt, sched)
+    main = [p for g in opt.optimizer.param_groups for p in g["params"]]
+    print("resumed", json.dumps({"iteration": state.train_state.step,
+                                 "samples": state.train_state.consumed_train_samples,
+                                 "main_params_sum": float(sum(p.detach().double().sum() for p in main))}))
+
+
+def train_and_save(cfg, saves):
+    """Bridge's train loop, reduced: steps (forward, backward, optimizer and scheduler step), and
+    save_checkpoint at each iteration in `saves`."""
+    import torch
+    from megatron.bridge.training.checkpointing import save_checkpoint
+
+    model, opt, sched, state = setup(cfg)
     gbs, seq = cfg.train.global_batch_size, cfg.dataset.seq_length
     gen = torch.Generator().manual_seed(0)
     for it in range(1, max(saves) + 1):
@@ -109,8 +132,12 @@ def main(mode, run_root, saves, overrides):
 
     compat.apply()
     compat.cpu_checkpoint_save()
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:  # started by torchrun: data-parallel ranks
+        dist.init_process_group("gloo")
+    else:
+        s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     from megatron.core import parallel_state
 
     parallel_state.initialize_model_parallel()
@@ -118,9 +145,10 @@ def main(mode, run_root, saves, overrides):
     from kaiyuan_recipes.training.summary import resolve_with_upstream
 
     cfg, run = build_config("gpt_smoke", [f"kaiyuan.run_root={run_root}"] + overrides)
-    if mode == "train":
+    if mode in ("train", "resume"):
         cpu_shims(torch)
-        train_and_save(resolve_with_upstream(cfg, world_size=1), saves)  # the config pretrain runs with
+        resolved = resolve_with_upstream(cfg, world_size=world)  # the config pretrain runs with
+        train_and_save(resolved, saves) if mode == "train" else resume(resolved)
     else:
         save_weights(cfg, run.checkpoint_dir)
     print("written", run.checkpoint_dir)
@@ -131,22 +159,36 @@ if __name__ == "__main__":
 '''
 
 
-def write_run(tmp: Path, mode: str, name: str, saves: list[int], *overrides: str) -> Path:
+def write_run(tmp: Path, mode: str, name: str, saves: list[int], *overrides: str, ranks: int = 1) -> Path:
     script = tmp / "write_checkpoints.py"  # a file: the checkpoint writer starts helper processes
     script.write_text(textwrap.dedent(WRITER))
-    proc = subprocess.run([sys.executable, str(script), mode, str(tmp / "runs"), json.dumps(saves),
+    launch = [sys.executable] if ranks == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                                  f"--nproc-per-node={ranks}"]
+    proc = subprocess.run([*launch, str(script), mode, str(tmp / "runs"), json.dumps(saves),
                            f"kaiyuan.run_name={name}", *SMALL, *overrides], capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    if mode == "resume":
+        return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("resumed "))[8:])
     return tmp / "runs" / name
 
 
 @pytest.fixture(scope="session")
 def zero1_run(tmp_path_factory):
-    """Saves at 2, 4, 6 and 8 with the recipe's keep-last-3: Bridge's own cleanup has deleted iteration 2.
-    Overlapped gradient reduction off: its hooks open CUDA streams (the saved state is the same)."""
+    """Saves at 2, 4, 6 and 8 with the recipe's keep-last-3: Bridge's own cleanup has deleted iteration 2."""
     return write_run(tmp_path_factory.mktemp("ckpt"), "train", "zero1", [2, 4, 6, 8], "train.train_iters=8",
-                     "checkpoint.save_interval=2", "ddp.overlap_grad_reduce=false", "ddp.overlap_param_gather=false")
+                     "checkpoint.save_interval=2", *NO_OVERLAP)
+
+
+# Overlapped gradient reduction and parameter gather off: their hooks open CUDA streams (the saved state is alike).
+NO_OVERLAP = ("ddp.overlap_grad_reduce=false", "ddp.overlap_param_gather=false")
+
+
+@pytest.fixture(scope="session")
+def dp2_run(tmp_path_factory):
+    """Two data-parallel ranks (torchrun, gloo): each writes its shard of the distributed optimizer."""
+    return write_run(tmp_path_factory.mktemp("ckpt"), "train", "dp2", [2, 4], "train.train_iters=4",
+                     "checkpoint.save_interval=2", *NO_OVERLAP, ranks=2)
 
 
 @pytest.fixture(scope="session")
@@ -256,7 +298,7 @@ def test_inspect_fast_spec_weights_only_checkpoint(fast_weights, capsys):
 
 def test_verify_reads_every_shard_and_tensor(zero1_run, capsys):
     rc, report = ckpt_json(capsys, "verify", zero1_run)
-    assert rc == 0 and report["problems"] == [] and report["nonfinite"] == []
+    assert rc == 0 and report["ok"] and report["problems"] == [] and report["nonfinite"] == []
     assert report["tensors_checked"] > 10 and report["objects_checked"] > 0
     assert report["bytes_read"] == sum(f["expected_bytes"] for f in report["files"])
     assert all(f["actual_bytes"] == f["expected_bytes"] for f in report["files"])
@@ -277,7 +319,9 @@ def test_verify_names_a_missing_shard(zero1_run, tmp_path, capsys):
     copy, shard, _ = damaged_copy(zero1_run, tmp_path)
     shard.unlink()
     rc, out, err = ckpt(capsys, "verify", copy)
-    assert rc == 1 and f"kaiyuan: error: {shard}: missing" in err
+    assert rc == 1 and f"kaiyuan: error: {shard}: missing (the metadata places" in err
+    rc, report = ckpt_json(capsys, "verify", copy)
+    assert rc == 1 and not report["ok"] and report["problems"][0]["file"] == str(shard)
 
 
 def test_verify_names_a_truncated_shard(zero1_run, tmp_path, capsys):
@@ -381,3 +425,43 @@ def test_gpu_diagnosis_script_calls_the_package(zero1_run, tmp_path):
     assert {"optimizer.exp_avg", "common_state"} <= {next(iter(line)) for line in lines}
     saved = json.loads((tmp_path / "diff.json").read_text())
     assert saved["a"] == str(a) and not saved["identical"]
+
+
+def test_a_dp2_checkpoint_says_dp2_and_resumes_on_one_rank_as_inspect_promises(dp2_run, tmp_path, capsys):
+    rc, report = ckpt_json(capsys, "inspect", dp2_run)
+    assert rc == 0 and report["layout"]["writer_ranks"] == 2 and report["layout"]["data"] == 2
+    assert report["loadable"]["resume_other_dp"]
+    # Bridge's own load_checkpoint, into one rank (RNG left out: this host has no CUDA generator to restore).
+    resumed = write_run(tmp_path, "resume", "dp2", [], f"checkpoint.load={dp2_run / 'checkpoints'}",
+                        "train.train_iters=4", "checkpoint.save_interval=2", "checkpoint.load_rng=false", *NO_OVERLAP)
+    stored = full_state(dp2_run / "checkpoints" / "iter_0000004")
+    main_params = next(v for k, v in stored.items() if k.endswith("bucket_idx_0.param"))
+    assert resumed["iteration"] == 4 and resumed["samples"] == 4 * GBS
+    assert resumed["main_params_sum"] == pytest.approx(float(main_params.double().sum()), rel=1e-12)
+
+
+def test_verify_names_the_rank_file_that_is_damaged(dp2_run, tmp_path, capsys):
+    copy = tmp_path / "iter_0000004"
+    shutil.copytree(dp2_run / "checkpoints" / "iter_0000004", copy)
+    rc, report = ckpt_json(capsys, "verify", copy)
+    assert rc == 0 and [f["name"] for f in report["files"]] == ["__0_0.distcp", "__1_0.distcp"]
+    with open(copy / "__1_0.distcp", "r+b") as f:
+        f.seek(0)
+        f.write(b"\0" * 64)  # the first item rank 1 wrote
+    rc, out, err = ckpt(capsys, "verify", copy)
+    assert rc == 1 and f"kaiyuan: error: {copy / '__1_0.distcp'}: " in err and "does not load" in err
+    assert "__0_0.distcp" not in err
+
+
+def test_diff_across_dp_sizes_reads_b_in_a_s_chunks(zero1_run, dp2_run, capsys):
+    a, b = zero1_run / "checkpoints" / "iter_0000004", dp2_run / "checkpoints" / "iter_0000004"
+    from kaiyuan_recipes.ckpt.store import read_dcp_metadata
+
+    key = next(k for k in read_dcp_metadata(a).state_dict_metadata if k.endswith("exp_avg"))
+    chunks = [len(read_dcp_metadata(p).state_dict_metadata[key].chunks) for p in (a, b)]
+    assert chunks[0] != chunks[1]  # DP=2 splits a parameter range at the rank boundary
+    rc, report = ckpt_json(capsys, "diff", a, b)
+    ref_a, ref_b = full_state(a), full_state(b)
+    for t in report["tensors"]:
+        x, y = ref_a[t["key"]].float(), ref_b[t["key"]].float()
+        assert t["max_abs"] == pytest.approx(float((x - y).abs().max()), rel=1e-6), t["key"]

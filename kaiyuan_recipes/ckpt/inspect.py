@@ -6,7 +6,6 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,7 +46,7 @@ class ParallelLayout:
     pipeline: int | None
     context: int | None
     expert: int | None
-    data: int | None  # dataset.data_parallel_size, which Bridge sets from the world size at start-up
+    data: int | None  # writer ranks / (TP·PP·CP): every rank of the distributed optimizer writes its shard
     zero_stage: int | None
     optimizer_sharding: str | None  # megatron-core's distrib_optim_sharding_type
     writer_ranks: int  # ranks that wrote shard files
@@ -230,11 +229,14 @@ def inspect_checkpoint(path: Path, tensor_pattern: str | None = None) -> Checkpo
     recipe, source = find_recipe(ckpt, model) if model_cfg else (None, f"no {store.RUN_CONFIG} in {ckpt}")
     sharding = _optimizer_sharding(ckpt, fmt, has_optimizer)
     writers = {int(m.group(1)) for p in ckpt.iterdir() if (m := WRITER_FILE.match(p.name))}
+    tp, pp, cp = (model_cfg.get(k) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                             "context_parallel_size"))
+    # run_config.yaml records no world size (dataset.data_parallel_size stays 1). Each rank of the distributed
+    # optimizer owns a distinct optimizer shard, so it writes a file; other saves may leave ranks idle.
+    data = len(writers) // ((tp or 1) * (pp or 1) * (cp or 1)) if sharding == "dp_reshardable" else None
     layout = ParallelLayout(
-        tensor=model_cfg.get("tensor_model_parallel_size"), pipeline=model_cfg.get("pipeline_model_parallel_size"),
-        context=model_cfg.get("context_parallel_size"), expert=model_cfg.get("expert_model_parallel_size"),
-        data=store.section(config, "dataset").get("data_parallel_size"), zero_stage=zero_stage(config) if config else None,
-        optimizer_sharding=sharding, writer_ranks=len(writers))
+        tensor=tp, pipeline=pp, context=cp, expert=model_cfg.get("expert_model_parallel_size"), data=data,
+        zero_stage=zero_stage(config) if config else None, optimizer_sharding=sharding, writer_ranks=len(writers))
     objects = regions.bytes_entries(metadata)
     return CheckpointReport(
         path=str(ckpt), iteration=store.iteration_of(ckpt), format=fmt, disk_bytes=store.disk_bytes(ckpt),

@@ -1,6 +1,7 @@
 """Read a checkpoint one stored chunk at a time, through torch.distributed.checkpoint's own reader and
-resharding helper, so memory stays at one chunk however large the checkpoint (a 2B model's flat optimizer
-buckets are gigabytes each; DCP's default planner would materialise a whole tensor)."""
+resharding helper, so memory follows the largest stored chunk (one parameter range of one rank), not the
+checkpoint: a 2B model's flat optimizer buckets are gigabytes each, and DCP's default planner would
+materialise each whole."""
 
 from __future__ import annotations
 
@@ -26,13 +27,6 @@ class Region:
     fqn: str
     offsets: tuple[int, ...]
     sizes: tuple[int, ...]
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for s in self.sizes:
-            n *= s
-        return n
 
 
 class _RegionPlanner(LoadPlanner):
@@ -101,16 +95,6 @@ def load_object(ckpt: Path, fqn: str, metadata: Any = None) -> Any:
     with one_process():
         dcp.load(state, storage_reader=_CachedMetadataReader(str(ckpt), metadata), no_dist=True)
     return state[fqn]
-
-
-def iter_tensor_regions(ckpt: Path, metadata: Any, keys: list[str] | None = None
-                        ) -> Iterator[tuple[Region, torch.Tensor]]:
-    """Every stored chunk of every tensor (or of `keys`), loaded one at a time."""
-    tensors = tensor_entries(metadata)
-    for fqn in keys if keys is not None else list(tensors):
-        md = tensors[fqn]
-        for region in stored_regions(fqn, md):
-            yield region, load_region(ckpt, region, md.properties.dtype, metadata)
 
 
 @contextlib.contextmanager

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torch.distributed.checkpoint.api import CheckpointException
+
 from kaiyuan_recipes.ckpt import regions, store
 
 
@@ -36,10 +38,10 @@ class VerifyReport:
     bytes_read: int
     problems: list[Problem]
     nonfinite: list[str] = field(default_factory=list)  # tensors with NaN / Inf (loadable, but suspect)
+    ok: bool = False  # no problems
 
-    @property
-    def ok(self) -> bool:
-        return not self.problems
+    def __post_init__(self) -> None:
+        self.ok = not self.problems
 
 
 def shard_files(ckpt: Path, metadata: Any) -> list[ShardFile]:
@@ -75,8 +77,6 @@ def file_problems(ckpt: Path, files: list[ShardFile]) -> list[Problem]:
 def _short(err: BaseException) -> str:
     import pickle
 
-    from torch.distributed.checkpoint.api import CheckpointException
-
     if isinstance(err, CheckpointException) and err.failures:  # DCP's per-rank wrapper
         err = next(iter(err.failures.values()))[0]  # (exception, traceback)
     if isinstance(err, pickle.UnpicklingError):
@@ -102,40 +102,40 @@ def verify_checkpoint(path: Path, show_progress: bool = False) -> VerifyReport:
 
     tensors = regions.tensor_entries(metadata)
     objects = regions.bytes_entries(metadata)
-    files_of: dict[str, set[str]] = defaultdict(set)
+    # Each stored item lives in one file: a failed chunk names exactly that file.
+    file_of = {(idx.fqn, tuple(idx.offset or ())): info.relative_path for idx, info in metadata.storage_data.items()}
     bytes_of: dict[str, int] = defaultdict(int)
     for idx, info in metadata.storage_data.items():
-        files_of[idx.fqn].add(info.relative_path)
         bytes_of[idx.fqn] += info.length
     done = read = checked_t = checked_o = 0
     nonfinite = []
-    bar = regions.read_progress("verifying", show_progress)
-    with bar:
+    with regions.read_progress("verifying", show_progress) as bar:
         task = bar.add_task("read", total=sum(bytes_of.values()))
         for fqn in list(tensors) + objects:
-            where = sorted(files_of[fqn])
             done += bytes_of[fqn]
-            if bad_files.intersection(where):
-                bar.update(task, completed=done)
-                continue  # its file is already reported
-            try:
-                if fqn in tensors:
-                    finite = True
-                    for region in regions.stored_regions(fqn, tensors[fqn]):
+            pieces = ([(r, file_of[(fqn, r.offsets)]) for r in regions.stored_regions(fqn, tensors[fqn])]
+                      if fqn in tensors else [(None, file_of[(fqn, ())])])
+            finite = loaded = True
+            for region, name in pieces:
+                if name in bad_files:
+                    loaded = False  # its file is already reported
+                    break
+                try:
+                    if region is None:
+                        regions.load_object(ckpt, fqn, metadata)
+                    else:
                         value = regions.load_region(ckpt, region, tensors[fqn].properties.dtype, metadata)
                         finite = finite and (not value.is_floating_point() or bool(torch.isfinite(value).all()))
-                    if not finite:
-                        nonfinite.append(fqn)
-                    checked_t += 1
-                else:
-                    regions.load_object(ckpt, fqn, metadata)
-                    checked_o += 1
+                except (Exception, CheckpointException) as err:  # DCP's wrapper is a BaseException
+                    problems.append(Problem(str(ckpt / name), f"{fqn}: does not load ({_short(err)})"))
+                    bad_files.add(name)
+                    loaded = False
+                    break
+            if loaded:
                 read += bytes_of[fqn]
-            except BaseException as err:  # DCP's CheckpointException is a BaseException
-                if isinstance(err, KeyboardInterrupt):
-                    raise
-                names = ", ".join(str(ckpt / w) for w in where)
-                problems.append(Problem(names, f"{fqn}: does not load ({_short(err)})"))
-                bad_files.update(where)
+                checked_t += region is not None
+                checked_o += region is None
+                if not finite:
+                    nonfinite.append(fqn)
             bar.update(task, completed=done)
     return VerifyReport(str(ckpt), fmt, files, checked_t, checked_o, read, problems, nonfinite)

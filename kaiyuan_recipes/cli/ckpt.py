@@ -19,7 +19,8 @@ def add_parser(sub: Any) -> None:
     ls.set_defaults(func=ls_cmd)
     ins = csub.add_parser("inspect", help="recipe, shape, knobs, tensors by module, parallel layout, load targets")
     ins.add_argument("ckpt", type=Path, help="an iter_* directory, or a run (the iteration its tracker names)")
-    ins.add_argument("--tensors", metavar="PATTERN", help="list tensors whose key matches (glob; plain text: substring)")
+    ins.add_argument("--tensors", metavar="PATTERN",
+                     help="list tensors whose key matches (glob; plain text: substring)")
     ins.add_argument("--json", action="store_true")
     ins.set_defaults(func=inspect_cmd)
     ve = csub.add_parser("verify", help="every shard file present and complete, every tensor loadable (exit 1 if not)")
@@ -118,9 +119,9 @@ def inspect_cmd(args: Any) -> int:
     summary.add_row("iteration", f"{report.iteration}  (consumed samples {_num(ts.get('consumed_train_samples'))})")
     summary.add_row("model", ", ".join(f"{k}={v}" for k, v in report.model.items()))
     summary.add_row("knobs", ", ".join(f"{k}={v}" for k, v in report.knobs.items() if v is not None) or "-")
-    summary.add_row("saved with", f"TP={lay.tensor} PP={lay.pipeline} CP={lay.context} EP={lay.expert} DP={lay.data} "
-                                  f"ZeRO={lay.zero_stage} optimizer={lay.optimizer_sharding or 'none'} "
-                                  f"({lay.writer_ranks} writer rank(s))")
+    summary.add_row("saved with", f"TP={lay.tensor} PP={lay.pipeline} CP={lay.context} EP={lay.expert} "
+                                  f"DP={lay.data or '?'} ZeRO={lay.zero_stage} "
+                                  f"optimizer={lay.optimizer_sharding or 'none'} ({lay.writer_ranks} writer rank(s))")
     lt = report.loadable
     summary.add_row("loads into", f"resume with another DP: {'yes' if lt.resume_other_dp else 'no'}; "
                                   f"another TP/PP: {'yes' if lt.resume_other_tp_pp else 'no'}; "
@@ -145,8 +146,8 @@ def verify_cmd(args: Any) -> int:
     if args.json:
         _json(report)
     elif report.ok:
-        print(f"{report.path}: ok ({report.format}; {len(report.files)} shard file(s), {report.tensors_checked} tensors "
-              f"and {report.objects_checked} objects loaded, {size(report.bytes_read)} read)")
+        print(f"{report.path}: ok ({report.format}; {len(report.files)} shard file(s), {report.tensors_checked} "
+              f"tensors and {report.objects_checked} objects loaded, {size(report.bytes_read)} read)")
     for name in report.nonfinite:
         print(f"warning: {name}: holds NaN / Inf values", file=sys.stderr)
     if report.problems:
@@ -184,8 +185,9 @@ def diff_cmd(args: Any) -> int:
         console.print(tensors)
     for o in report.objects:
         if not o.equal:
-            console.print(f"{o.key} differs (A -> B):\n" + "\n".join(f"  {c}" for c in o.changes or [f"{o.a} -> {o.b}"]),
-                          markup=False, highlight=False)
+            changes = o.changes or [f"{o.a} -> {o.b}"]
+            console.print(f"{o.key} differs (A -> B):\n" + "\n".join(f"  {c}" for c in changes), markup=False,
+                          highlight=False)
     for side, keys in (("A", report.only_in_a), ("B", report.only_in_b)):
         if keys:
             console.print(f"only in {side}: {', '.join(keys)}")
