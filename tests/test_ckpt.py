@@ -226,6 +226,7 @@ def test_ls_lists_each_save_with_its_progress_and_what_keep_last_k_deletes_next(
         assert r["disk_bytes"] == disk_bytes(Path(r["path"])) > 0
         assert r["saved_at"].endswith("+00:00")
     assert listing["notes"] == []
+    assert ckpt_json(capsys, "ls", zero1_run / "checkpoints" / "iter_0000006")[1] == listing  # its run's
     rc, out, _ = ckpt(capsys, "ls", zero1_run)
     assert rc == 0 and "keep-last-K: 3" in out and "deleted by next save" in out and "latest" in out
 

@@ -30,11 +30,11 @@ def iteration_of(path: Path) -> int | None:
 
 
 def checkpoint_root(path: Path) -> Path:
-    """A run directory or its checkpoints/ folder, as the folder that holds iter_* directories."""
+    """A run directory, its checkpoints/ folder or one iter_* in it, as the folder that holds iter_* directories."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path}: does not exist")
-    root = RunLayout.checkpoint_root(path)
+    root = path.parent if iteration_of(path) is not None else RunLayout.checkpoint_root(path)
     if not root.is_dir():
         raise CheckpointError(f"{root}: not a directory (expected a run directory or its checkpoints/ folder)")
     return root
