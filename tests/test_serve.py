@@ -4,6 +4,7 @@ go over HTTP. Generated tokens are checked against transformers' own greedy `gen
 succeed and are batched together."""
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -36,13 +37,15 @@ def tiny_model(tmp_path_factory):
     return out
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model):
+@contextlib.contextmanager
+def running_server(model_dir, *args: str, env: dict | None = None):
+    """`kaiyuan serve MODEL_DIR --device cpu ARGS` on a free loopback port: its URL while it runs; its
+    output (checked for the token) when it has stopped."""
     port = free_port()
-    env = dict(os.environ, KAIYUAN_TEST_TOKEN=TOKEN)
-    proc = subprocess.Popen([sys.executable, "-m", "kaiyuan_recipes.cli.main", "serve", str(tiny_model),
-                             "--port", str(port), "--device", "cpu", "--api-token-env", "KAIYUAN_TEST_TOKEN"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "kaiyuan_recipes.cli.main", "serve", str(model_dir),
+                             "--port", str(port), "--device", "cpu", *args],
+                            env=dict(os.environ, **(env or {})), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -56,10 +59,18 @@ def server(tiny_model):
     else:
         proc.kill()
         raise TimeoutError("server did not come up")
-    yield url
-    proc.terminate()
-    output = proc.communicate(timeout=30)[0]
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        output = proc.communicate(timeout=30)[0]
     assert TOKEN not in output  # no secret in the logs
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model):
+    with running_server(tiny_model, "--api-token-env", "KAIYUAN_TEST_TOKEN", env={"KAIYUAN_TEST_TOKEN": TOKEN}) as url:
+        yield url
 
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -88,6 +88,7 @@ class _RowStreamer:
         self.done = [False] * len(requests)
         self.tokens: list[list[int]] = [[] for _ in requests]
         self.stopped: list[int | None] = [None] * len(requests)  # tokens up to the one completing a stop string
+        self.cancelled = 0  # rows ended because their caller cancelled them
         # a stop string's characters lie within this many last tokens (a character is at most 4 byte tokens)
         self.window = [4 * max(map(len, r.stop)) + 4 if r.stop else 0 for r in requests]
 
@@ -105,6 +106,7 @@ class _RowStreamer:
                 continue
             if req.cancelled.is_set() or token in self.eos or len(self.tokens[row]) >= req.max_new_tokens:
                 self.done[row] = True
+                self.cancelled += req.cancelled.is_set()
                 continue
             self.tokens[row].append(token)
             if req.on_token is not None:
@@ -153,7 +155,8 @@ class GenerationEngine:
         self._queue: queue.Queue[Request] = queue.Queue()
         self._worker = threading.Thread(target=self._loop, name="generation", daemon=True)
         self._worker.start()
-        self.stats = {"batches": 0, "requests": 0, "max_batch": 0}
+        # new tokens generated, and rows ended early because their caller left (a stream's client gone)
+        self.stats = {"batches": 0, "requests": 0, "max_batch": 0, "tokens": 0, "cancelled": 0}
 
     # -- public -------------------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -261,6 +264,8 @@ class GenerationEngine:
         self.stats["batches"] += 1
         self.stats["requests"] += len(requests)
         self.stats["max_batch"] = max(self.stats["max_batch"], len(requests))
+        self.stats["tokens"] += sum(len(row) for row in generated)
+        self.stats["cancelled"] += streamer.cancelled if streamer is not None else 0
         completions = []
         for index, (req, row) in enumerate(zip(requests, generated)):
             row = row[: req.max_new_tokens]

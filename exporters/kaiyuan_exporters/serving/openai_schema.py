@@ -50,6 +50,8 @@ class CompletionRequest(BaseModel):
     def _prompt(cls, v: Prompt) -> Prompt:
         if isinstance(v, str):
             return encodable(v, "prompt")
+        if v and isinstance(v[0], int):
+            return v  # one prompt of token ids (its length is checked against the model's positions)
         if not 1 <= len(v) <= MAX_PROMPTS:
             raise ValueError(f"1 to {MAX_PROMPTS} prompts")
         for i, p in enumerate(v):
