@@ -17,7 +17,8 @@ pytestmark = pytest.mark.skipif(compat.transformer_engine_available(), reason="d
 # sharded_state_dict(is_loading=True), persistent tensors replaced by the checkpoint's, non-persistent
 # 'step' left as the template's), then one more step on both. Prints the step and whether the
 # resumed shard matches the uninterrupted one bit for bit.
-RESUME = """
+# A two-parameter shard of a DistributedOptimizer around a real torch AdamW, built without CUDA grad buffers.
+SHARD = """
 import types, torch
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer, Range
 
@@ -36,7 +37,9 @@ def shard(seed):
                                                        for p, r in zip(model_params, ranges)}}]}]
     opt.per_bucket_numel = opt.per_bucket_numel_unpadded = {}
     return opt, mains
+"""
 
+RESUME = SHARD + """
 def step(opt, mains, gen):
     for main in mains:
         main.grad = torch.randn(main.shape, generator=gen)

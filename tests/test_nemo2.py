@@ -72,11 +72,27 @@ def test_nemo2_model_config_matches_the_bridge_provider(recipe):
     assert {k: v for k, v in ours.items() if theirs.get(k) != v} == {}, {k: theirs.get(k) for k in ours}
 
 
+_ARCHLESS_IMPORT = """
+import os, traceback
+os.environ.pop("TORCH_CUDA_ARCH_LIST", None)  # undo what the .pth did: upstream as it ships
+try:
+    import megatron.core
+    print("imported")
+except IndexError as err:
+    files = [f.filename.split("site-packages/")[-1] for f in traceback.extract_tb(err.__traceback__)]
+    print("IndexError from", "megatron/core/inference/unified_memory.py" in files,
+          files[-1].endswith("torch/utils/cpp_extension.py"))
+"""
+
+
+@pytest.mark.skipif(os.path.exists("/proc/driver/nvidia/version"), reason="the defect shows on hosts without a GPU")
 def test_upstream_megatron_core_0_15_import_still_breaks_without_a_gpu_arch():
-    """compat.cpu_cuda_arch_list: delete it (and the .pth line in the Makefile) once this fails."""
-    probe = nemo2("python", "-c", "import inspect, megatron.core.inference.unified_memory as m; "
-                  "print('(RuntimeError, ImportError, OSError)' in inspect.getsource(m))")
-    assert probe.returncode == 0 and probe.stdout.strip().endswith("True"), probe.stderr[-2000:]
+    """compat.cpu_cuda_arch_list: `import megatron.core` (0.15) on a host without a GPU and no arch named still
+    dies in unified_memory's CUDA build with torch's IndexError. Delete the workaround (and the .pth line in
+    the Makefile) once this fails."""
+    probe = nemo2("python", "-c", _ARCHLESS_IMPORT)
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    assert probe.stdout.strip().splitlines()[-1] == "IndexError from True True", probe.stdout[-1000:]
     started = nemo2("python", "-c", "import os; print(os.environ.get('TORCH_CUDA_ARCH_LIST'))")
     assert started.stdout.strip() == ("None" if os.path.exists("/proc/driver/nvidia/version") else "9.0")
 

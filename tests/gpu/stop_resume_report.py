@@ -51,8 +51,13 @@ def main() -> None:
         "control_max_abs_loss_diff": max(control_diffs) if control_diffs else None,
         "losses": {"reference": [ref[i] for i in window], "resumed": [resumed[i] for i in window]},
     }
+    if resumed_at is None:  # no second train_start: nothing was resumed, so "identical after resume" means nothing
+        result.update(identical_after_resume=None, compared_iterations=[], losses={},
+                      error="the interrupted run never restarted (one train_start in its metrics): no resume to judge")
     write_json(args.out, result)
     print(json.dumps({k: v for k, v in result.items() if k != "losses"}, indent=2))
+    if resumed_at is None:
+        raise SystemExit(f"stop_resume_report: {result['error']}")
 
 
 if __name__ == "__main__":

@@ -253,3 +253,33 @@ def test_wgrad_accumulation_into_fp32_main_grad_on_cuda():
           f"unfused {err_unfused:.3g} (of {scale:.3g}); fused {_timed(fused_step) * 1e3:.2f} ms, "
           f"unfused {_timed(unfused_step) * 1e3:.2f} ms")
     assert err_fused <= err_unfused and err_fused < 1e-3 * scale
+
+
+def test_foreach_l2_norm_of_no_tensors_is_a_cuda_zero():
+    """apex_standins._foreach_l2_norm with an empty list (a rank whose shard holds no gradients) returns what
+    upstream's fallback returns there: a one-element fp32 zero on the GPU, so the all-reduce that follows runs on
+    the device like every other rank's."""
+    from kaiyuan_recipes.fastpath import apex_standins
+
+    norm, per_tensor = apex_standins._foreach_l2_norm(0, None, [[]], False)
+    assert norm.is_cuda and norm.dtype == torch.float32 and norm.shape == (1,) and float(norm) == 0.0
+    assert per_tensor is None
+
+
+def test_rope_cos_sin_are_not_cached_while_a_graph_is_captured():
+    """fastpath.spec._cos_sin computes cos / sin once per angle tensor, but not while a CUDA graph is being
+    captured: a captured kernel has not run yet, so a cached result would be memory the graph fills only at replay."""
+    from kaiyuan_recipes.fastpath import spec
+
+    freqs = torch.randn(64, 1, 1, 32, device=DEVICE)
+    spec._trig.clear()
+    spec._cos_sin(freqs, torch.bfloat16)
+    assert len(spec._trig) == 1  # eager: cached
+    spec._trig.clear()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        cos, _ = spec._cos_sin(freqs, torch.bfloat16)
+    assert spec._trig == {}  # captured: not cached
+    graph.replay()
+    torch.testing.assert_close(cos, torch.cos(freqs).to(torch.bfloat16))
+
