@@ -4,6 +4,9 @@ process). Refuses files of different revisions or benchmarks, and a model measur
 --replace: then each row comes from the last file that measured it (a row a call could not finish, measured
 again in a later call at the same revision), and the merged file names each row's file.
 
+The merged file's "command" is the parts' measuring commands (a list when several; each part's is also under
+"runs"); the merge step's own command line is "merged_by".
+
 usage: python benchmarks/merge_results.py A.json B.json --out benchmarks/results/<date>_train_throughput.json
        [--replace] [--note "..."]"""
 
@@ -66,6 +69,15 @@ def merge(paths: list[Path], replace: bool = False) -> dict:
     return {key: files[0][1].get(key) for key in SHARED} | merged
 
 
+def measuring_command(runs: list[dict]) -> str | list[str]:
+    """The merged file's top-level command: what measured its rows (the parts' commands, each once, in order),
+    one string for one part; the merge step's own command goes under "merged_by"."""
+    commands = list(dict.fromkeys(run["command"] for run in runs if run.get("command")))
+    if not commands:
+        raise SystemExit("no part names its command: a merged file must name what measured it")
+    return commands[0] if len(commands) == 1 else commands
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("files", nargs="+", type=Path)
@@ -76,7 +88,8 @@ def main() -> None:
     merged = merge(args.files, args.replace)
     record = provenance(" ".join(["python", *sys.argv]))
     host = {json.dumps(run["host"], sort_keys=True) for run in merged["runs"]}
-    write_json(args.out, {**record, "revision": merged.pop("revision"),
+    write_json(args.out, {"command": measuring_command(merged["runs"]), "merged_by": record.pop("command"), **record,
+                          "revision": merged.pop("revision"),
                           "host": merged["runs"][0]["host"] if len(host) == 1 else "see runs", **merged,
                           **({"note": args.note} if args.note else {})})
     print(args.out)

@@ -8,7 +8,8 @@
 # took 7-9 s a step). Then `kaiyuan export hf` -> Qwen3MoeForCausalLM, Megatron-vs-HF parity on 32 prompts, and a
 # completion served by `kaiyuan serve` (PUT /api and POST /v1/completions), checked against HF generate
 # without a KV cache. Writes $out/moe_train.log, moe_train.json, laoyao_moe_2b_parity.json, the serving report and
-# logs (tests/gpu/moe_report.py); benchmarks/results/DATE_moe.json is assembled from them.
+# logs (tests/gpu/moe_report.py); benchmarks/results/DATE_moe.json is assembled from them. Its "layer_spec" says
+# which spec trained (read from the run's run_config.yaml, not from the flag) and whether the fast one fell back.
 set -euo pipefail
 source tests/gpu/flags.sh
 flag layer-spec fast "kaiyuan.layer_spec of the training run (fast falls back to local if the GPU check fails)"
@@ -26,6 +27,8 @@ spec=$opt_layer_spec
 if [ "$spec" = fast ] && [ "$opt_spec_checked" != 1 ] && ! timeout 150 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_fast_spec_gpu.py \
      > "$out/fast_spec_gpu.txt" 2>&1; then
   tail -30 "$out/fast_spec_gpu.txt"; echo "fast spec check failed: training on the local spec"; spec=local
+  echo "tests/gpu/test_fast_spec_gpu.py failed (fast_spec_gpu.txt): --layer-spec fast fell back to local" \
+    > "$out/spec_fallback.txt"
 fi
 grep -E "fwd|passed|failed" "$out/fast_spec_gpu.txt" 2>/dev/null || true
 args=(kaiyuan.run_root=$root kaiyuan.layer_spec=$spec kaiyuan.data=sample kaiyuan.tokenizer=null kaiyuan.tokenizer_sha256=null
@@ -44,5 +47,6 @@ hf=/tmp/export/laoyao_moe_2b
 python3 -m kaiyuan_recipes.cli.main serve "$hf" --port 5055 --decode-mode eager > "$out/moe_serve.log" 2>&1 &
 server=$!
 timeout "$opt_report_timeout" python3 tests/gpu/moe_report.py "$hf" --url http://127.0.0.1:5055 --out-dir "$out" \
-  --command "bash tests/gpu/moe_proof.sh" || echo "report did not finish"
+  --command "bash tests/gpu/moe_proof.sh" --run-dir $root/laoyao_moe_2b --requested-spec "$opt_layer_spec" \
+  || echo "report did not finish"
 kill "$server" 2>/dev/null || true

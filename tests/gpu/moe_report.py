@@ -2,7 +2,8 @@
 original `PUT /api` and OpenAI `POST /v1/completions`), the same greedy tokens from transformers' generate
 with and without the KV cache, and everything merged into moe.json (training, export, parity, serving).
 
-usage: python tests/gpu/moe_report.py HF_DIR --url http://127.0.0.1:5055 --out-dir DIR --command CMD"""
+usage: python tests/gpu/moe_report.py HF_DIR --url http://127.0.0.1:5055 --out-dir DIR --command CMD
+       [--run-dir RUN --requested-spec fast]   (records which layer spec trained: "layer_spec" in moe.json)"""
 
 from __future__ import annotations
 
@@ -64,12 +65,36 @@ def load(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def trained_spec(run_dir: Path, requested: str | None, fallback_note: Path) -> dict:
+    """Which layer spec the training used, from the newest checkpoint's run_config.yaml (the config
+    Megatron-Bridge trained with: model.transformer_layer_spec), against the one asked for; the proof falls back
+    from fast to local when the fast spec's GPU check fails, and this is where that shows."""
+    import yaml
+
+    configs = sorted((run_dir / "checkpoints").glob("iter_*/run_config.yaml"))
+    record: dict = {"requested": requested, "source": str(configs[-1]) if configs else None,
+                    "fallback": fallback_note.read_text().strip() if fallback_note.exists() else None}
+    if not configs:
+        return record | {"trained": None, "error": f"no checkpoints/iter_*/run_config.yaml under {run_dir}"}
+    model = (yaml.safe_load(configs[-1].read_text()) or {}).get("model") or {}
+    spec = model.get("transformer_layer_spec")
+    target = spec.get("_target_", "") if isinstance(spec, dict) else str(spec or "")
+    # the fast spec is our layer-spec function; otherwise Bridge's default spec, local or TE by transformer_impl
+    fast = target.rsplit(".", 1)[-1] == "fast_layer_spec" or target.startswith("kaiyuan_recipes.fastpath.")
+    trained = "fast" if fast else model.get("transformer_impl") or None
+    return record | {"trained": trained, "transformer_layer_spec": target,
+                     "transformer_impl": model.get("transformer_impl"),
+                     "as_requested": requested in (None, "auto") or trained == requested}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("hf_dir", type=Path)
     ap.add_argument("--url", required=True)
     ap.add_argument("--out-dir", type=Path, required=True)
     ap.add_argument("--command", required=True)
+    ap.add_argument("--run-dir", type=Path, help="the training run's directory (its checkpoints' run_config.yaml)")
+    ap.add_argument("--requested-spec", help="the --layer-spec the proof was asked for")
     args = ap.parse_args()
     from transformers import AutoConfig, AutoTokenizer
 
@@ -104,6 +129,8 @@ def main() -> None:
         **provenance(args.command),
         "model": "laoyao_moe_2b",
         "hf_class": AutoConfig.from_pretrained(str(args.hf_dir)).architectures[0],
+        "layer_spec": trained_spec(args.run_dir, args.requested_spec, out / "spec_fallback.txt")
+        if args.run_dir else {"requested": args.requested_spec, "trained": None, "error": "no --run-dir"},
         "training": load(out / "moe_train.json"),
         "export_seconds": (out / "laoyao_moe_2b_export_time.txt").read_text().split()[-1]
         if (out / "laoyao_moe_2b_export_time.txt").exists() else None,
