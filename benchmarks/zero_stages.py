@@ -60,6 +60,15 @@ def baseline_row(path: Path, settings: dict) -> dict:
     return earlier["results"]["1gpu"] | {"from_file": path.name}
 
 
+def row_plan(args: argparse.Namespace, gpus: int, stage: int, extra: tuple[str, ...]) -> dict:
+    """The one description of a row's training run: megatron_run(**plan) measures it and
+    megatron_command(**plan, root=...) is the command that run executes (what --print-commands prints)."""
+    same_step = (*(() if args.chunked_loss else FULL_LOGITS), *(() if args.recipe_step else SAME_STEP))
+    return {"model": MODEL, "layer_spec": args.layer_spec, "mbs": args.micro_batch, "micro": args.micro_batches,
+            "seq": args.seq, "steps": args.steps, "nproc": gpus,
+            "extra": (f"kaiyuan.zero_stage={stage}", *same_step, *extra)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
@@ -86,7 +95,6 @@ def main() -> None:
                          "the other GPU ran something else) instead of measuring it again")
     ap.add_argument("--print-commands", action="store_true")
     args = ap.parse_args()
-    same_step = (*(() if args.chunked_loss else FULL_LOGITS), *(() if args.recipe_step else SAME_STEP))
     mbs, micro = args.micro_batch, args.micro_batches
     runs = {"1gpu": (1, 1, ())} | {f"2gpu_zero{s}": (2, s, ()) for s in STAGES}
     for name, stage, *overrides in args.variant:
@@ -97,11 +105,10 @@ def main() -> None:
         if unknown := sorted(set(args.only) - set(runs)):
             ap.error(f"--only: no row named {', '.join(unknown)}; the rows are {', '.join(runs)}")
         runs = {name: run for name, run in runs.items() if name in args.only}
+    plans = {name: row_plan(args, gpus, stage, extra) for name, (gpus, stage, extra) in runs.items()}
     if args.print_commands:
-        for name, (gpus, stage, extra) in runs.items():
-            cmd = megatron_command(MODEL, args.layer_spec, mbs, micro, args.seq, args.steps, Path("RUN_ROOT"), gpus,
-                                   (f"kaiyuan.zero_stage={stage}", *same_step, *extra))
-            print(name, shlex.join(cmd))
+        for name, plan in plans.items():
+            print(name, shlex.join(megatron_command(**plan, root=Path("RUN_ROOT"))))
         return
     settings = {"model": MODEL, "seq_length": args.seq, "layer_spec": args.layer_spec, "micro_batch": mbs,
                 "micro_batches_per_gpu": micro, "chunked_loss": args.chunked_loss, "recipe_step": args.recipe_step}
@@ -110,8 +117,7 @@ def main() -> None:
         results["1gpu"] = baseline_row(args.baseline, {"revision": revision()} | settings)
         runs.pop("1gpu", None)
     for name, (gpus, stage, extra) in runs.items():
-        measured = megatron_run(MODEL, args.layer_spec, mbs, micro, args.seq, args.steps, gpus,
-                                (f"kaiyuan.zero_stage={stage}", *same_step, *extra), args.run_timeout)
+        measured = megatron_run(**plans[name], timeout=args.run_timeout)
         results[name] = measured | {"gpus": gpus, "zero_stage": stage} | ({"overrides": list(extra)} if extra else {})
         print(name, results[name], flush=True)
     base = results.get("1gpu", {}).get("tokens_per_s")

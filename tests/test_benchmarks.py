@@ -2,6 +2,7 @@
 ZeRO benchmark runs."""
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -73,6 +74,43 @@ def test_zero_stages_compares_like_for_like():
                "--chunked-loss")
     assert proc.returncode == 0, proc.stderr
     assert "kaiyuan.cuda_graph" not in proc.stdout and "kaiyuan.chunked_loss" not in proc.stdout  # auto, defaults
+
+
+def test_zero_stages_prints_the_commands_it_runs(tmp_path, monkeypatch):
+    """--print-commands and the measured run build their commands in one place (row_plan): the commands the
+    benchmark hands to the launcher are exactly the printed ones (but for the run root, a fresh temp dir)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import train_throughput
+    import zero_stages
+
+    argv = ["--layer-spec", "fast", "--steps", "3", "--variant", "zero2_bf16_comm", "2",
+            "ddp.megatron_fsdp_grad_comm_dtype=bf16", "--only", "1gpu", "2gpu_zero1", "2gpu_zero2_bf16_comm"]
+    proc = run("benchmarks/zero_stages.py", "--out", "unused.json", *argv, "--print-commands")
+    assert proc.returncode == 0, proc.stderr
+    printed = [line.split(" ", 1)[1] for line in proc.stdout.splitlines()]
+    launched = []
+
+    def fake_run_bounded(command, timeout):
+        root = next(a.split("=", 1)[1] for a in command if a.startswith("kaiyuan.run_root="))
+        launched.append(shlex.join(a.replace(root, "RUN_ROOT") for a in command).replace(sys.executable, "PYTHON"))
+        return 1, "no GPU here"
+
+    monkeypatch.setattr(train_throughput, "run_bounded", fake_run_bounded)
+    monkeypatch.setattr(zero_stages, "plot", lambda results, path: None)
+    monkeypatch.setattr(sys, "argv", ["zero_stages.py", "--out", str(tmp_path / "z.json"), *argv])
+    zero_stages.main()
+    assert len(launched) == 3 and launched == [c.replace(sys.executable, "PYTHON") for c in printed]
+    assert set(json.loads((tmp_path / "z.json").read_text())["results"]) == {"1gpu", "2gpu_zero1",
+                                                                             "2gpu_zero2_bf16_comm"}
+
+
+def test_committed_results_name_their_measuring_command():
+    """No committed result file names a merge step as its command (merge_results.py keeps that under
+    merged_by): the top level says what measured the figures."""
+    for path in sorted(RESULTS.glob("*.json")):
+        data = json.loads(path.read_text())
+        commands = data["command"] if isinstance(data["command"], list) else [data["command"]]
+        assert commands and not any("merge_results.py" in c for c in commands), path.name
 
 
 def test_zero_stages_baseline_must_be_the_same_run(tmp_path):
@@ -182,6 +220,10 @@ def test_merge_results_joins_models_measured_in_separate_runs(tmp_path, monkeypa
     assert set(merged["results"]) == {"gpt_smoke", "qwen3_1p7b"} and set(merged["batch"]) == set(merged["results"])
     assert merged["results"]["qwen3_1p7b"]["hf_eager"]["tokens_per_s"] > 0
     assert [r["models"] for r in merged["runs"]] == [["gpt_smoke"], ["qwen3_1p7b"]]
+    # the top level names the measuring commands (the parts'), the merge step its own under merged_by
+    parts = [json.loads((tmp_path / f"{m}.json").read_text())["command"] for m in ("gpt_smoke", "qwen3_1p7b")]
+    assert merged["command"] == parts and all("train_throughput.py" in c for c in parts)
+    assert merged["merged_by"].startswith("python benchmarks/merge_results.py ")
 
     proc = run("benchmarks/merge_results.py", str(tmp_path / "gpt_smoke.json"), str(tmp_path / "gpt_smoke.json"),
                "--out", str(tmp_path / "x.json"))
