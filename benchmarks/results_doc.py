@@ -164,8 +164,8 @@ def journey(d: Data) -> str:
     eval_rows = [r.split("|") for r in s["eval"].get("table", [])[2:]]
     samples = next(int(r[3]) for r in eval_rows if len(r) > 3 and r[1].strip() == "overall")
     stop, restart = s["stop"], s["restart"]
-    return (f"{d.get('overrides', '')}: {'all' if d['all_ok'] else 'not all'} {len(d['steps'])} steps ok "
-            f"({len(ok)} of {len(d['steps'])}). gpt_smoke trains {train['final_iteration']} steps "
+    return (f"Overrides: {d.get('overrides', 'none recorded')}. {len(ok)} of {len(d['steps'])} steps ok"
+            f"{'' if d['all_ok'] else ' (NOT all ok)'}. gpt_smoke trains {train['final_iteration']} steps "
             f"(loss {train['first_loss']:.2f} → {train['final_loss']:.2f}, {n0(train['tokens_per_s_last10'])} "
             f"tokens/s over the last 10), `status` says {s['status']['state']}, `export hf` takes "
             f"{s['export']['export_s']} s, `serve` answers the original `PUT /api` curl and an OpenAI completion "
@@ -231,15 +231,20 @@ def _q(d: Data) -> Data:
     return d["results"]["qwen3_1p7b"]
 
 
+def _setting(d: Data) -> str:
+    return f"qwen3_1p7b {_batch(d, 'qwen3_1p7b')}, seq {d['seq_length']}"
+
+
 def chunked_ab(d: Data) -> str:
     a, b = _q(d)["ours"], _q(d)["ours_full_logits"]
-    return (f"Chunked loss {n0(a['tokens_per_s'])} tokens/s vs {n0(b['tokens_per_s'])} with full logits; "
+    return (f"{_setting(d)}: chunked loss {n0(a['tokens_per_s'])} tokens/s vs {n0(b['tokens_per_s'])} with full "
+            "logits; "
             f"{mem(a['peak_mem_gb'], GIB)} vs {mem(b['peak_mem_gb'], GIB)}.")
 
 
 def norm_ab(d: Data) -> str:
     a, b = _q(d)["ours"], _q(d)["ours_torch_norm"]
-    return (f"Compiled RMSNorm {n0(a['tokens_per_s'])} vs {n0(b['tokens_per_s'])} with torch's norm "
+    return (f"{_setting(d)}: compiled RMSNorm {n0(a['tokens_per_s'])} vs {n0(b['tokens_per_s'])} with torch's norm "
             f"({gain(a['tokens_per_s'], b['tokens_per_s'])}).")
 
 
@@ -267,15 +272,15 @@ def step_fusion(d: Data) -> str:
     graph, both = q["ours_full_cuda_graph"]["tokens_per_s"], q["ours_graph_wgrad_fusion"]["tokens_per_s"]
     rows = [q[k] for k in ("ours", "ours_wgrad_fusion", "ours_full_cuda_graph", "ours_graph_wgrad_fusion")]
     (close, steps), (near, _) = _same_losses(rows, 1e-3), _same_losses(rows, 5e-3)
-    return (f"Graph and fused weight-gradient accumulation: eager {n0(eager)}; eager + fusion {n0(fusion)} "
-            f"({gain(fusion, eager)}); graph {n0(graph)}; graph + fusion {n0(both)} ({gain(both, graph)} over the "
-            f"graph alone, {gain(both, eager)} over eager). The four losses lie within 0.001 of each other at {close} "
-            f"of {steps} steps (within 0.005 at {near}).")
+    return (f"{_setting(d)}, graph and fused weight-gradient accumulation: eager {n0(eager)}; eager + fusion "
+            f"{n0(fusion)} ({gain(fusion, eager)}); graph {n0(graph)}; graph + fusion {n0(both)} "
+            f"({gain(both, graph)} over the graph alone, {gain(both, eager)} over eager). The four losses lie within "
+            f"0.001 of each other at {close} of {steps} steps (within 0.005 at {near}).")
 
 
 def host_loaded(d: Data) -> str:
     q = _q(d)
-    return (f"On a loaded host (the other GPU running three trainings): the graphed step kept "
+    return (f"{_setting(d)} on a loaded host (the other GPU running three trainings): the graphed step kept "
             f"{n0(q['ours_full_cuda_graph']['tokens_per_s'])} tokens/s while the eager one fell to "
             f"{n0(q['ours']['tokens_per_s'])}.")
 
@@ -294,7 +299,8 @@ def profile_eager(d: Data) -> str:
     fam = _family_ms(d)
     grad = re.search(r"main-grad accumulation[^)]*\) ([\d.]+) ms", d["note"]).group(1)
     norm = re.search(r"torch's RMSNorm kernels \([^)]*\) ([\d.]+) ms", d["note"]).group(1)
-    return (f"The eager fast-spec step before the compiled RMSNorm, profiled: {kernels} ms of kernels in a "
+    return (f"{d['model']} micro batch {d['micro_batch']} × {d['micro_batches']}, seq {d['seq_length']}, the eager "
+            f"fast-spec step before the compiled RMSNorm, profiled: {kernels} ms of kernels in a "
             f"{d['step_ms_without_profiler']:.0f} ms step; GEMMs {fam['gemm']:.0f} ms, attention "
             f"{fam['attention']:.0f} ms, torch's RMSNorm {float(norm):.0f} ms, main-grad accumulation "
             f"{float(grad):.0f} ms (the note's figures).")
@@ -434,7 +440,8 @@ ZERO_LABELS = {"1gpu": "1 GPU", "2gpu_zero0": "ZeRO 0 (DDP)", "2gpu_zero1": "ZeR
 
 
 def zero_caption(d: Data) -> str:
-    return (f"micro batch {d['micro_batch']} × {d['micro_batches_per_gpu']} per GPU, "
+    return (f"{d['model']}, {d['layer_spec']} spec, micro batch {d['micro_batch']} × {d['micro_batches_per_gpu']} "
+            "per GPU, "
             f"{'chunked loss' if d.get('chunked_loss') or 'chunked' in ' '.join(commands_of(d)) else 'full logits'}"
             f", peak memory in {GIB}. Rows that could not finish are listed with their error.")
 
@@ -448,7 +455,9 @@ def zero_rows(d: Data) -> list[list[str]]:
             continue
         eff = row.get("scaling_efficiency")
         effs = "" if eff is None else f"**{pct(eff)}**" if eff >= d["target_scaling_efficiency"] else pct(eff)
-        note = f" ({row['incomplete']})" if row.get("incomplete") else ""
+        done = re.search(r"(\d+) of \d+ steps done", row.get("incomplete", ""))
+        steady = f": {max(int(done.group(1)) - 3, 0)} steady" if done else ""
+        note = f" ({row['incomplete']}{steady})" if row.get("incomplete") else ""
         rows.append([label + note, n0(row["tokens_per_s"]), effs, mem(row["peak_mem_gb"], GIB)])
     return rows
 
@@ -513,7 +522,7 @@ def moe(d: Data) -> str:
     trained = (d.get("layer_spec") or {}).get("trained")
     spec = f"the {trained} spec" if trained else "the fast spec requested; this file predates the record of the spec " \
         "that trained"
-    return (f"{d['model']} scaled to one H200 (global batch 4, micro batch 2, seq 8192, {spec}), "
+    return (f"{d['model']} scaled to one H200 (the script's batch and sequence settings; {spec}), "
             f"{t['steps']} steps at {k1(t['tokens_per_s_per_gpu'])} tokens/s, loss {t['first_loss']:.2f} → "
             f"{t['last_loss']:.2f}, {mem(t['peak_mem_gb'], GIB)}, checkpoints {ckpts}; `kaiyuan export hf` to "
             f"`{d['hf_class']}` in {d['export_seconds']} s; greedy next token equal on "
@@ -585,8 +594,8 @@ SECTIONS = [
              "kernels."),
     ]),
     Section("What each fast-path piece adds", [
-        Text(None, "Each an A/B inside one process on qwen3_1p7b, micro batch 2 × 4, seq 4096 "
-                   "(`benchmarks/train_throughput.py`); peak memory in GiB (files before rev 46ff3c1):"),
+        Text(None, "Each an A/B inside one process (`benchmarks/train_throughput.py`); peak memory in GiB (files "
+                   "before rev 46ff3c1):"),
         Text("2026-11-30_train_throughput_chunked_loss_ab.json", chunked_ab, bullet=True),
         Text("2026-11-30_train_throughput_compiled_norm_ab.json", norm_ab, bullet=True),
         Text("2026-11-30_train_throughput_cuda_graph_ab.json", graph_ab, bullet=True),
@@ -605,13 +614,13 @@ SECTIONS = [
         Text("2026-11-29_local_spec_compat_gpu.json", local_spec_compat),
     ]),
     Section("Numerics: fast spec vs local spec", [
-        Text(None, "`tests/gpu/fast_vs_local.sh`: gpt_smoke, 200 steps, same seed, the loss Megatron logs every 10 "
-                   "steps, after step 20; the largest relative difference. The noise floor is the fast spec against "
-                   "itself with Megatron's fused cross-entropy (same function, other rounding)."),
-        Table("2026-11-30_fast_vs_local_noise_floor.json", "200 steps × 65,536 tokens (~30 epochs).",
+        Text(None, "`tests/gpu/fast_vs_local.sh`: the fast spec's loss against the local spec's, same seed, at the "
+                   "iterations Megatron logs after the warm-up; the largest relative difference. The noise floor is "
+                   "the fast spec against itself with Megatron's fused cross-entropy (same function, other rounding)."),
+        Table("2026-11-30_fast_vs_local_noise_floor.json", lambda d: f"The file's setting: {d['note']}.",
               ["pair", "max relative difference"],
               max_rel_rows((("local_vs_fast", "local vs fast"), ("noise_floor_fast_vs_fast_fused_ce", "noise floor")))),
-        Table("2026-11-30_fast_vs_local_onepass.json", "One pass (200 × 1,024 tokens, ~0.5 epoch).",
+        Table("2026-11-30_fast_vs_local_onepass.json", lambda d: f"The file's setting: {d['note'].split('. ')[0]}.",
               ["pair", "max relative difference"],
               max_rel_rows((("local_vs_fast_onepass", "local vs fast"),
                             ("noise_floor_fast_vs_fast_fused_ce_onepass", "noise floor"))), after=onepass_after),
@@ -638,10 +647,9 @@ SECTIONS = [
         Image("results/2026-11-30_tp2_fast_spec.png", "TP=1 vs TP=2"),
     ]),
     Section("ZeRO stages", [
-        Text(None, "2×H200, qwen3_1p7b, fast spec, eager step (neither the graph nor the weight-gradient fusion "
-                   "applies under Megatron-FSDP), fp32 gradient accumulation at every stage "
-                   "(`benchmarks/zero_stages.py`). The 1-GPU row of the first table timed out after 4 of its 10 "
-                   "steps: its figure is the one steady step it has (issue 30, item 4)."),
+        Text(None, "Eager step (neither the graph nor the weight-gradient fusion applies under Megatron-FSDP), fp32 "
+                   "gradient accumulation at every stage (`benchmarks/zero_stages.py`); a row's figure is the median "
+                   "of its steady steps (from the fourth on), and a row that timed out says how many it had."),
         Table("2026-11-30_zero_stages_all_stages_mb4.json", zero_caption,
               ["", "tokens/s/GPU", "of 1 GPU", "peak memory"], zero_rows),
         Table("2026-12-01_zero_stages_zero2_chunked_mb8x1.json", zero_caption,
