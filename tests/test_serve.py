@@ -373,3 +373,14 @@ def test_engine_samples_through_the_decoder(tiny_model, monkeypatch):
     done = engine.generate([Request(p, 12, hot, ignore_eos=True, on_token=received[i].append)
                             for i, p in enumerate(prompts)])
     assert [c.token_ids for c in done] == received == first
+
+
+def test_the_journeys_openai_request_is_served_by_default(server):
+    """tests/gpu/journey.sh's request, verbatim, against a server started without --model-name: the default
+    served name is "kaiyuan" whatever the model directory is called (a run served from its checkpoints is
+    exported to a temporary directory)."""
+    body = {"model": "kaiyuan", "prompt": "A hacker is", "max_tokens": 4, "temperature": 0}
+    r = httpx.post(server + "/v1/completions", json=body, headers=AUTH, timeout=60)
+    assert r.status_code == 200, r.text
+    assert httpx.get(server + "/v1/models", headers=AUTH).json()["data"][0]["id"] == "kaiyuan"
+

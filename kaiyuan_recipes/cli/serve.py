@@ -22,8 +22,8 @@ def add_parser(sub: Any) -> None:
                    help="larger request bodies (declared or chunked) are a 413 (default 1 MiB)")
     p.add_argument("--body-timeout-s", type=float, default=30.0,
                    help="a request body not received within this many seconds is a 408 (default 30)")
-    p.add_argument("--model-name", help="the name GET /v1/models reports and requests' `model` must match "
-                                        "(default: the HF directory's name)")
+    p.add_argument("--model-name", default="kaiyuan",
+                   help="the name GET /v1/models reports and requests' `model` must match (default: kaiyuan)")
     p.add_argument("--api-token-env", metavar="VAR",
                    help="require 'Authorization: Bearer <token>', the token read from environment variable VAR")
     p.set_defaults(func=serve)
@@ -42,7 +42,7 @@ def serve(args: Any) -> int:
             raise ValueError(f"--api-token-env {args.api_token_env}: that environment variable is empty or unset")
     hf_dir = as_hf_dir(args.model)
     engine = GenerationEngine(hf_dir, args.device, args.max_batch_size, decode_mode=args.decode_mode)
-    app = create_app(engine, token, args.max_body_bytes, model_name=args.model_name or hf_dir.name,
+    app = create_app(engine, token, args.max_body_bytes, model_name=args.model_name,
                      body_timeout_s=args.body_timeout_s)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", access_log=False)
     return 0
