@@ -633,7 +633,7 @@ SECTIONS = [
     Section("Stop and resume", [
         Text("2026-11-30_stop_resume.json", lambda d: "gpt_smoke on the local spec: " + stop_resume(d), bullet=True),
         Text("2026-11-30_stop_resume_cuda_graph.json",
-             lambda d: "the local spec with the whole-step CUDA graph: " + stop_resume(d) + " The restarted run "
+             lambda d: "The local spec with the whole-step CUDA graph: " + stop_resume(d) + " The restarted run "
              "captured its graph again; both uninterrupted runs ran their final evaluation with the graph.",
              bullet=True),
         Image("results/2026-11-30_stop_resume.png", "stop and resume"),
