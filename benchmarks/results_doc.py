@@ -572,6 +572,37 @@ def convert(d: Data) -> str:
             f"{n0(r[-1]['megatron_lm']['peak_rss_mb'])} MiB).")
 
 
+def ckpt_memory_caption(d: Data) -> str:
+    c = d["largest_chunk"]
+    return (f"`kaiyuan ckpt` on a {d['recipe']}-shaped torch_dist checkpoint saved on the CPU host, weights only (no "
+            f"optimizer state): {n0(d['checkpoint']['disk_mib'])} MiB on disk, {c['chunks']} stored chunks, the "
+            f"largest `{c['fqn']}` ({mem(c['mib'], 'MiB')}, {'the whole tensor' if c['whole_tensor'] else 'a part'})."
+            f" `ckpt verify` {'accepts' if d['verify_accepts'] else 'REJECTS'} it. Peak resident memory of a fresh "
+            "process each; the floor imports the CLI, the ckpt modules and DCP and reads nothing.")
+
+
+def ckpt_memory_rows(d: Data) -> list[list[str]]:
+    rows = []
+    for r in d["rows"]:
+        above = [f"{n0(r['above_floor_mib'])} MiB", ratio(r["above_floor_over_disk"]),
+                 ratio(r["above_floor_over_largest_chunk"], 1)] if r["above_floor_mib"] else ["", "", ""]
+        rows.append([r["what"] + ("" if r["ok"] else f" (exit {r['rc']}: FAILED)"), f"{n0(r['peak_rss_mib'])} MiB",
+                     *above, f"{r['wall_s']:.0f} s"])
+    return rows
+
+
+def ckpt_memory_after(d: Data) -> str:
+    r = {row["what"]: row for row in d["rows"]}
+    verify, diff = r["ckpt verify"], r["ckpt diff A B"]
+    whole = next(row for what, row in r.items() if what.startswith("whole load: dcp"))
+    return ("Ratios are of the memory above the floor. The lazy reads are bounded by the largest stored chunk, not "
+            f"flat: `verify` holds {ratio(verify['above_floor_over_largest_chunk'], 1)} that chunk and `diff` "
+            f"{ratio(diff['above_floor_over_largest_chunk'], 1)} (A's and B's chunk and their float32 working "
+            f"copies), so with a largest chunk of {mem(d['largest_chunk']['mib'], 'MiB')} `diff` "
+            f"{'needs more than' if diff['peak_rss_bytes'] > whole['peak_rss_bytes'] else 'stays below'} a whole "
+            "DCP load of the checkpoint. Wall times are from a host shared with a test suite.")
+
+
 # ---------------------------------------------------------------------------------------------------- the document
 
 INTRO = """The current figures, each from the result file under `benchmarks/results/` it names (with that file's
@@ -669,6 +700,11 @@ SECTIONS = [
               lambda d: ["", *(b.replace("_", " ") for b in d["results"])], generation_rows, after=generation_after),
         Text("2026-11-30_heldout_eval_qwen3_1p7b.json", lambda d: "Held-out evaluation: " + heldout(d)),
         Image("results/2026-11-30_heldout_eval_qwen3_1p7b.png", "held-out evaluation"),
+    ]),
+    Section("Checkpoint tools", [
+        Table("2026-12-01_ckpt_memory.json", ckpt_memory_caption,
+              ["", "peak RSS", "above the floor", "÷ size on disk", "÷ largest chunk", "wall"], ckpt_memory_rows,
+              after=ckpt_memory_after),
     ]),
     Section("MoE", [
         Text("2026-11-30_moe.json", moe),
