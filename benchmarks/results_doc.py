@@ -597,8 +597,9 @@ def ckpt_memory_after(d: Data) -> str:
     whole = next(row for what, row in r.items() if what.startswith("whole load: dcp"))
     return ("Ratios are of the memory above the floor. The lazy reads are bounded by the largest stored chunk, not "
             f"flat: `verify` holds {ratio(verify['above_floor_over_largest_chunk'], 1)} that chunk and `diff` "
-            f"{ratio(diff['above_floor_over_largest_chunk'], 1)} (A's and B's chunk and their float32 working "
-            f"copies), so with a largest chunk of {mem(d['largest_chunk']['mib'], 'MiB')} `diff` "
+            f"{ratio(diff['above_floor_over_largest_chunk'], 1)} (A's and B's chunk, each read whole; "
+            "the float32 sums go a slice at a time), so with a largest chunk of "
+            f"{mem(d['largest_chunk']['mib'], 'MiB')} `diff` "
             f"{'needs more than' if diff['peak_rss_bytes'] > whole['peak_rss_bytes'] else 'stays below'} a whole "
             "DCP load of the checkpoint. Wall times are from a host shared with a test suite.")
 
