@@ -69,7 +69,9 @@ def running_server(model_dir, *args: str, env: dict | None = None):
 
 @pytest.fixture(scope="module")
 def server(tiny_model):
-    with running_server(tiny_model, "--api-token-env", "KAIYUAN_TEST_TOKEN", env={"KAIYUAN_TEST_TOKEN": TOKEN}) as url:
+    # --max-tokens 16: schemathesis's largest requests (128 prompts x max_tokens) stay quick on a CPU
+    with running_server(tiny_model, "--api-token-env", "KAIYUAN_TEST_TOKEN", "--max-tokens", "16",
+                        env={"KAIYUAN_TEST_TOKEN": TOKEN}) as url:
         yield url
 
 
@@ -164,7 +166,7 @@ def test_out_of_range_or_unencodable_values_are_a_400(server, field, value, frag
 
 def test_largest_seed_and_smallest_temperature_are_served(server):
     r = httpx.post(server + "/v1/completions", headers=AUTH, timeout=60,
-                   json={"prompt": "Hello", "max_tokens": 2, "seed": 2**64 - 1, "temperature": 1e-4})
+                   json={"prompt": "Hello", "max_tokens": 2, "seed": 2**53 - 1, "temperature": 1e-4})
     assert r.status_code == 200, r.text
 
 
@@ -223,11 +225,18 @@ def test_64_concurrent_clients_batched_without_errors(server):
     assert stats["max_batch"] > 1  # concurrent requests shared a batch
 
 
-def test_schemathesis_finds_no_server_error(server):
+def test_schemathesis_finds_the_server_as_its_openapi_document_says(server):
+    """Every check but positive_data_acceptance: no server error, statuses, content types, bodies and
+    headers as documented, bad input refused, auth enforced. Schema-valid input the server may still refuse
+    are the
+    contracts' cross-field rules, which a JSON schema cannot state: prompt + max_tokens within the model's
+    positions, Megatron's tokens_to_generate 0 only with logprobs and not top-k with top-p, no logprobs
+    in a stream."""
     env = dict(os.environ, SCHEMATHESIS_HOOKS="")
-    cmd = [sys.executable, "-m", "schemathesis.cli", "run", server + "/openapi.json", "--checks", "not_a_server_error",
-           "--max-examples", "10", "--header", f"Authorization: Bearer {TOKEN}", "--seed", "1",
-           "--generation-database", "none"]
+    cmd = [sys.executable, "-m", "schemathesis.cli", "run", server + "/openapi.json", "--checks", "all",
+           "--exclude-checks", "positive_data_acceptance", "--max-examples", "10", "--request-timeout", "180",
+           "--max-response-time", "120",  # 128 sampled rows on a shared CPU: seconds, not the default 10 s
+           "--header", f"Authorization: Bearer {TOKEN}", "--seed", "1", "--generation-database", "none"]
     probe = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert probe.returncode == 0, probe.stdout[-4000:] + probe.stderr[-2000:]
     import re

@@ -22,6 +22,9 @@ def add_parser(sub: Any) -> None:
                    help="larger request bodies (declared or chunked) are a 413 (default 1 MiB)")
     p.add_argument("--body-timeout-s", type=float, default=30.0,
                    help="a request body not received within this many seconds is a 408 (default 30)")
+    p.add_argument("--max-tokens", type=int,
+                   help="the most new tokens a request may ask for (default: the model's positions less one, "
+                        "at most 4096)")
     p.add_argument("--model-name", default="kaiyuan",
                    help="the name GET /v1/models reports and requests' `model` must match (default: kaiyuan)")
     p.add_argument("--api-token-env", metavar="VAR",
@@ -43,6 +46,6 @@ def serve(args: Any) -> int:
     hf_dir = as_hf_dir(args.model)
     engine = GenerationEngine(hf_dir, args.device, args.max_batch_size, decode_mode=args.decode_mode)
     app = create_app(engine, token, args.max_body_bytes, model_name=args.model_name,
-                     body_timeout_s=args.body_timeout_s)
+                     body_timeout_s=args.body_timeout_s, max_tokens=args.max_tokens)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", access_log=False)
     return 0

@@ -18,7 +18,7 @@ from .completions import complete
 from .engine import GenerationEngine, Request, Sampling
 from .errors import APIError, BodyLimit, install_error_handlers
 from .openai_schema import CompletionRequest, CompletionResponse, ModelCard, ModelList
-from .schema import MegatronGenerate, MegatronResponse, error_responses
+from .schema import MAX_NEW_TOKENS, MegatronGenerate, MegatronResponse, error_responses
 
 STREAM_DOC = {"description": "With stream: true, server-sent events: `data: <a CompletionResponse>` per piece "
                              "of text, then `data: [DONE]`; an error after the start is a last `data: "
@@ -26,13 +26,16 @@ STREAM_DOC = {"description": "With stream: true, server-sent events: `data: <a C
 
 
 def create_app(engine: GenerationEngine, api_token: str | None = None, max_body_bytes: int = 1 << 20,
-               model_name: str = "kaiyuan", body_timeout_s: float = 30.0) -> FastAPI:
+               model_name: str = "kaiyuan", body_timeout_s: float = 30.0, max_tokens: int | None = None) -> FastAPI:
+    """max_tokens: the most new tokens one request may ask for (default: the model's positions less one, at
+    most 4096); the OpenAPI document states it."""
     app = FastAPI(title="kaiyuan serve", version="1", description=__doc__,
                   responses=error_responses(408, 413, 500))
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes, timeout_s=body_timeout_s)
     install_error_handlers(app)
     bearer = HTTPBearer(auto_error=False)
     started = int(time.time())
+    limit = max(0, min(MAX_NEW_TOKENS, engine.max_length - 1, max_tokens if max_tokens is not None else 1 << 30))
 
     def authorize(creds: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
         if api_token is None:
@@ -47,6 +50,9 @@ def create_app(engine: GenerationEngine, api_token: str | None = None, max_body_
     auth_errors = error_responses(401) if api_token is not None else {}
 
     def megatron_requests(body: MegatronGenerate, sampling: Sampling) -> list[Request]:
+        if body.tokens_to_generate > limit:
+            raise APIError(400, f"tokens_to_generate: at most {limit} here, got {body.tokens_to_generate}",
+                           "tokens_to_generate")
         out = []
         for prompt in body.prompts:
             ids = engine.encode(prompt)
@@ -100,19 +106,26 @@ def create_app(engine: GenerationEngine, api_token: str | None = None, max_body_
               responses={200: {"content": {"text/event-stream": STREAM_DOC}}} | auth_errors
               | error_responses(400, 404))
     async def completions(body: CompletionRequest) -> Any:
-        return await complete(engine, body, model_name)
+        return await complete(engine, body, model_name, limit)
 
     default_openapi = app.openapi
 
     def openapi() -> dict[str, Any]:
-        """FastAPI's document, less the 422 this server never answers (its validation errors are 400s)."""
+        """FastAPI's document, less the 422 this server never answers (its validation errors are 400s), with
+        the new-token limit (at most the positions less one prompt token; a longer prompt leaves fewer)."""
         if app.openapi_schema is None:
             schema = default_openapi()
             for path in schema["paths"].values():
                 for operation in path.values():
                     operation.get("responses", {}).pop("422", None)
+            models = schema.get("components", {}).get("schemas", {})
             for name in ("HTTPValidationError", "ValidationError"):
-                schema.get("components", {}).get("schemas", {}).pop(name, None)
+                models.pop(name, None)
+            for model, field in (("CompletionRequest", "max_tokens"), ("MegatronGenerate", "tokens_to_generate")):
+                prop = models[model]["properties"][field]
+                for option in prop.get("anyOf", [prop]):
+                    if option.get("type") == "integer":
+                        option["maximum"] = limit
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -29,8 +29,10 @@ class Prompt:
     text: str  # what echo returns: the prompt as sent, or its token ids decoded
 
 
-def prepare(engine: GenerationEngine, body: CompletionRequest) -> list[Prompt]:
+def prepare(engine: GenerationEngine, body: CompletionRequest, max_tokens: int) -> list[Prompt]:
     """The prompts as token ids, each within the model's positions with max_tokens (a 400 otherwise)."""
+    if body.max_tokens > max_tokens:
+        raise APIError(400, f"max_tokens: at most {max_tokens} here, got {body.max_tokens}", "max_tokens")
     prompts = body.prompts
     if len(prompts) * body.n > 128:
         raise APIError(400, f"{len(prompts)} prompts x n={body.n}: at most 128 completions a request", "n")
@@ -194,11 +196,12 @@ async def stream(engine: GenerationEngine, body: CompletionRequest, prompts: lis
         yield "data: " + json.dumps(error_body(500, "generation failed (see the server log)")) + "\n\n"
 
 
-async def complete(engine: GenerationEngine, body: CompletionRequest, model: str) -> dict | EngineStream:
+async def complete(engine: GenerationEngine, body: CompletionRequest, model: str,
+                   max_tokens: int) -> dict | EngineStream:
     if body.model not in (None, model):
         raise APIError(404, f"model {body.model!r} is not served here (GET /v1/models: {model!r})", "model",
                        "model_not_found")
-    prompts = await run_in_threadpool(prepare, engine, body)
+    prompts = await run_in_threadpool(prepare, engine, body, max_tokens)
     cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     requests = requests_for(body, prompts, cid)
     if body.stream:

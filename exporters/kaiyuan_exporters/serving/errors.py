@@ -41,12 +41,17 @@ def error_response(status: int, message: str, param: str | None = None, code: st
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def bad_request(_request: HttpRequest, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        unicode = [e for e in errors if e.get("type") == "string_unicode"]  # JSON's lone surrogates (strict)
         parts, params = [], []
-        for err in exc.errors():
-            where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
+        for err in unicode[:1] or errors:
+            # a union's members show in `loc` as type tags (constrained-str, list[int]): not field names
+            loc = [str(p) for p in err.get("loc", ()) if p != "body" and not ("-" in str(p) or "[" in str(p))]
+            where = ".".join(loc) or "body"
+            msg = "not valid Unicode (a lone surrogate?)" if err in unicode else err.get("msg")
             params.append(where)
-            parts.append(f"{where}: {err.get('msg')}")
-        return error_response(400, "; ".join(parts), params[0] if params else None)
+            parts.append(f"{where}: {msg}")
+        return error_response(400, "; ".join(parts), params[0].split(".")[0] if params else None)
 
     @app.exception_handler(StarletteHTTPException)  # FastAPI's HTTPException (APIError) and routing's 404 / 405
     async def http_error(_request: HttpRequest, exc: StarletteHTTPException) -> JSONResponse:

@@ -8,23 +8,24 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from .schema import MAX_NEW_TOKENS, MAX_PROMPTS, MAX_SEED, check_temperature, encodable
 
 MAX_LOGPROBS = 20  # OpenAI allows 5; vLLM's default limit is 20
 MAX_STOPS = 16  # OpenAI allows 4; lm-evaluation-harness may send more (its `until` plus end-of-text)
-TokenId = Annotated[int, Field(ge=0)]
-Prompt = str | list[str] | list[TokenId] | list[list[TokenId]]
+TokenId = Annotated[StrictInt, Field(ge=0)]
+Text = Annotated[str, Field(min_length=1)]
+Prompt = Text | list[Text] | list[TokenId] | list[list[TokenId]]
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     include_usage: bool = False
 
 
 class CompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # JSON's types: "5" is not a number, false not 0
     model: str | None = Field(None, description="the served model's name (GET /v1/models); null: that one")
     prompt: Prompt = Field(description="a string, a list of strings, a token-id list or a list of token-id lists")
     max_tokens: int | None = Field(16, ge=0, le=MAX_NEW_TOKENS, description="0 with echo: score the prompt only")
@@ -34,7 +35,8 @@ class CompletionRequest(BaseModel):
     n: int | None = Field(1, ge=1, le=MAX_PROMPTS)
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = Field(None, description="up to 16 strings; the text ends before the first")
+    stop: Text | Annotated[list[Text], Field(max_length=MAX_STOPS)] | None = Field(
+        None, description="up to 16 strings; the text ends before the first")
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="top alternatives per token")
     echo: bool | None = False
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
@@ -64,12 +66,7 @@ class CompletionRequest(BaseModel):
     @field_validator("stop")
     @classmethod
     def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
-        stops = [v] if isinstance(v, str) else v or []
-        if len(stops) > MAX_STOPS:
-            raise ValueError(f"at most {MAX_STOPS} stop strings")
-        for i, s in enumerate(stops):
-            if not s:
-                raise ValueError(f"stop[{i}]: an empty stop string")
+        for i, s in enumerate([v] if isinstance(v, str) else v or []):
             encodable(s, f"stop[{i}]")
         return v
 
@@ -77,12 +74,10 @@ class CompletionRequest(BaseModel):
 
     @model_validator(mode="after")
     def _defaults(self) -> CompletionRequest:
-        """null is the default; stream_options only with stream (as OpenAI)."""
+        """null is the default (stream_options without stream has nothing to apply to)."""
         for name in ("max_tokens", "temperature", "top_p", "top_k", "n", "stream", "echo"):
             if getattr(self, name) is None:
                 setattr(self, name, type(self).model_fields[name].default)
-        if self.stream_options is not None and not self.stream:
-            raise ValueError("stream_options: only with stream: true")
         if self.stream and self.logprobs is not None:
             raise ValueError("logprobs: not supported with stream: true (ask without streaming)")
         return self

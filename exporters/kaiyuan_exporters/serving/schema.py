@@ -3,11 +3,15 @@ answer other than a 200 carries (OpenAI's: {"error": {"message", "type", "param"
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_PROMPTS = 128  # Megatron's limit; also prompts x n of one OpenAI request
 MAX_NEW_TOKENS = 4096
-MAX_SEED = 2**64 - 1  # torch.manual_seed's range
+# Within torch.manual_seed's range (2**64 - 1) and exact in the OpenAPI document: JSON numbers are doubles,
+# and 2**64 - 1 written as one reads 2**64, so the document would promise a seed the server refuses.
+MAX_SEED = 2**53 - 1
 # Below this a sampled temperature overflows the logits (x / t is inf in fp32 near 1e-38): 0 means greedy.
 MIN_TEMPERATURE = 1e-4
 
@@ -30,8 +34,8 @@ def check_temperature(value: float | None) -> float | None:
 class MegatronGenerate(BaseModel):
     """Megatron's `PUT /api` request (fields Megatron's server does not know are ignored, as there)."""
 
-    model_config = ConfigDict(extra="ignore")
-    prompts: list[str] = Field(min_length=1, max_length=MAX_PROMPTS)
+    model_config = ConfigDict(extra="ignore", strict=True)  # as Megatron's server: ints are ints, floats numbers
+    prompts: list[Annotated[str, Field(min_length=1)]] = Field(min_length=1, max_length=MAX_PROMPTS)
     tokens_to_generate: int = Field(64, ge=0, le=MAX_NEW_TOKENS)
     temperature: float = Field(1.0, ge=0.0, le=100.0)
     top_k: int = Field(0, ge=0, le=1000)
