@@ -214,7 +214,9 @@ def test_tokenizing_a_large_prompt_does_not_stall_the_event_loop(url):
             return worst, [(await p).status_code for p in posts]
 
     worst, codes = asyncio.run(probe())
-    assert codes == [400] * 3 and worst < 1.0
+    # one of these prompts takes ~0.45 s to tokenize on this CPU (on the loop, /health would wait that long);
+    # in a thread /health answered within 0.05 s
+    assert codes == [400] * 3 and worst < 0.3, worst
 
 
 def test_a_seeded_request_is_the_same_alone_or_with_others(url):
