@@ -260,3 +260,23 @@ def test_openapi_document_describes_the_answers(url):
     assert "422" not in post and {"200", "400", "401", "404", "413"} <= set(post)
     assert "text/event-stream" in post["200"]["content"]
     assert post["400"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorResponse")
+
+
+@pytest.mark.parametrize("static_cache", [False, True])
+def test_engine_ends_rows_at_stop_strings_and_cancellation(tiny_model, static_cache):  # noqa: F811
+    """Both decode paths (generate(); the static-cache decoder the GPU uses) end a row with the token that
+    completes a stop string, and stop a batch whose requests were all cancelled."""
+    from kaiyuan_exporters.serving.engine import GenerationEngine, Request
+
+    engine = GenerationEngine(tiny_model, "cpu", static_cache=static_cache)
+    ids = engine.encode(PROMPT)
+    full = engine.generate([Request(ids, 40, ignore_eos=True)])[0].token_ids
+    text = engine.decode(full)
+    stop = text[10:13]
+    got = engine.generate([Request(ids, 40, stop=(stop,), top_logprobs=1)])[0]
+    k = next(i for i in range(1, len(full) + 1) if stop in engine.decode(full[:i]))
+    assert got.token_ids == full[:k] and got.finish_reason == "stop"
+    assert len(got.scores.logprobs) == len(ids) + k - 1
+    gone = Request(ids, 40, ignore_eos=True, on_token=lambda t: gone.cancelled.set())
+    assert len(engine.generate([gone])[0].token_ids) <= 8  # the decoder checks every few steps
+    assert engine.stats["cancelled"] == 1
