@@ -80,6 +80,8 @@ def revision_of(data: Data) -> str:
     rev = data.get("revision", data.get("rev", data.get("git_rev")))
     if isinstance(rev, dict):
         return ", ".join(f"{k} {v}" for k, v in rev.items())
+    if isinstance(rev, list):  # one per part of a run made in several device calls (the journey)
+        return " / ".join(str(r) for r in rev)
     return str(rev) if rev else "unknown"
 
 

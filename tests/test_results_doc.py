@@ -2,6 +2,7 @@
 the result files: the committed documents equal its output, and a figure changed in a result file changes them."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -83,16 +84,18 @@ def test_the_proof_record_follows_the_result_files(results_copy, tmp_path):
     newer = results_copy / "2026-12-02_journey.json"
     shutil.copy(results_copy / "2026-12-01_journey.json", newer)
 
+    current = results_doc.revision_of(json.loads((results_copy / "2026-12-01_journey.json").read_text()))
+
     def failed_run(data):
         data.update(rev="abc1234", date="2026-12-02", all_ok=False)
-        data["command"] = [c.replace("67ac3fb", "abc1234") for c in data["command"]]
+        data["command"] = [re.sub(r"--rev \w+", "--rev abc1234", c) for c in data["command"]]
 
     edit(newer, failed_run)
     readme = results_doc.with_proofs(results_doc.PROOFS_README.read_text(), results_doc.render_proofs(results_copy))
     generated = readme.split(results_doc.PROOFS_BEGIN)[1]
     rows = [line for line in generated.splitlines() if line.startswith("| `journey.sh`")]
     assert rows == ["| `journey.sh` | `2026-12-02_journey.json` | abc1234 | 2026-12-02 | failed |",
-                    "| `journey.sh` | `2026-12-01_journey.json` | 67ac3fb | 2026-12-01 | passed |"]
+                    f"| `journey.sh` | `2026-12-01_journey.json` | {current} | 2026-12-01 | passed |"]
     assert "`results/2026-12-02_journey.json` (rev abc1234" in results_doc.render(results_copy)
     # the generated section replaces itself, leaving the hand-written part as it was
     head = results_doc.PROOFS_README.read_text().split(results_doc.PROOFS_BEGIN)[0]
