@@ -50,5 +50,25 @@ def test_knobs_type_checks_without_a_recipe():
     assert Knobs().zero_stage == 1 and Knobs(cuda_graph=False).cuda_graph is False
     with pytest.raises(KnobError, match="kaiyuan.heldout: expected str or null; got 3 \\(int\\)"):
         Knobs(heldout=3)
-    with pytest.raises(KnobError, match="kaiyuan.fused_adamw: expected bool; got 1 \\(int\\)"):
-        Knobs(fused_adamw=1)
+    with pytest.raises(KnobError, match="kaiyuan.fused_adamw: expected bool; got 2 \\(int\\)"):
+        Knobs(fused_adamw=2)
+
+
+def test_what_yaml_cli_and_env_interpolation_mean_is_taken():
+    """0 / 1 and "true" / "false" for a switch, a digit string for a number (${oc.env:...} always gives a string),
+    an upper-case sha256, an empty run name (the recipe's); a value that means nothing is still refused."""
+    knobs = Knobs.from_mapping({"deterministic": 1, "cuda_graph": 0, "fused_adamw": "false", "phase": "2",
+                                "zero_stage": "0", "run_name": "", "tokenizer_sha256": "AB" * 32})
+    assert (knobs.deterministic, knobs.cuda_graph, knobs.fused_adamw, knobs.phase, knobs.zero_stage) == (
+        True, False, False, 2, 0)
+    assert knobs.run_name is None and knobs.tokenizer_sha256 == "ab" * 32
+    for bad in ({"chunked_loss": 2}, {"zero_stage": True}, {"phase": "two"}, {"cuda_graph": "sometimes"}):
+        with pytest.raises(KnobError):
+            Knobs.from_mapping(bad)
+
+
+def test_a_phase_from_the_environment_reaches_the_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("KAIYUAN_TEST_PHASE", "2")
+    _, run = build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=mock",
+                                        "kaiyuan.phase=${oc.env:KAIYUAN_TEST_PHASE,null}"])
+    assert run.phase == 2

@@ -71,8 +71,14 @@ class Knobs:
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(Knobs):
-            _check(f, getattr(self, f.name))
-        if self.run_name is not None and ("/" in self.run_name or self.run_name in {"", ".", ".."}):
+            value = _coerced(f, getattr(self, f.name))
+            _check(f, value)
+            setattr(self, f.name, value)
+        if self.run_name == "":
+            self.run_name = None  # `kaiyuan.run_name=`: the recipe's name, as before
+        if self.tokenizer_sha256 is not None:
+            self.tokenizer_sha256 = self.tokenizer_sha256.lower()  # as hashing tools print it, either case
+        if self.run_name is not None and ("/" in self.run_name or self.run_name in {".", ".."}):
             raise KnobError(f"kaiyuan.run_name: {self.run_name!r} must be a plain directory name")
         if self.phase is not None and self.phase < 1:
             raise KnobError(f"kaiyuan.phase: expected a phase number from 1, got {self.phase}")
@@ -97,6 +103,23 @@ def _expected_type(f: dataclasses.Field) -> tuple[type, ...]:
     text = str(f.type)
     kinds = tuple(t for name, t in (("bool", bool), ("int", int), ("str", str)) if name in text)
     return kinds + ((type(None),) if "None" in text else ())
+
+
+_TRUE, _FALSE = {"true", "1"}, {"false", "0"}
+
+
+def _coerced(f: dataclasses.Field, value: Any) -> Any:
+    """What a YAML, a command line or an ${oc.env:...} interpolation (always a string) means by the value: 0 / 1
+    and "true" / "false" for a switch, "2" for a number. Anything else is left for _check to refuse."""
+    kinds = _expected_type(f)
+    if bool in kinds:
+        if type(value) is int and value in (0, 1):
+            return bool(value)
+        if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
+            return value.lower() in _TRUE
+    if int in kinds and bool not in kinds and isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return value
 
 
 def _check(f: dataclasses.Field, value: Any) -> None:
