@@ -43,6 +43,10 @@ def test_open_run_picks_the_back_end_from_the_run_dir(tmp_path, sshd):
     text = out.getvalue()
     for rank, host in enumerate(("127.0.0.1", "127.0.0.2")):
         assert f"==> node {rank} ({host}) <==" in text and f"allreduce ok rank={rank} world=2" in text, text
+    # the same directory started again on this node is this node's from then on
+    LocalRun(multi_dir).start([sys.executable, "-c", "print('local again')"])
+    assert not RunLayout(multi_dir).multinode_state.is_file() and type(open_run(multi_dir)) is LocalRun
+    assert wait_for(lambda: open_run(multi_dir).status()["state"] == "finished")
 
 
 def test_the_cli_verbs_drive_a_local_detached_run_through_the_handle(tmp_path, job, capsys):  # noqa: F811

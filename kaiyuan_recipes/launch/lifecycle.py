@@ -91,6 +91,7 @@ class LocalRun(Run):
                                 "start")
         if (pid := self.running_pid()) is not None:
             raise RunStateError(f"run {self.name!r} is already running (pid {pid}); stop it first")
+        self._leave_multinode()
         layout = self.layout
         layout.state.mkdir(parents=True, exist_ok=True)
         layout.console_log.parent.mkdir(parents=True, exist_ok=True)
@@ -99,6 +100,22 @@ class LocalRun(Run):
         env = redacted_env({k: os.environ[k] for k in RECORDED_ENV if k in os.environ})
         write_text_atomic(layout.command, json.dumps(
             {"argv": argv, "started_at": time.time(), "env": env, **(extra or {})}, indent=2), mode=0o600)
+
+    def _leave_multinode(self) -> None:
+        """A directory a multi-node run used becomes this node's: its multinode.json would keep routing stop /
+        status / logs to the old nodes (launch/backends.py). Refused while that run still runs."""
+        if not self.layout.multinode_state.is_file():
+            return
+        from kaiyuan_recipes.launch.ssh import MultiNodeRun
+
+        try:
+            state = MultiNodeRun(self.run_dir).status()["state"]
+        except RunError as err:
+            raise RunStateError(f"run {self.name!r} was multi-node and its nodes cannot be asked whether it still "
+                                f"runs ({err}); stop it there, or remove {self.layout.multinode_state}") from None
+        if state == "running":
+            raise RunStateError(f"run {self.name!r} is running on several nodes; `kaiyuan stop {self.name}` first")
+        self.layout.multinode_state.unlink()
 
     def start(self, argv: list[str], extra: dict[str, Any] | None = None, timeout: float = 30.0) -> dict[int, int]:
         """Start `argv` detached, supervised, in its own process group. Refuses a run already running."""
