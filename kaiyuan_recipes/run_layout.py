@@ -105,7 +105,7 @@ class RunLayout:
 
     @staticmethod
     def checkpoint_root(path: Path) -> Path:
-        """A run directory or its checkpoints/ folder (or an iter_* inside it), as the checkpoints folder."""
+        """A run directory or its checkpoints/ folder, as the checkpoints folder (anything else as given)."""
         path = Path(path)
         checkpoints = RunLayout(path).checkpoints
         return checkpoints if checkpoints.is_dir() else path

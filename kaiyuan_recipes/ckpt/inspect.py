@@ -141,7 +141,7 @@ def find_recipe(ckpt: Path, model: dict[str, Any]) -> tuple[str | None, str]:
     whose model file has this shape."""
     root = ckpt.parent
     if root.name == "checkpoints":
-        command = RunLayout(root.parent).state / "command.json"
+        command = RunLayout(root.parent).command
         if command.is_file():
             try:
                 recipe = json.loads(command.read_text()).get("recipe")

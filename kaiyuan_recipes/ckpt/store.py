@@ -9,12 +9,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-from kaiyuan_recipes.run_layout import RunLayout
+from kaiyuan_recipes.run_layout import LATEST_ITERATION_FILE, RUN_CONFIG_FILE, RunLayout
 
 ITER_DIR = re.compile(r"^iter_(\d+)$")
-# Megatron-Bridge's tracker file and per-iteration files (megatron.bridge.training.utils.checkpoint_utils).
-TRACKER = "latest_checkpointed_iteration.txt"
-RUN_CONFIG = "run_config.yaml"
+# Megatron-Bridge's tracker file and per-iteration files (named once, in run_layout.py; train_state.pt only here).
+TRACKER = LATEST_ITERATION_FILE
+RUN_CONFIG = RUN_CONFIG_FILE
 TRAIN_STATE = "train_state.pt"
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's metadata file (torch_dist and fsdp_dtensor)
 MCORE_METADATA = "metadata.json"  # megatron-core's dist_checkpointing config: present exactly for torch_dist
