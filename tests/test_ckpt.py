@@ -150,8 +150,8 @@ def main(mode, run_root, saves, overrides):
         resolved = resolve_with_upstream(cfg, world_size=world)  # the config pretrain runs with
         train_and_save(resolved, saves) if mode == "train" else resume(resolved)
     else:
-        save_weights(cfg, run.checkpoint_dir)
-    print("written", run.checkpoint_dir)
+        save_weights(cfg, run.layout.checkpoints)
+    print("written", run.layout.checkpoints)
 
 
 if __name__ == "__main__":

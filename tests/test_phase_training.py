@@ -70,10 +70,10 @@ def test_a_phase_resuming_a_run_trained_on_another_schedule_adopts_the_curriculu
     the same curriculum resumes as is."""
     common = [f"kaiyuan.run_root={tmp_path}", "kaiyuan.run_name=r", f"kaiyuan.tokenizer={default_tokenizer_dir()}"]
     plain, run = build_config("gpt_smoke", common)
-    iteration = run.checkpoint_dir / "iter_0000200"
+    iteration = run.layout.checkpoints / "iter_0000200"
     iteration.mkdir(parents=True)
     plain.to_yaml(str(iteration / "run_config.yaml"))  # as training writes it
-    (run.checkpoint_dir / "latest_checkpointed_iteration.txt").write_text("200")
+    (run.layout.checkpoints / "latest_checkpointed_iteration.txt").write_text("200")
     phase = common + ["kaiyuan.data=curriculum", f"kaiyuan.curriculum={curriculum}"]
     cfg, _ = build_config("gpt_smoke", phase + ["kaiyuan.phase=2"])
     assert cfg.scheduler.override_opt_param_scheduler is True

@@ -49,7 +49,7 @@ def run(args: Any) -> int:
             print_summary(summary)
         return 0
     prepare_run_dirs(settings)
-    log_path = settings.log_dir / f"train-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    log_path = settings.layout.logs / f"train-{time.strftime('%Y%m%d-%H%M%S')}.log"
     print(f"launching: {summary['launch_command']}\nlog: {log_path}", flush=True)
     # SIGTERM -> the ranks save a checkpoint and exit; run_state/ records it for `kaiyuan status`
     return run_in_foreground(settings.run_dir, argv, log_path,

@@ -49,22 +49,6 @@ class RunSettings(Knobs):
     def layout(self) -> RunLayout:
         return RunLayout(self.run_dir)
 
-    @property
-    def checkpoint_dir(self) -> Path:
-        return self.layout.checkpoints
-
-    @property
-    def tensorboard_dir(self) -> Path:
-        return self.layout.tensorboard
-
-    @property
-    def log_dir(self) -> Path:
-        return self.layout.logs
-
-    @property
-    def state_dir(self) -> Path:
-        return self.layout.state
-
 
 def _section_types() -> dict[str, type]:
     from megatron.bridge.training.config import (

@@ -14,7 +14,7 @@ from kaiyuan_recipes.training.validate import validate
 
 
 def prepare_run_dirs(run: RunSettings) -> None:
-    for path in (run.checkpoint_dir, run.tensorboard_dir, run.log_dir, run.state_dir):
+    for path in (run.layout.checkpoints, run.layout.tensorboard, run.layout.logs, run.layout.state):
         path.mkdir(parents=True, exist_ok=True)
 
 
@@ -23,7 +23,7 @@ def worker_callbacks(cfg: Any, run: RunSettings) -> list[Any]:
     from kaiyuan_recipes.training.metrics import RunMetricsCallback
     from kaiyuan_recipes.training.profiling import ProfileSummaryCallback
 
-    callbacks = [RunMetricsCallback(run.state_dir, cfg.dataset.seq_length)]
+    callbacks = [RunMetricsCallback(run.layout.state, cfg.dataset.seq_length)]
     if cfg.profiling is not None and cfg.profiling.use_pytorch_profiler:
         callbacks.append(ProfileSummaryCallback(run.run_dir, cfg.profiling))
     if not cfg.rerun_state_machine.check_for_nan_in_loss:  # e.g. kaiyuan.cuda_graph: Megatron's check is off
