@@ -57,8 +57,7 @@ def apply(cfg: Any, plan: FastPathPlan) -> None:
     if plan.on("wgrad_fusion"):
         from kaiyuan_recipes.fastpath.apex_standins import torch_wgrad_accumulation
 
-        if not torch_wgrad_accumulation():
-            raise ValueError("kaiyuan.wgrad_fusion needs torch.addmm(..., out_dtype=) (torch 2.8+) or Apex")
+        torch_wgrad_accumulation()  # the plan turned it on only where this is available (decisions.py)
         cfg.model.gradient_accumulation_fusion = True
 
 
