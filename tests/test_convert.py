@@ -60,7 +60,9 @@ def test_convert_writes_megatron_readable_shards(tmp_path, tokenizer_dir, hf_tok
     out = tmp_path / "out"
     names = sorted(p.name for p in out.iterdir())
     assert names == [MANIFEST, "phase1_part-00000_text_document.bin", "phase1_part-00000_text_document.idx",
+                     "phase1_part-00000_text_document.rank.npy",  # a.parquet has a rank column, b.parquet none
                      "phase1_part-00001_text_document.bin", "phase1_part-00001_text_document.idx"]
+    assert np.load(out / "phase1_part-00000_text_document.rank.npy").tolist() == list(range(23))
     for prefix, texts in (("phase1_part-00000_text_document", texts_a), ("phase1_part-00001_text_document", texts_b)):
         ds = read_back(out / prefix)
         assert len(ds) == len(texts)
@@ -70,7 +72,8 @@ def test_convert_writes_megatron_readable_shards(tmp_path, tokenizer_dir, hf_tok
         assert ds[0].dtype == np.int32
     manifest = json.loads((out / MANIFEST).read_text())
     shard = manifest["shards"]["phase1_part-00000_text_document"]
-    assert shard["documents"] == 23
+    assert shard["documents"] == 23 and shard["ranked"]
+    assert not manifest["shards"]["phase1_part-00001_text_document"]["ranked"]
     assert shard["tokens"] == int(read_back(out / "phase1_part-00000_text_document").sequence_lengths.sum())
     assert shard["input_size"] == (tmp_path / "in" / "a.parquet").stat().st_size
     assert len(manifest["tokenizer_sha256"]) == 64

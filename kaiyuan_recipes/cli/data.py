@@ -32,6 +32,8 @@ def add_parser(sub: Any) -> None:
     cv.add_argument("--tokenizer", type=Path, help="tokenizer directory (default: the bundled Qwen2 BPE)")
     cv.add_argument("--tokenizer-sha256")
     cv.add_argument("--text-key", default="text")
+    cv.add_argument("--rank-key", default="rank",
+                    help="numeric column kept per document beside each shard when present (ordered phases' by_rank)")
     cv.add_argument("--output-prefix", required=True)
     cv.add_argument("--num-shards", type=int, default=0, help="files converted at once (0: sized to the cores)")
     cv.add_argument("--workers-per-shard", type=int, default=0,
@@ -121,8 +123,9 @@ def convert(args: Any) -> int:
         result = convert_directory(
             ConvertOptions(
                 input_dir=args.input_dir, output_dir=args.output_dir, tokenizer_dir=tokenizer,
-                output_prefix=args.output_prefix, text_key=args.text_key, num_shards=args.num_shards,
-                workers_per_shard=args.workers_per_shard, batch_size=args.batch_size, on_bad_row=args.on_bad_row,
+                output_prefix=args.output_prefix, text_key=args.text_key, rank_key=args.rank_key,
+                num_shards=args.num_shards, workers_per_shard=args.workers_per_shard, batch_size=args.batch_size,
+                on_bad_row=args.on_bad_row,
             )
         )
     except ConversionInterrupted as err:

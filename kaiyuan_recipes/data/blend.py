@@ -197,20 +197,40 @@ def phase_iterations(cur: dict[str, Any], tokens_per_step: int | None = None) ->
     return bounds
 
 
+PHASE_ORDERS = ("shuffled", "as_stored", "by_rank")  # data/ordered_dataset.py reads the last two
+
+
+def phase_order(cur: dict[str, Any], number: int) -> str:
+    """How phase `number` visits its documents: Megatron's shuffle, or each source in stored / rank order."""
+    phases = {int(k): v for k, v in cur["phases"].items()}
+    order = (phases.get(number) or {}).get("order", "shuffled")
+    if order not in PHASE_ORDERS:
+        raise BlendError(f"phase {number}: order {order!r}; expected one of {', '.join(PHASE_ORDERS)}")
+    return order
+
+
 def phase_blend(cur: dict[str, Any], number: int) -> dict[str, Any]:
     """Prefixes and weights of one phase. A source's `weight` is a ratio, or `tokens` to weight it by
-    its converted size (from the converter's manifest); inside a source, shards weigh by tokens."""
+    its converted size (from the converter's manifest); inside a source, shards weigh by tokens. An ordered
+    phase blends whole sources (their directories: OrderedGPTDataset reads a source's shards in file order)."""
     phases = {int(k): v for k, v in cur["phases"].items()}
     if number not in phases:
         raise BlendError(f"phase {number}: not in the curriculum (phases {sorted(phases)})")
     specs = phases[number].get("sources") or []
     if not specs:
         raise BlendError(f"phase {number}: no sources")
+    ordered = phase_order(cur, number) != "shuffled"
+    if ordered and any(s.get("pattern", "*") != "*" for s in specs):
+        raise BlendError(f"phase {number}: an ordered phase reads every shard of a source; drop 'pattern' from "
+                         f"{[s['name'] for s in specs if s.get('pattern', '*') != '*']}")
     sources = [load_source(s["name"], s["dir"], s.get("pattern", "*")) for s in specs]
     raw = [float(src.total_tokens) if spec.get("weight", "tokens") == "tokens" else float(spec["weight"])
            for spec, src in zip(specs, sources)]
     if any(w <= 0 for w in raw):
         raise BlendError(f"phase {number}: source weights must be positive, got {raw}")
+    if ordered:
+        prefixes = [str(Path(spec["dir"]).expanduser()) for spec in specs]
+        return {"prefixes": prefixes, "weights": [w / sum(raw) for w in raw], "tokens": float(phases[number]["tokens"])}
     prefixes, weights = [], []
     for w, src in zip(raw, sources):
         for prefix, tokens in zip(src.prefixes, src.tokens):

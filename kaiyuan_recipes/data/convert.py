@@ -23,6 +23,7 @@ from typing import Any, Iterator
 from kaiyuan_recipes.atomic import write_text_atomic
 from kaiyuan_recipes.data.convert_worker import (
     BAD_ROW_POLICIES,
+    RANK_SUFFIX,
     BadInputError,
     ConvertOptions,
     OutputError,
@@ -31,6 +32,7 @@ from kaiyuan_recipes.data.convert_worker import (
     _Stopped,
     list_parquet_files,
     output_prefix_for,
+    rank_path,
 )
 from kaiyuan_recipes.data.tokenizer import tokenizer_fingerprint
 
@@ -60,18 +62,26 @@ def _write_manifest(output_dir: Path, manifest: dict[str, Any]) -> None:
         raise OutputError(f"{Path(output_dir) / MANIFEST}: cannot write ({err.strerror})") from None
 
 
-def is_up_to_date(entry: dict[str, Any] | None, src: Path, prefix: Path) -> bool:
-    """Same input file (path, size, mtime) and both outputs present. A change of tokenizer or of an option
-    that changes the tokens has already emptied the manifest's shards (convert_directory)."""
+def is_up_to_date(entry: dict[str, Any] | None, src: Path, prefix: Path, rank_key: str = "rank") -> bool:
+    """Same input file (path, size, mtime) and its outputs present (the ranks too, where it had them). A change of
+    tokenizer or of an option that changes the tokens has already emptied the manifest's shards (convert_directory).
+    An entry from before ranks were kept is redone only if its input has a rank column."""
     if not entry:
         return False
     stat = src.stat()
+    if "ranked" in entry:
+        ranks_ok = entry["ranked"] == rank_path(prefix).is_file()
+    else:
+        import pyarrow.parquet as pq
+
+        ranks_ok = rank_key not in pq.read_schema(src).names
     return (
         entry.get("input") == str(src)
         and entry["input_size"] == stat.st_size
         and entry["input_mtime_ns"] == stat.st_mtime_ns
         and Path(f"{prefix}.bin").is_file()
         and Path(f"{prefix}.idx").is_file()
+        and ranks_ok
     )
 
 
@@ -83,7 +93,7 @@ def remove_orphans(output_dir: Path, manifest: dict[str, Any], planned: set[str]
     ours = re.compile(re.escape(output_prefix) + r"_part-\d{5}_text_document")  # never another prefix's shards
     orphans = sorted(n for n in set(manifest["shards"]) - planned if ours.fullmatch(n))
     for name in orphans:
-        for ext in (".bin", ".idx"):
+        for ext in (".bin", ".idx", RANK_SUFFIX):
             (Path(output_dir) / f"{name}{ext}").unlink(missing_ok=True)
         del manifest["shards"][name]
     if orphans:
@@ -136,7 +146,7 @@ def convert_directory(opts: ConvertOptions, show_progress: bool = True) -> dict[
     todo = []
     for name, src in planned.items():
         prefix = opts.output_dir / name
-        if not is_up_to_date(manifest["shards"].get(name), src, prefix):
+        if not is_up_to_date(manifest["shards"].get(name), src, prefix, opts.rank_key):
             todo.append((src, prefix))
     shards, workers = opts.resolved_parallelism(len(todo) or 1)
     skipped_up_to_date = len(files) - len(todo)
@@ -202,7 +212,7 @@ def convert_directory(opts: ConvertOptions, show_progress: bool = True) -> dict[
                 record(fut)  # a shard that finished while stopping is kept
     if caught:
         for _, prefix in todo:
-            for ext in (".bin", ".idx"):
+            for ext in (".bin", ".idx", RANK_SUFFIX):
                 Path(f"{prefix.with_name(f'.{prefix.name}.tmp')}{ext}").unlink(missing_ok=True)
         finished = sum(1 for _, prefix in todo if prefix.name in manifest["shards"])
         if caught[0] == 0:  # stopped by a failure, not a signal

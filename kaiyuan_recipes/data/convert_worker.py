@@ -19,6 +19,11 @@ from kaiyuan_recipes.data.encoders import make_batch_encoder
 from kaiyuan_recipes.data.tokenizer import tokenizer_vocab_size
 
 BAD_ROW_POLICIES = ("error", "skip")
+RANK_SUFFIX = ".rank.npy"  # beside <prefix>.bin / .idx: one float64 per document, in document order
+
+
+def rank_path(prefix: str | Path) -> Path:
+    return Path(f"{prefix}{RANK_SUFFIX}")
 
 
 class BadInputError(ValueError):
@@ -39,6 +44,7 @@ class ConvertOptions:
     tokenizer_dir: Path
     output_prefix: str
     text_key: str = "text"
+    rank_key: str = "rank"       # kept per document beside the shard when the file has it (ordered phases)
     num_shards: int = 0          # 0: sized to the cores
     workers_per_shard: int = 0   # 0: sized to the cores
     batch_size: int = 1000
@@ -64,6 +70,7 @@ class ShardResult:
     skipped_examples: list[str] = field(default_factory=list)
     seconds: float = 0.0
     encoder: str = ""
+    ranked: bool = False  # <prefix>.rank.npy written
 
 
 def output_prefix_for(opts: ConvertOptions, index: int) -> Path:
@@ -93,10 +100,13 @@ def _bad(result: ShardResult, path: Path, row: int, why: str, policy: str) -> No
         result.skipped_examples.append(message)
 
 
-def _texts_of(batch: Any, column: str, path: Path, first_row: int, result: ShardResult, policy: str) -> list[str]:
+def _texts_of(batch: Any, column: str, path: Path, first_row: int, result: ShardResult, policy: str,
+              kept: list[int] | None = None) -> list[str]:
+    """The batch's usable texts; `kept` (when given) receives the batch rows they came from."""
     import pyarrow as pa
 
     array = batch.column(column)
+    kept = [] if kept is None else kept
     texts: list[str] = []
     if pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type):
         values = array.to_pylist()
@@ -114,11 +124,13 @@ def _texts_of(batch: Any, column: str, path: Path, first_row: int, result: Shard
                 _bad(result, path, first_row + i, f"'{column}' is empty", policy)
                 continue
             texts.append(text)
+            kept.append(i)
         return texts
     if not (pa.types.is_string(array.type) or pa.types.is_large_string(array.type)):
         raise BadInputError(f"{path}: column '{column}' has type {array.type}; expected string")
     values = array.to_pylist()
     if array.null_count == 0 and all(values):
+        kept.extend(range(len(values)))
         return values
     for i, text in enumerate(values):
         if text is None:
@@ -127,7 +139,23 @@ def _texts_of(batch: Any, column: str, path: Path, first_row: int, result: Shard
             _bad(result, path, first_row + i, f"'{column}' is empty", policy)
         else:
             texts.append(text)
+            kept.append(i)
     return texts
+
+
+def _ranks_of(batch: Any, column: str, path: Path, first_row: int, rows: list[int]) -> list[float]:
+    """The curriculum positions of the kept rows (released phase 3-5 files carry a numeric 'rank')."""
+    import pyarrow as pa
+
+    array = batch.column(column)
+    if not (pa.types.is_integer(array.type) or pa.types.is_floating(array.type)):
+        raise BadInputError(f"{path}: column '{column}' has type {array.type}; expected a number (the document's "
+                            "curriculum rank)")
+    values = array.to_pylist()
+    for i in rows:
+        if values[i] is None or values[i] != values[i]:
+            raise BadInputError(f"{path}: row {first_row + i} (0-based): '{column}' is null or NaN")
+    return [float(values[i]) for i in rows]
 
 
 def convert_parquet_shard(path: str, prefix: str, opts_dict: dict[str, Any], progress: Any = None) -> dict[str, Any]:
@@ -157,6 +185,9 @@ def convert_parquet_shard(path: str, prefix: str, opts_dict: dict[str, Any], pro
         raise BadInputError(f"{src}: no column '{opts.text_key}' (columns: {', '.join(parquet.schema_arrow.names)})")
     if parquet.metadata.num_rows == 0:
         raise BadInputError(f"{src}: the file has no rows")
+    result.ranked = opts.rank_key in parquet.schema_arrow.names
+    columns = [opts.text_key] + ([opts.rank_key] if result.ranked else [])
+    ranks: list[float] = []
 
     # Hidden temporary prefix in the same directory: readable by IndexedDataset, renamed when whole.
     tmp_prefix = prefix_path.with_name(f".{prefix_path.name}.tmp")
@@ -183,11 +214,14 @@ def convert_parquet_shard(path: str, prefix: str, opts_dict: dict[str, Any], pro
             pending = None
             for group in range(parquet.metadata.num_row_groups):
                 group_first = row
-                for batch in parquet.iter_batches(batch_size=opts.batch_size, columns=[opts.text_key],
+                for batch in parquet.iter_batches(batch_size=opts.batch_size, columns=columns,
                                                   row_groups=[group]):
                     if _should_stop():
                         raise _Stopped(str(src))
-                    texts = _texts_of(batch, opts.text_key, src, row, result, opts.on_bad_row)
+                    kept: list[int] = []
+                    texts = _texts_of(batch, opts.text_key, src, row, result, opts.on_bad_row, kept)
+                    if result.ranked:
+                        ranks.extend(_ranks_of(batch, opts.rank_key, src, row, kept))
                     row += batch.num_rows
                     submitted = encoder_thread.submit(encode, texts)
                     if pending is not None:
@@ -209,9 +243,9 @@ def convert_parquet_shard(path: str, prefix: str, opts_dict: dict[str, Any], pro
         _discard(builder, tmp_bin)
         raise
     try:
-        _finish_shard(builder, tmp_prefix, prefix_path, result, src)
+        _finish_shard(builder, tmp_prefix, prefix_path, result, src, ranks)
     except BaseException as err:
-        for path in (tmp_bin, tmp_idx):
+        for path in (tmp_bin, tmp_idx, rank_path(tmp_prefix)):
             path.unlink(missing_ok=True)
         if isinstance(err, OSError):
             raise OutputError(f"{prefix_path.parent}: cannot write the shard of {src.name} ({err.strerror})") from None
@@ -235,8 +269,10 @@ def _corrupt(src: Path, parquet: Any, group: int, group_first: int, row: int, er
                          f"{group_first + rows - 1}, 0-based; read up to row {row}) ({err})")
 
 
-def _finish_shard(builder: Any, tmp_prefix: Path, prefix_path: Path, result: ShardResult, src: Path) -> None:
-    """The index, a read-back with megatron-core's own reader, then the final names."""
+def _finish_shard(builder: Any, tmp_prefix: Path, prefix_path: Path, result: ShardResult, src: Path,
+                  ranks: list[float]) -> None:
+    """The index (and the documents' ranks), a read-back with megatron-core's own reader, then the final names."""
+    import numpy as np
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
     tmp_bin, tmp_idx = Path(f"{tmp_prefix}.bin"), Path(f"{tmp_prefix}.idx")
@@ -245,10 +281,19 @@ def _finish_shard(builder: Any, tmp_prefix: Path, prefix_path: Path, result: Sha
     if len(check) != result.documents or int(check.sequence_lengths.sum()) != result.tokens:
         raise BadInputError(f"{src}: read-back mismatch ({len(check)} docs / {result.documents} written)")
     del check
+    if result.ranked:
+        if len(ranks) != result.documents:
+            raise BadInputError(f"{src}: {len(ranks)} ranks for {result.documents} documents")
+        with open(rank_path(tmp_prefix), "wb") as f:
+            np.save(f, np.asarray(ranks, dtype=np.float64))
     if _should_stop():  # the driver is gone or stopping: it could not record this shard
         raise _Stopped(str(src))
     os.replace(tmp_bin, prefix_path.with_name(prefix_path.name + ".bin"))
     os.replace(tmp_idx, prefix_path.with_name(prefix_path.name + ".idx"))
+    if result.ranked:  # last: a shard whose ranks are missing is not yet recorded, so a rerun redoes it
+        os.replace(rank_path(tmp_prefix), rank_path(prefix_path))
+    else:
+        rank_path(prefix_path).unlink(missing_ok=True)  # from an earlier input that had ranks
 
 
 # ---- the worker process ---------------------------------------------------------------------------

@@ -9,7 +9,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kaiyuan_recipes.data.blend import BlendError, load_curriculum, phase_blend, phase_iterations, to_megatron_blend
+from kaiyuan_recipes.data.blend import (
+    BlendError,
+    load_curriculum,
+    phase_blend,
+    phase_iterations,
+    phase_order,
+    to_megatron_blend,
+)
 
 
 def curriculum_path(name_or_path: str) -> Path:
@@ -56,18 +63,30 @@ class PhaseBlendDataModule:
             fields["split"] = self.split
         return fields
 
+    def order(self) -> str:
+        return phase_order(self.spec(), self.phase)
+
     def dataset_config(self) -> Any:
-        """A Megatron-Bridge GPTDatasetConfig for this phase."""
+        """A Megatron-Bridge GPTDatasetConfig for this phase (OrderedGPTDatasetConfig for an ordered one)."""
         from megatron.bridge.training.config import GPTDatasetConfig
 
-        return GPTDatasetConfig(random_seed=self.seed, seq_length=self.seq_length, reset_attention_mask=False,
-                                reset_position_ids=False, eod_mask_loss=False, **self.blend_fields())
+        config = GPTDatasetConfig(random_seed=self.seed, seq_length=self.seq_length, reset_attention_mask=False,
+                                  reset_position_ids=False, eod_mask_loss=False, **self.blend_fields())
+        return self._ordered(config)
+
+    def _ordered(self, config: Any) -> Any:
+        if self.order() == "shuffled":
+            return config
+        from kaiyuan_recipes.data.ordered_dataset import OrderedGPTDatasetConfig
+
+        return OrderedGPTDatasetConfig.from_config(config, self.order())
 
     def apply(self, cfg: Any) -> None:
-        """Point a ConfigContainer at this phase: blend, last iteration, continuous schedule."""
+        """Point a ConfigContainer at this phase: blend (and order), last iteration, continuous schedule."""
         for key, value in self.blend_fields().items():
             setattr(cfg.dataset, key, value)
         cfg.dataset.random_seed = self.seed
+        cfg.dataset = self._ordered(cfg.dataset)
         cfg.train.train_iters = self.iterations()[self.phase][1]
         for key, value in self.schedule().items():
             setattr(cfg.scheduler, key, value)

@@ -1,0 +1,192 @@
+"""Ordered phases (the curriculum's phases 3-5): training visits each source's documents in a stated order instead
+of Megatron's shuffle, and the sources stay interleaved in proportion to their weights.
+
+Built on megatron-core's dataset classes, not beside them:
+- `SourceDocuments`: one converter output directory as one low-level dataset, its shards (one per input file,
+  numbered in file order) concatenated, so documents come in (file, row) order; each shard is megatron-core's own
+  IndexedDataset, and the converter's per-document `rank` sidecars (`<prefix>.rank.npy`) come along.
+- `OrderedGPTDataset(GPTDataset)`: the same packing (megatron-core's C++ `build_sample_idx`, samples of
+  seq_length + 1 tokens across document boundaries) over a document index in the phase's order instead of a
+  shuffled one, and no sample shuffle. Its index files are cached where GPTDataset caches its own.
+- `OrderedGPTDatasetConfig`: megatron-core's GPTDatasetConfig plus Megatron-Bridge's DatasetProvider contract,
+  so Bridge's `pretrain` builds the phase through `build_datasets` (megatron-core's BlendedMegatronDatasetBuilder
+  with OrderedGPTDataset). Sources are blended by megatron-core's BlendedDataset, whose blending index is
+  deterministic: each sample goes to the source furthest below its share, which interleaves them in proportion.
+
+Megatron's sequential sampler (dataloader_type "single") then gives each step's global batch the next samples,
+split across data-parallel ranks, and starts a resumed run at the checkpoint's consumed samples: exact resume."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy
+
+from kaiyuan_recipes import compat
+from kaiyuan_recipes.data.convert_worker import RANK_SUFFIX, rank_path
+
+compat.import_megatron_bridge()  # megatron.bridge with the workarounds in place
+from megatron.bridge.data.base import DatasetBuildContext, DatasetProvider  # noqa: E402
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder  # noqa: E402
+from megatron.core.datasets.blended_megatron_dataset_config import BlendedMegatronDatasetConfig  # noqa: E402
+from megatron.core.datasets.gpt_dataset import GPTDataset  # noqa: E402
+from megatron.core.datasets.gpt_dataset import GPTDatasetConfig as MCoreGPTDatasetConfig  # noqa: E402
+from megatron.core.datasets.utils import Split  # noqa: E402
+
+ORDERS = ("shuffled", "as_stored", "by_rank")  # shuffled = Megatron's GPTDataset, the others this module
+
+
+class SourceDocuments:
+    """A converter output directory's shards as one sequence of documents, in (file, row) order."""
+
+    def __init__(self, source_dir: Path, config: Any):
+        from kaiyuan_recipes.data.convert import MANIFEST
+
+        manifest = source_dir / MANIFEST
+        if not manifest.is_file():
+            raise FileNotFoundError(f"ordered source {source_dir}: no {MANIFEST} (run `kaiyuan data convert` on it)")
+        names = sorted(json.loads(manifest.read_text(encoding="utf-8"))["shards"])  # _part-%05d_: file order
+        if not names:
+            raise ValueError(f"ordered source {source_dir}: {MANIFEST} lists no shards")
+        self.path_prefix = str(source_dir / "ordered")  # where GPTDataset would cache without path_to_cache
+        self.shards = [GPTDataset.build_low_level_dataset(str(source_dir / name), config) for name in names]
+        lengths = [len(s) for s in self.shards]
+        self.starts = numpy.concatenate([[0], numpy.cumsum(lengths)]).astype(numpy.int64)
+        self.sequence_lengths = numpy.concatenate([s.sequence_lengths for s in self.shards]).astype(numpy.int32)
+        self.ranks = self._ranks(source_dir, names, lengths)
+
+    @staticmethod
+    def _ranks(source_dir: Path, names: list[str], lengths: list[int]) -> numpy.ndarray | None:
+        paths = [rank_path(source_dir / name) for name in names]
+        if not any(p.is_file() for p in paths):
+            return None
+        parts = []
+        for path, length in zip(paths, lengths):
+            if not path.is_file():
+                raise FileNotFoundError(f"{path}: missing while other shards of {source_dir} have ranks; "
+                                        "reconvert the directory")
+            ranks = numpy.load(path)
+            if ranks.shape != (length,):
+                raise ValueError(f"{path}: {ranks.shape[0]} ranks for {length} documents; reconvert the directory")
+            parts.append(ranks)
+        return numpy.concatenate(parts)
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def get(self, idx: int, offset: int = 0, length: int | None = None) -> numpy.ndarray:
+        shard = int(numpy.searchsorted(self.starts, idx, side="right")) - 1
+        return self.shards[shard].get(int(idx - self.starts[shard]), offset=offset, length=length)
+
+
+class OrderedGPTDataset(GPTDataset):
+    """GPTDataset whose document index follows `config.order` and whose samples are not shuffled."""
+
+    @staticmethod
+    def build_low_level_dataset(dataset_path: str, config: Any) -> Any:
+        if Path(dataset_path).is_dir():
+            return SourceDocuments(Path(dataset_path), config)
+        return GPTDataset.build_low_level_dataset(dataset_path, config)  # a plain prefix (the held-out set)
+
+    @staticmethod
+    def _key_config_attributes() -> list[str]:
+        return GPTDataset._key_config_attributes() + ["order"]  # a new order is a new cache entry
+
+    def document_order(self) -> numpy.ndarray:
+        """This split's documents in the phase's order (ascending rank for by_rank, ties in stored order)."""
+        documents = numpy.asarray(self.indices, dtype=numpy.int32)
+        if self.config.order != "by_rank":
+            return documents
+        ranks = getattr(self.dataset, "ranks", None)
+        if ranks is None:
+            raise ValueError(f"{self.dataset_path}: order by_rank needs the documents' ranks ({RANK_SUFFIX} beside "
+                             "each shard, written by `kaiyuan data convert` when the parquet has a 'rank' column)")
+        return documents[numpy.argsort(ranks[documents], kind="stable")]
+
+    def _build_document_sample_shuffle_indices(self) -> tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray]:
+        cached = self._cache_paths()
+        if cached and all(p.is_file() for p in cached.values()):
+            return tuple(numpy.load(cached[k], mmap_mode="r") for k in ("document", "sample", "shuffle"))
+        from megatron.core.datasets import helpers
+
+        tokens_per_epoch = self._get_num_tokens_per_epoch()
+        epochs = self._get_num_epochs(tokens_per_epoch)
+        document_index = numpy.tile(self.document_order(), epochs).astype(numpy.int32)  # epoch 2 repeats the order
+        drop_last = self.config.drop_last_partial_validation_sequence if self.index_split == Split.valid else True
+        sample_index = helpers.build_sample_idx(self.dataset.sequence_lengths, document_index,
+                                                self.config.sequence_length, epochs, tokens_per_epoch, drop_last,
+                                                self.config.add_extra_token_to_sequence)
+        shuffle_index = numpy.arange(sample_index.shape[0] - 1, dtype=numpy.int64)  # identity: samples in order
+        if cached and _builds_cache():
+            _save_atomic(cached, {"document": document_index, "sample": sample_index, "shuffle": shuffle_index},
+                         self.unique_description)
+        return document_index, sample_index, shuffle_index
+
+    def _cache_paths(self) -> dict[str, Path] | None:
+        if not self.config.path_to_cache:
+            return None
+        base = Path(self.config.path_to_cache) / f"{self.unique_description_hash}-{type(self).__name__}-" \
+                                                  f"{self.index_split.name}"
+        return {k: Path(f"{base}-{k}_index.npy") for k in ("document", "sample", "shuffle")} | \
+            {"description": Path(f"{base}-description.txt")}
+
+
+def _builds_cache() -> bool:
+    import torch
+
+    return not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+
+
+def _save_atomic(paths: dict[str, Path], arrays: dict[str, numpy.ndarray], description: str) -> None:
+    """Each file under a temporary name, renamed when whole; the description last (it marks the set complete)."""
+    paths["description"].parent.mkdir(parents=True, exist_ok=True)
+    for key, array in arrays.items():
+        tmp = paths[key].with_name(f".{paths[key].name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:
+            numpy.save(f, array)
+        os.replace(tmp, paths[key])
+    tmp = paths["description"].with_name(f".{paths['description'].name}.{os.getpid()}.tmp")
+    tmp.write_text(description)
+    os.replace(tmp, paths["description"])
+
+
+@dataclass(kw_only=True)
+class OrderedGPTDatasetConfig(MCoreGPTDatasetConfig, DatasetProvider):
+    """An ordered phase's dataset settings. Not a subclass of Bridge's GPTDatasetConfig (Bridge maps that class to
+    its shuffling GPTDataset provider); like it, megatron-core's checks run at finalize(), after overrides."""
+
+    seq_length: int
+    order: str = "as_stored"
+    skip_getting_attention_mask_from_dataset: bool = True
+
+    def __post_init__(self) -> None:  # deferred to finalize(), as Bridge's GPTDatasetConfig does
+        pass
+
+    @classmethod
+    def from_config(cls, base: Any, order: str) -> "OrderedGPTDatasetConfig":
+        """The same settings as `base` (a Bridge GPTDatasetConfig) with `order`."""
+        names = {f.name for f in fields(cls) if f.init} - {"order"}
+        values = {name: getattr(base, name) for name in names if hasattr(base, name)}
+        return cls(order=order, **values)
+
+    def finalize(self) -> None:
+        if self.order not in ORDERS[1:]:
+            raise ValueError(f"dataset order {self.order!r}: expected one of {', '.join(ORDERS[1:])}")
+        if self.dataloader_type not in (None, "single"):
+            raise ValueError(f"an ordered phase reads its samples in order: dataset.dataloader_type must be 'single' "
+                             f"(Megatron's sequential sampler), got {self.dataloader_type!r}")
+        self.dataloader_type = "single"
+        self.sequence_length = self.seq_length
+        BlendedMegatronDatasetConfig.__post_init__(self)  # as Bridge: megatron-core's GPT checks need the tokenizer
+        for name in ("reset_position_ids", "reset_attention_mask", "eod_mask_loss"):
+            if getattr(self, name) is None:
+                raise ValueError(f"dataset.{name} must be set (true or false)")
+        DatasetProvider.finalize(self)
+
+    def build_datasets(self, context: DatasetBuildContext) -> tuple[Any, Any, Any]:
+        sizes = [context.train_samples, context.valid_samples, context.test_samples]
+        return tuple(BlendedMegatronDatasetBuilder(OrderedGPTDataset, sizes, lambda: True, self).build())
