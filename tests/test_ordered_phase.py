@@ -208,3 +208,18 @@ def test_bad_orders_and_loaders_are_refused(curriculum, tmp_path):
     bad.write_text(yaml.safe_dump(spec))
     with pytest.raises(ValueError, match="plain_out: order by_rank needs the documents' ranks"):
         phase_datasets(bad, 2, tmp_path / "cache_noranks")
+
+
+def test_the_shipped_kaiyuan_2b_curriculum_follows_the_authors_pipeline():
+    from kaiyuan_recipes.data.blend import load_curriculum, phase_iterations, phase_order
+    from kaiyuan_recipes.data.phase_module import curriculum_path
+
+    cur = load_curriculum(curriculum_path("kaiyuan_2b"))
+    phases = {int(k): v for k, v in cur["phases"].items()}
+    assert sorted(phases) == [1, 2, 3, 4, 5]
+    assert [phase_order(cur, n) for n in phases] == ["shuffled", "shuffled", "as_stored", "as_stored", "as_stored"]
+    assert [phases[n]["schedule"] for n in phases] == ["warmup_stable", "stable", "stable", "stable", "decay"]
+    assert sum(float(p["tokens"]) for p in phases.values()) == pytest.approx(2.2e12)  # the model card's total
+    module = PhaseBlendDataModule(curriculum="kaiyuan_2b", phase=5)
+    bounds = phase_iterations(cur, 512 * 4096)
+    assert module.schedule()["lr_wsd_decay_iters"] == bounds[5][1] - bounds[5][0] + 1  # decay = phase 5 only

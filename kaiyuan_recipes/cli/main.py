@@ -8,9 +8,9 @@ import sys
 import warnings
 
 from kaiyuan_recipes import __version__
-from kaiyuan_recipes.cli import ckpt, cluster, data, doctor, evaluate, export, lifecycle, models, serve, train
+from kaiyuan_recipes.cli import average, ckpt, cluster, data, doctor, evaluate, export, lifecycle, models, serve, train
 
-SUBCOMMANDS = (train, lifecycle, cluster, models, data, ckpt, export, evaluate, serve, doctor)
+SUBCOMMANDS = (train, lifecycle, cluster, models, data, ckpt, average, export, evaluate, serve, doctor)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -143,6 +143,13 @@ def _apply_run_layout(cfg: Any, run: RunSettings) -> None:
         cfg.dataset.path_to_cache = str(run.layout.dataset_cache)
 
 
+def _keep_for_average(cfg: Any, last: int) -> None:
+    """kaiyuan.average_last=N: keep-last-K never deletes a checkpoint `kaiyuan average --last N` needs."""
+    k = cfg.checkpoint.most_recent_k
+    if last > 0 and k is not None and -1 < k < last:
+        cfg.checkpoint.most_recent_k = last
+
+
 def _tokenizer_config(run: RunSettings) -> Any:
     from megatron.bridge.training.config import TokenizerConfig
 
@@ -231,6 +238,7 @@ def build_config(recipe: str, overrides: list[str] | None = None) -> tuple[Any, 
     _apply_run_layout(cfg, run)
     _apply_data_source(cfg, run)
     ov.apply_to_container(cfg, container_overrides)
+    _keep_for_average(cfg, run.average_last)
     if not any(ov.split_key(o)[0] == "model.seq_length" for o in container_overrides):
         cfg.model.seq_length = cfg.dataset.seq_length  # an override of dataset.seq_length reaches the model
     run.fastpath = fastpath.plan(cfg, run)  # on the final config (an override may add TP or experts)

@@ -57,6 +57,8 @@ class Knobs:
     # Where the run lives
     run_root: str = knob("./runs", "Runs live in <run_root>/<run_name>/ (layout: kaiyuan_recipes/run_layout.py).")
     run_name: str | None = knob(None, "Default: the recipe name.")
+    average_last: int = knob(0, "Keep at least this many newest checkpoints for `kaiyuan average RUN --last N` "
+                                "(raises checkpoint.most_recent_k to it; 0 = keep-last-K as set).")
     # Data
     data: str = knob("sample", "sample: the bundled corpus; mock: synthetic tokens; blend: dataset.blend; "
                                "curriculum: a phase of kaiyuan.curriculum; plan: kaiyuan.plan.", DATA_SOURCES)
@@ -74,6 +76,9 @@ class Knobs:
             value = _coerced(f, getattr(self, f.name))
             _check(f, value)
             setattr(self, f.name, value)
+        if self.average_last < 0:
+            raise KnobError(f"kaiyuan.average_last: expected 0 or a positive number of checkpoints; got "
+                            f"{self.average_last}")
         if self.run_name == "":
             self.run_name = None  # `kaiyuan.run_name=`: the recipe's name, as before
         if self.tokenizer_sha256 is not None:

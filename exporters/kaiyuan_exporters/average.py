@@ -1,0 +1,141 @@
+"""Checkpoint averaging (`kaiyuan average RUN --last N OUT`): the weighted mean of the model weights of a run's last
+N torch_dist checkpoints, written as a new torch_dist checkpoint. The fix the Kaiyuan authors' companion paper (CMA,
+arXiv 2511.18903) proposes for an ascending-quality curriculum under LR decay.
+
+Each checkpoint is rebuilt as a model the way export rebuilds it (Megatron-Bridge's AutoBridge.load_megatron_model,
+megatron-core's dist_checkpointing underneath, any data-parallel layout); the mean is taken in fp32 and cast back to
+each parameter's dtype; the result is written with Megatron-Bridge's save_megatron_model (weights only: the optimizer
+state is dropped, as no average of Adam moments is one) beside the newest source's run_config.yaml, so `kaiyuan
+export hf`, `kaiyuan serve`, and training from it (checkpoint.pretrained_checkpoint=OUT) read it like any other."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from kaiyuan_recipes.atomic import atomic_directory
+from kaiyuan_recipes.ckpt.store import CheckpointError, checkpoint_format, checkpoint_root, iteration_dirs, iteration_of
+from kaiyuan_recipes.run_layout import RUN_CONFIG_FILE
+
+from .megatron_to_hf import (
+    bridge_for,
+    checkpoint_shape,
+    ensure_single_process_group,
+    newest_iteration_dir,
+    rebuild_overrides,
+)
+
+SOURCES_FILE = "averaged_from.json"  # in the new iter_* directory: what was averaged, with which weights
+
+
+@dataclass
+class AverageReport:
+    out: str
+    checkpoint: str  # the iter_* directory written
+    sources: list[str]
+    weights: list[float]
+    tensors: int
+    parameters: int
+    optimizer_state: str = "dropped (weights only: load with checkpoint.pretrained_checkpoint, or export / serve)"
+
+
+def choose_checkpoints(run: Path, last: int, weights: list[float] | None) -> tuple[list[Path], list[float]]:
+    """The last `last` iter_* directories of `run` (oldest first) and their normalised weights (default equal)."""
+    root = checkpoint_root(run)
+    saved = iteration_dirs(root)
+    if last < 1:
+        raise CheckpointError(f"--last {last}: expected at least 1")
+    if len(saved) < last:
+        raise CheckpointError(f"{root}: {len(saved)} checkpoint(s) ({', '.join(p.name for p in saved) or 'none'}); "
+                              f"--last {last} needs {last} (keep them with kaiyuan.average_last={last})")
+    chosen = saved[-last:]
+    weights = [1.0] * last if weights is None else [float(w) for w in weights]
+    if len(weights) != last:
+        raise CheckpointError(f"--weights: {len(weights)} value(s) for --last {last}; give one per checkpoint, "
+                              "oldest first")
+    if any(w < 0 for w in weights) or sum(weights) <= 0:
+        raise CheckpointError(f"--weights {weights}: expected non-negative numbers with a positive sum")
+    for ckpt in chosen:
+        if checkpoint_format(ckpt) != "torch_dist":
+            raise CheckpointError(f"{ckpt}: format {checkpoint_format(ckpt)}; averaging reads torch_dist checkpoints")
+    return chosen, [w / sum(weights) for w in weights]
+
+
+def _model_config(ckpt: Path) -> dict[str, Any]:
+    import yaml
+
+    path = ckpt / RUN_CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{ckpt}: no {RUN_CONFIG_FILE} (the model's shape is read from it)")
+    return (yaml.safe_load(path.read_text()) or {}).get("model") or {}
+
+
+def average_checkpoints(run: Path, out: Path, last: int, weights: list[float] | None = None,
+                        show_progress: bool = True) -> AverageReport:
+    import torch
+
+    out = Path(out)
+    if out.exists():
+        raise FileExistsError(f"{out}: exists; choose a new output directory")
+    chosen, weights = choose_checkpoints(run, last, weights)
+    newest = chosen[-1]
+    shape_keys = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+                  "kv_channels", "vocab_size", "num_moe_experts")
+    reference = {k: _model_config(newest).get(k) for k in shape_keys}
+    for ckpt in chosen[:-1]:
+        shape = {k: _model_config(ckpt).get(k) for k in shape_keys}
+        if shape != reference:
+            differs = {k: (shape[k], reference[k]) for k in shape_keys if shape[k] != reference[k]}
+            raise CheckpointError(f"{ckpt}: another model shape than {newest.name} ({differs}); only checkpoints "
+                                  "of one model average")
+    ensure_single_process_group()
+    shape = checkpoint_shape(newest)
+    bridge = bridge_for(shape)
+    sums: dict[str, torch.Tensor] = {}
+    model = None
+    progress = _progress(show_progress)
+    for ckpt, weight in zip(chosen, weights):
+        progress(f"reading {ckpt.name} (weight {weight:.4g})")
+        model = bridge.load_megatron_model(str(ckpt), mp_overrides=rebuild_overrides(shape), wrap_with_ddp=False)
+        module = (model if isinstance(model, list) else [model])[0]
+        for name, tensor in _weights(module).items():
+            scaled = tensor.detach().float() * weight
+            sums[name] = scaled if name not in sums else sums[name].add_(scaled)
+    module = (model if isinstance(model, list) else [model])[0]
+    with torch.no_grad():
+        for name, tensor in _weights(module).items():
+            tensor.copy_(sums[name].to(tensor.dtype))
+    from megatron.bridge.training.model_load_save import save_megatron_model
+
+    progress(f"writing {out}")
+    with atomic_directory(out) as tmp:
+        save_megatron_model([module], tmp)
+        written = newest_iteration_dir(tmp)
+        shutil.copy2(newest / RUN_CONFIG_FILE, written / RUN_CONFIG_FILE)
+        report = AverageReport(out=str(out), checkpoint=str(out / written.name), sources=[str(c) for c in chosen],
+                               weights=weights, tensors=len(sums),
+                               parameters=sum(t.numel() for t in sums.values()))
+        (written / SOURCES_FILE).write_text(json.dumps(
+            asdict(report) | {"iterations": [iteration_of(c) for c in chosen]}, indent=2) + "\n")
+    return report
+
+
+def _weights(module: Any) -> dict[str, Any]:
+    """The model's floating-point tensors by state_dict key (Transformer Engine's _extra_state entries are not
+    weights)."""
+    import torch
+
+    return {k: v for k, v in module.state_dict().items()
+            if isinstance(v, torch.Tensor) and v.is_floating_point() and not k.endswith("_extra_state")}
+
+
+def _progress(show: bool) -> Any:
+    if not show:
+        return lambda message: None
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    return lambda message: console.print(f"[dim]kaiyuan average:[/dim] {message}")
