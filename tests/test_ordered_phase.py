@@ -116,18 +116,20 @@ def phase_datasets(path, phase, cache):
     config.path_to_cache, config.tokenizer = str(cache), tokenizer()
     config.finalize()
     provider = get_dataset_provider(config)
-    return config, provider([240, 0, 0], config)[0]
+    first = getattr(config, "first_sample", 0)  # the samples the earlier phases consumed
+    return config, provider([first + 240, 0, 0], config)[0]
 
 
 def marks(sample_tokens, tok):
     return [(m.group(1), int(m.group(2)), int(m.group(3))) for m in MARK.finditer(tok.detokenize(sample_tokens))]
 
 
-def stream(dataset, tok, consumed=0, steps=None, dp=2, micro=2, gbs=8):
+def stream(dataset, tok, consumed=None, steps=None, dp=2, micro=2, gbs=8):
     """Each step's global batch through Megatron-Bridge's sampler, in the order the sampler cut it: each micro-batch
     round is `dp` consecutive slices, one per data-parallel rank."""
     from megatron.bridge.data.samplers import build_pretraining_data_loader
 
+    consumed = getattr(dataset, "first", 0) if consumed is None else consumed  # a phase starts where the last ended
     loaders = [iter(build_pretraining_data_loader(dataset, consumed, "single", micro, 0, True, data_parallel_rank=r,
                                                   data_parallel_size=dp, global_batch_size=gbs)) for r in range(dp)]
     steps = steps if steps is not None else (len(dataset) - consumed) // gbs
@@ -158,8 +160,9 @@ def test_an_ordered_phase_is_monotone_within_each_source_and_interleaved_by_size
         for name, values in seen.items():
             assert len(values) > 20 and values == sorted(values), (phase, name, values)
         # sizes by tokens: the running share of each source stays at its token share
-        share = dataset.weights[list(dataset.datasets).index(next(
-            d for d in dataset.datasets if "web" in d.dataset_path))] if hasattr(dataset, "weights") else None
+        blended = dataset.dataset  # PhaseStart over megatron-core's BlendedDataset
+        share = blended.weights[list(blended.datasets).index(next(
+            d for d in blended.datasets if "web" in d.dataset_path))]
         assert share is not None and 0.5 < share < 0.8
         web = np.cumsum([w == "web" for w in which if w])
         n = np.arange(1, len(web) + 1)
@@ -181,9 +184,23 @@ def test_a_resumed_ordered_stream_continues_at_the_same_sample(curriculum, tmp_p
     _, dataset = phase_datasets(path, 2, tmp_path / "cache")
     whole = stream(dataset, tok, steps=12)
     _, reopened = phase_datasets(path, 2, tmp_path / "cache")  # a restarted job: the cached indices reloaded
-    resumed = stream(dataset, tok, steps=5) + stream(reopened, tok, consumed=5 * 8, steps=7)
+    start = dataset.first  # phase 2 starts after phase 1's samples
+    assert start == 40 * 8  # phase 1: 40 steps of 8
+    resumed = stream(dataset, tok, steps=5) + stream(reopened, tok, consumed=start + 5 * 8, steps=7)
     assert resumed == whole
-    assert stream(dataset, tok, consumed=5 * 8, steps=1) != whole[:8]  # the resumed stream is not the start again
+    assert stream(dataset, tok, consumed=start + 5 * 8, steps=1) != whole[:8]  # not the start again
+
+
+def test_an_ordered_phase_starts_at_its_own_first_document(curriculum, tmp_path):
+    """Phase 2 resumes phase 1's run, whose sampler has consumed phase 1's samples: the phase still begins with its
+    lowest-ranked documents, not that many samples deep into its order."""
+    path, _ = curriculum
+    tok = tokenizer()
+    _, dataset = phase_datasets(path, 2, tmp_path / "cache")
+    first = [r for sample in stream(dataset, tok, steps=1) for _, r, _ in marks(sample, tok)]
+    assert min(first) == 0
+    with pytest.raises(IndexError, match="precedes this phase's first sample 320"):
+        dataset[0]
 
 
 def test_bad_orders_and_loaders_are_refused(curriculum, tmp_path):

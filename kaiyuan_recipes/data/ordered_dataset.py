@@ -14,17 +14,21 @@ Built on megatron-core's dataset classes, not beside them:
   deterministic: each sample goes to the source furthest below its share, which interleaves them in proportion.
 
 Megatron's sequential sampler (dataloader_type "single") then gives each step's global batch the next samples,
-split across data-parallel ranks, and starts a resumed run at the checkpoint's consumed samples: exact resume."""
+split across data-parallel ranks, and starts a resumed run at the checkpoint's consumed samples: exact resume.
+A phase resumes the previous phase's run, so its sampler starts at the samples consumed before it (`first_sample`):
+PhaseStart shifts the index so that sample is the phase's first, not one deep into its order."""
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import numpy
+import torch
 
 from kaiyuan_recipes import compat
 from kaiyuan_recipes.data.convert_worker import RANK_SUFFIX, rank_path
@@ -110,7 +114,9 @@ class OrderedGPTDataset(GPTDataset):
     def _build_document_sample_shuffle_indices(self) -> tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray]:
         cached = self._cache_paths()
         if cached and all(p.is_file() for p in cached.values()):
-            return tuple(numpy.load(cached[k], mmap_mode="r") for k in ("document", "sample", "shuffle"))
+            indices = tuple(numpy.load(cached[k], mmap_mode="r") for k in ("document", "sample", "shuffle"))
+            self._report("loaded", indices[1].shape[0] - 1, cached["document"])
+            return indices
         from megatron.core.datasets import helpers
 
         tokens_per_epoch = self._get_num_tokens_per_epoch()
@@ -124,7 +130,15 @@ class OrderedGPTDataset(GPTDataset):
         if cached and _builds_cache():
             _save_atomic(cached, {"document": document_index, "sample": sample_index, "shuffle": shuffle_index},
                          self.unique_description)
+        self._report(f"built ({epochs} epoch(s))", sample_index.shape[0] - 1, cached and cached["document"])
         return document_index, sample_index, shuffle_index
+
+    def _report(self, what: str, samples: int, where: Any) -> None:
+        """One line per source in the training log: which order, how many samples, where the indices live."""
+        if _builds_cache():
+            print(f"kaiyuan: ordered dataset {self.dataset_path} ({self.index_split.name}, order {self.config.order}):"
+                  f" {what} {samples} samples over {len(self.indices)} documents; indices {where or 'in memory'}",
+                  file=sys.stderr, flush=True)
 
     def _cache_paths(self) -> dict[str, Path] | None:
         if not self.config.path_to_cache:
@@ -136,8 +150,6 @@ class OrderedGPTDataset(GPTDataset):
 
 
 def _builds_cache() -> bool:
-    import torch
-
     return not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
 
 
@@ -154,6 +166,22 @@ def _save_atomic(paths: dict[str, Path], arrays: dict[str, numpy.ndarray], descr
     os.replace(tmp, paths["description"])
 
 
+class PhaseStart(torch.utils.data.Dataset):
+    """`dataset` seen from global sample `first`: index first + j is the phase's sample j (indices below `first`
+    belong to earlier phases and are never asked for)."""
+
+    def __init__(self, dataset: Any, first: int):
+        self.dataset, self.first = dataset, first
+
+    def __len__(self) -> int:
+        return self.first + len(self.dataset)
+
+    def __getitem__(self, idx: int) -> Any:
+        if idx < self.first:
+            raise IndexError(f"sample {idx} precedes this phase's first sample {self.first}")
+        return self.dataset[idx - self.first]
+
+
 @dataclass(kw_only=True)
 class OrderedGPTDatasetConfig(MCoreGPTDatasetConfig, DatasetProvider):
     """An ordered phase's dataset settings. Not a subclass of Bridge's GPTDatasetConfig (Bridge maps that class to
@@ -161,17 +189,18 @@ class OrderedGPTDatasetConfig(MCoreGPTDatasetConfig, DatasetProvider):
 
     seq_length: int
     order: str = "as_stored"
+    first_sample: int = 0  # the global sample the phase starts at: (first iteration - 1) x global batch
     skip_getting_attention_mask_from_dataset: bool = True
 
     def __post_init__(self) -> None:  # deferred to finalize(), as Bridge's GPTDatasetConfig does
         pass
 
     @classmethod
-    def from_config(cls, base: Any, order: str) -> "OrderedGPTDatasetConfig":
-        """The same settings as `base` (a Bridge GPTDatasetConfig) with `order`."""
-        names = {f.name for f in fields(cls) if f.init} - {"order"}
+    def from_config(cls, base: Any, order: str, first_sample: int = 0) -> "OrderedGPTDatasetConfig":
+        """The same settings as `base` (a Bridge GPTDatasetConfig) with `order`, starting at `first_sample`."""
+        names = {f.name for f in fields(cls) if f.init} - {"order", "first_sample"}
         values = {name: getattr(base, name) for name in names if hasattr(base, name)}
-        return cls(order=order, **values)
+        return cls(order=order, first_sample=first_sample, **values)
 
     def finalize(self) -> None:
         if self.order not in ORDERS[1:]:
@@ -188,5 +217,7 @@ class OrderedGPTDatasetConfig(MCoreGPTDatasetConfig, DatasetProvider):
         DatasetProvider.finalize(self)
 
     def build_datasets(self, context: DatasetBuildContext) -> tuple[Any, Any, Any]:
-        sizes = [context.train_samples, context.valid_samples, context.test_samples]
-        return tuple(BlendedMegatronDatasetBuilder(OrderedGPTDataset, sizes, lambda: True, self).build())
+        phase_samples = max(context.train_samples - self.first_sample, 1)  # train_samples counts from the run's start
+        sizes = [phase_samples, context.valid_samples, context.test_samples]
+        train, valid, test = BlendedMegatronDatasetBuilder(OrderedGPTDataset, sizes, lambda: True, self).build()
+        return (PhaseStart(train, self.first_sample) if train is not None and self.first_sample else train), valid, test

@@ -79,7 +79,8 @@ class PhaseBlendDataModule:
             return config
         from kaiyuan_recipes.data.ordered_dataset import OrderedGPTDatasetConfig
 
-        return OrderedGPTDatasetConfig.from_config(config, self.order())
+        first_iteration = self.iterations()[self.phase][0]  # samples before it were the earlier phases'
+        return OrderedGPTDatasetConfig.from_config(config, self.order(), (first_iteration - 1) * self.global_batch_size)
 
     def apply(self, cfg: Any) -> None:
         """Point a ConfigContainer at this phase: blend (and order), last iteration, continuous schedule."""
