@@ -96,6 +96,7 @@ def summarize(cfg: Any, run: RunSettings, layout: dict[str, int], launch_argv: l
             "source": run.data,
             "tokenizer": cfg.tokenizer.tokenizer_model or f"NullTokenizer({cfg.tokenizer.vocab_size})",
             "prefixes": list(cfg.dataset.blend[0]) if cfg.dataset.blend else None,
+            "order": getattr(cfg.dataset, "order", "shuffled"),  # an ordered phase: data/ordered_dataset.py
         },
         "tensorboard": cfg.logger.tensorboard_dir,
         "profiling": ("iterations {}..{}".format(*profiled_iterations(cfg.profiling))
