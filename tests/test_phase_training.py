@@ -83,3 +83,13 @@ def test_a_phase_resuming_a_run_trained_on_another_schedule_adopts_the_curriculu
     phase1.to_yaml(str(iteration / "run_config.yaml"))
     cfg, _ = build_config("gpt_smoke", phase + ["kaiyuan.phase=2"])
     assert not cfg.scheduler.override_opt_param_scheduler
+
+
+def test_a_phase_counts_its_iterations_with_the_overridden_batch(curriculum, tmp_path):
+    """train.global_batch_size on the command line is what the phase's token budget is divided by."""
+    common = [f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=curriculum", f"kaiyuan.curriculum={curriculum}",
+              f"kaiyuan.tokenizer={default_tokenizer_dir()}"]
+    cfg16, _ = build_config("gpt_smoke", common + ["kaiyuan.phase=1"])
+    cfg8, _ = build_config("gpt_smoke", common + ["kaiyuan.phase=1", "train.global_batch_size=8"])
+    assert cfg8.train.global_batch_size == 8
+    assert cfg8.train.train_iters == 2 * cfg16.train.train_iters == 120

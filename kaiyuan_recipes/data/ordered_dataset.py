@@ -178,7 +178,8 @@ class PhaseStart(torch.utils.data.Dataset):
 
     def __getitem__(self, idx: int) -> Any:
         if idx < self.first:
-            raise IndexError(f"sample {idx} precedes this phase's first sample {self.first}")
+            raise IndexError(f"sample {idx} precedes this phase's first sample {self.first} (where the curriculum's "
+                             "iterations put it): the resumed checkpoint has not finished the previous phase")
         return self.dataset[idx - self.first]
 
 

@@ -236,6 +236,9 @@ def build_config(recipe: str, overrides: list[str] | None = None) -> tuple[Any, 
         cfg.model.deterministic_mode = True
         cfg.model.cross_entropy_loss_fusion = False  # upstream: not deterministic
     _apply_run_layout(cfg, run)
+    # Twice: the data source reads the final batch and sequence length (a curriculum turns token budgets into
+    # iterations with them), and the user's overrides then win over what the source set.
+    ov.apply_to_container(cfg, container_overrides)
     _apply_data_source(cfg, run)
     ov.apply_to_container(cfg, container_overrides)
     _keep_for_average(cfg, run.average_last)

@@ -59,12 +59,22 @@ trap 'kaiyuan stacks cur --run-root "$work/runs" > "$out/stacks.txt" 2>&1 || tru
 kaiyuan train gpt_smoke --phase 1 "${args[@]}" > "$out/phase1.log" 2>&1 || { tail -40 "$out/phase1.log"; exit 1; }
 kaiyuan start gpt_smoke cur "${common[@]}" kaiyuan.phase=2
 deadline=$((SECONDS + 300))
-until "$py" -c "
-import sys; from kaiyuan_recipes.run_layout import read_metrics
+while :; do
+  rc=0; "$py" - "$work/runs/cur" "$opt_stop_at" <<'PY' 2>/dev/null || rc=$?
+import sys
 from pathlib import Path
-m = [r for r in read_metrics(Path('$work/runs/cur/run_state')) if 'iteration' in r]
-sys.exit(0 if m and m[-1]['iteration'] >= $opt_stop_at else 1)" 2>/dev/null; do
-  [ $SECONDS -gt $deadline ] && { echo "phase 2 did not reach iteration $opt_stop_at"; kaiyuan status cur --run-root "$work/runs"; exit 1; }
+from kaiyuan_recipes.launch.backends import open_run
+from kaiyuan_recipes.run_layout import read_metrics
+run = Path(sys.argv[1])
+steps = [r for r in read_metrics(run / "run_state") if r.get("event") == "step"]
+if steps and steps[-1]["iteration"] >= int(sys.argv[2]):
+    sys.exit(0)
+sys.exit(3 if open_run(run).status()["state"] in ("failed", "finished", "stopped") else 1)
+PY
+  [ $rc = 0 ] && break
+  if [ $rc = 3 ] || [ $SECONDS -gt $deadline ]; then
+    echo "phase 2 did not reach iteration $opt_stop_at"; kaiyuan status cur --run-root "$work/runs"; exit 1
+  fi
   sleep 0.5
 done
 kaiyuan stop cur --run-root "$work/runs" --grace 240 > "$out/stop.json"
