@@ -7,6 +7,7 @@ wrong (400, or 401 / 404 / 408 / 413), never a 5xx. A 503 says the server is not
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -69,6 +70,8 @@ def create_app(engine: GenerationEngine, api_token: str | None = None, max_body_
             if len(ids) + body.tokens_to_generate > engine.max_length:
                 raise APIError(400, f"prompt of {len(ids)} tokens + {body.tokens_to_generate} new tokens "
                                     f"exceeds the {engine.max_length} positions served", "tokens_to_generate")
+            if sampling.seed is not None:  # prompt i draws with seed + i: equal prompts still differ, as in one batch
+                sampling = dataclasses.replace(sampling, seed=(body.random_seed + len(out)) % 2**64)
             out.append(Request(ids, body.tokens_to_generate, sampling, body.logprobs))
         return out
 
