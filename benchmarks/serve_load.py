@@ -249,6 +249,8 @@ def main() -> None:
     ap.add_argument("--request-timeout-s", type=float, default=300)
     ap.add_argument("--load-deadline-s", type=float, default=240, help="no request starts later than this")
     ap.add_argument("--drain-timeout-s", type=float, default=30)
+    ap.add_argument("--ours-args", default="", help="more `kaiyuan serve` options for our side, e.g. "
+                                                    "'--join-min-rows 4 --join-max-wait-s 0.1'")
     a = ap.parse_args()
     from generation import prompts as corpus_prompts
     from generation import write_random_qwen3
@@ -268,7 +270,8 @@ def main() -> None:
     if "ours" in a.sides:
         sides["ours"] = asdict(run_side("ours", REPO, model, [*device, "--max-batch", str(a.max_batch), "--max-seq-len",
                                                                 str(a.max_seq_len), "--drain-timeout-s",
-                                                                str(a.drain_timeout_s)], a, prompts))
+                                                                str(a.drain_timeout_s), *a.ours_args.split()], a,
+                                         prompts))
     if a.baseline_json:
         sides["baseline"] = json.loads(a.baseline_json.read_text())["baseline"]
     elif "baseline" in a.sides:

@@ -68,6 +68,35 @@ def test_requests_join_and_leave_the_running_batch_and_stay_equal_to_generate(en
     assert engine.stats["max_batch"] >= 3
 
 
+def test_joins_are_gathered_until_enough_requests_wait(tiny_model):  # noqa: F811
+    """JoinPolicy(min_rows=3): two requests sent while A decodes wait until A has ended (no row decoding:
+    they join at once), three join at the next step."""
+    from kaiyuan_exporters.serving.batch_decoder import Envelope
+    from kaiyuan_exporters.serving.engine import GenerationEngine, JoinPolicy, Request
+
+    engine = GenerationEngine(tiny_model, "cpu", Envelope(max_batch=8, max_seq_len=256, capture=False),
+                              join=JoinPolicy(min_rows=3, max_wait_s=3600))
+    prompt = engine.encode("Hello world, this is a test")[:4]
+    for count, joins_early in ((2, False), (3, True)):
+        first_steps: list[int] = []
+        late: list = []
+        seen: list[int] = []
+
+        def on_a(token):
+            seen.append(token)
+            if len(seen) == 30:
+                a_end.append(engine.stats["steps"])  # the step of A's last token
+            if len(seen) == 5:
+                late.extend(engine.submit(Request(prompt, 3, ignore_eos=True, on_token=lambda t: first_steps.append(
+                    engine.stats["steps"]))) for _ in range(count))
+
+        a_end: list[int] = []
+        engine.generate([Request(prompt, 30, ignore_eos=True, on_token=on_a)])
+        [f.result(60) for f in late]
+        assert (min(first_steps) < a_end[0]) == joins_early, (a_end, first_steps)
+    engine.close()
+
+
 def test_each_row_samples_with_its_own_settings_and_seed(engine, reference):
     """Rows of different settings in one batch (no grouping): a seeded row's tokens are the same alone and
     alongside greedy rows, other temperatures / top-k / top-p, and other seeds; greedy rows stay generate()'s;

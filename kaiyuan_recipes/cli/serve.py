@@ -22,6 +22,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--decode-mode", choices=["graph", "eager"],
                    help="graph (the CUDA default): every bucketed (batch, cache length) decode step captured "
                         "into a CUDA graph at start-up, none while serving; eager (the CPU default)")
+    p.add_argument("--join-min-rows", type=int, default=0,
+                   help="waiting requests join the decoding batch once this many wait (default: an eighth of "
+                        "--max-batch), or once the oldest has waited --join-max-wait-s: each join is one prefill "
+                        "that stalls the batch")
+    p.add_argument("--join-max-wait-s", type=float, default=0.25)
     p.add_argument("--drain-timeout-s", type=float, default=30.0,
                    help="on SIGTERM: in-flight requests get this long to finish, then fail with a 503 "
                         "(default 30); the process exits within this plus 5 s")
@@ -45,7 +50,7 @@ def serve(args: Any) -> int:
     from kaiyuan_exporters.serving import server
     from kaiyuan_exporters.serving.api import create_app
     from kaiyuan_exporters.serving.batch_decoder import Envelope
-    from kaiyuan_exporters.serving.engine import DEFAULT_MAX_SEQ_LEN, GenerationEngine
+    from kaiyuan_exporters.serving.engine import DEFAULT_MAX_SEQ_LEN, GenerationEngine, JoinPolicy
     from transformers import AutoConfig
 
     token = None
@@ -60,7 +65,8 @@ def serve(args: Any) -> int:
     if mode == "graph" and not device.startswith("cuda"):
         raise ValueError(f"--decode-mode graph needs a CUDA device, got {device!r}")
     envelope = Envelope(args.max_batch, args.max_seq_len or min(positions, DEFAULT_MAX_SEQ_LEN), mode == "graph")
-    engine = GenerationEngine(hf_dir, device, envelope)  # warms up in its worker; /health says when ready
+    join = JoinPolicy(args.join_min_rows, args.join_max_wait_s)
+    engine = GenerationEngine(hf_dir, device, envelope, join=join)  # warms up in its worker; /health: when ready
     app = create_app(engine, token, args.max_body_bytes, model_name=args.model_name,
                      body_timeout_s=args.body_timeout_s, max_tokens=args.max_tokens)
     server.run(app, engine, args.host, args.port, args.drain_timeout_s)

@@ -10,6 +10,8 @@ what is left with EngineStopped."""
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import logging
 import math
 import queue
@@ -29,6 +31,20 @@ from .sampling import seed_key
 log = logging.getLogger(__name__)
 DEFAULT_MAX_SEQ_LEN = 4096  # the envelope's positions when neither the model nor --max-seq-len says fewer
 IDLE_WAIT_S = 0.05  # with no row decoding, the worker waits this long for a request, then looks again
+
+
+@dataclass(frozen=True)
+class JoinPolicy:
+    """When waiting requests join the running batch. Each join is one eager prefill, which stalls every
+    decoding row for its duration, so joins are gathered: they happen when at least `min_rows` requests
+    wait (or fill every free row), when the oldest has waited `max_wait_s`, or at once when no row decodes.
+    min_rows 0: an eighth of the rows (at least 1)."""
+
+    min_rows: int = 0
+    max_wait_s: float = 0.25
+
+    def rows_for(self, max_batch: int) -> int:
+        return self.min_rows or max(1, max_batch // 8)
 
 
 class EngineStopped(RuntimeError):
@@ -61,6 +77,7 @@ class Request:
     top_logprobs: int | None = None  # Completion.scores: every token's logprob and this many alternatives
     cancelled: threading.Event = field(default_factory=threading.Event)
     future: Future = field(default_factory=Future)
+    submitted_at: float = 0.0  # time.monotonic() at submit
 
 
 @dataclass
@@ -104,7 +121,7 @@ def _fail(request: Request, error: BaseException) -> None:
 
 class GenerationEngine:
     def __init__(self, model_dir: Path, device: str | None = None, envelope: Envelope | None = None,
-                 dtype: torch.dtype | None = None):
+                 dtype: torch.dtype | None = None, join: JoinPolicy = JoinPolicy()):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -128,7 +145,9 @@ class GenerationEngine:
         self.failure: BaseException | None = None  # warm-up failed: nothing is served
         self._drain_deadline: float | None = None
         self._stop = threading.Event()
+        self.join = join
         self._queue: queue.Queue[Request] = queue.Queue()
+        self._waiting: collections.deque[Request] = collections.deque()  # taken off the queue, not yet joined
         self._rng = random.Random()  # noise keys of unseeded sampled rows
         # rows admitted, most rows in one step, new tokens, rows ended because their caller left (a client gone)
         self.stats = {"requests": 0, "steps": 0, "max_batch": 0, "tokens": 0, "cancelled": 0, "rows": 0}
@@ -156,6 +175,7 @@ class GenerationEngine:
         if len(request.prompt_ids) + request.max_new_tokens > self.max_length:
             raise ValueError(f"prompt ({len(request.prompt_ids)} tokens) + tokens_to_generate "
                              f"({request.max_new_tokens}) exceeds the served {self.max_length} positions")
+        request.submitted_at = time.monotonic()
         self._queue.put(request)
         return request.future
 
@@ -206,17 +226,26 @@ class GenerationEngine:
         self._fail_queued(EngineStopped("the server shut down before the request started"))
 
     def _admit(self, rows: dict[int, _Row]) -> None:
-        """Queued requests into free rows (at most one per free row), their prompts prefilled, grouped by
-        prompt length; waits IDLE_WAIT_S for one when no row is decoding."""
+        """Waiting requests into free rows (at most one per free row) as the join policy says, their prompts
+        prefilled, grouped by prompt length; waits IDLE_WAIT_S for one when no row is decoding."""
+        if not rows and not self._waiting:
+            with contextlib.suppress(queue.Empty):
+                self._waiting.append(self._queue.get(timeout=IDLE_WAIT_S))
+        for _ in range(self._queue.qsize()):  # bounded: what is queued now
+            with contextlib.suppress(queue.Empty):
+                self._waiting.append(self._queue.get_nowait())
         free = [slot for slot in range(self.envelope.max_batch) if slot not in rows]
+        if not self._waiting or not free:
+            return
+        enough = min(len(free), self.join.rows_for(self.envelope.max_batch))
+        if rows and len(self._waiting) < enough and \
+                time.monotonic() - self._waiting[0].submitted_at < self.join.max_wait_s:
+            return
         joining: list[Request] = []
-        while len(joining) < len(free):
-            try:
-                req = self._queue.get(timeout=IDLE_WAIT_S) if not rows and not joining else self._queue.get_nowait()
-            except queue.Empty:
-                break
+        while self._waiting and len(joining) < len(free):
+            req = self._waiting.popleft()
             if req.cancelled.is_set() or not req.future.set_running_or_notify_cancel():
-                continue  # its client left while it queued
+                continue  # its client left while it waited
             self.stats["requests"] += 1
             if req.max_new_tokens == 0:
                 self._complete(req, [], "length")
@@ -304,6 +333,8 @@ class GenerationEngine:
         self.stats["rows"] = 0
 
     def _fail_queued(self, error: BaseException) -> None:
+        while self._waiting:
+            _fail(self._waiting.popleft(), error)
         while True:  # bounded: submit() refuses new requests once stopping or failed
             try:
                 _fail(self._queue.get_nowait(), error)
