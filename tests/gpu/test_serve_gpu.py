@@ -55,19 +55,19 @@ def test_no_capture_or_compilation_after_warm_up(model_dir, monkeypatch):
     from kaiyuan_exporters.serving.engine import Request, Sampling
 
     engine = engine_for(model_dir, torch.bfloat16)
-    assert engine.decoder.captures == len(engine.decoder.graphs) == 5 * 3 * 2  # batch x length buckets x kinds
+    assert engine.decoder.captures == len(engine.decoder.graphs) == 5 * 3 * 3  # batch x length buckets x kinds
     captures = []
     original = torch.cuda.CUDAGraph.capture_begin
     monkeypatch.setattr(torch.cuda.CUDAGraph, "capture_begin",
                         lambda self, *a, **k: (captures.append(1), original(self, *a, **k))[1])
     torch._dynamo.utils.counters.clear()
     sampled = [Sampling(), Sampling(0.8, top_p=0.95), Sampling(1.2, top_k=20, seed=3), Sampling(1.0, seed=9)]
-    for round_, count in enumerate((1, 3, 16, 40, 7)):
+    for round_, (count, kinds) in enumerate(((1, 4), (3, 1), (16, 4), (40, 4), (7, 2), (9, 1))):
         batch = prompts(count, round_)
-        done = engine.generate([Request(p, 1 + (i * 37) % 200, sampled[i % 4], ignore_eos=True)
+        done = engine.generate([Request(p, 1 + (i * 37) % 200, sampled[[0, 3, 1, 2][i % kinds]], ignore_eos=True)
                                 for i, p in enumerate(batch)])
         assert [len(c.token_ids) for c in done] == [1 + (i * 37) % 200 for i in range(count)]
-    assert captures == [] and engine.decoder.captures == 30
+    assert captures == [] and engine.decoder.captures == 45
     assert not torch._dynamo.utils.counters["stats"], dict(torch._dynamo.utils.counters["stats"])
     assert engine.stats["max_batch"] == 16
     engine.close()

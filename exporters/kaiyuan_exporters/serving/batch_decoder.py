@@ -2,7 +2,7 @@
 row its own timeline (its prompt at columns 0.., its n-th new token at len(prompt) + n - 1), so a request
 joins a free row at any step and leaves when done. A decode step runs the first `b` rows against the first
 `L` columns, (b, L) bucketed (powers of two up to the envelope); on CUDA every bucket's step is captured
-into a CUDA graph at start-up (warm_up), greedy and sampling variants, so serving never compiles or captures.
+into a CUDA graph at start-up (warm_up), one per kind (STEP_KINDS), so serving never compiles or captures.
 Prefill is eager (a new prompt: its own shape, no graph). Per-row settings, positions and tokens live in
 static device buffers the graphs read.
 
@@ -23,6 +23,8 @@ import torch
 from .sampling import RowSettings, next_tokens
 
 MIN_LENGTH_BUCKET = 256
+# greedy: argmax only; sample: some row samples, none filters; filtered: some row has top-k or top-p (a sort)
+STEP_KINDS = ("greedy", "sample", "filtered")
 
 
 def buckets(limit: int, smallest: int = 1) -> tuple[int, ...]:
@@ -130,7 +132,7 @@ class BatchDecoder:
     model: Any
     envelope: Envelope
     device: str
-    graphs: dict[tuple[int, int, bool], _Graph] = field(default_factory=dict)
+    graphs: dict[tuple[int, int, str], _Graph] = field(default_factory=dict)
     captures: int = 0  # CUDA graphs captured: all at warm-up; a GPU test checks it never grows after
 
     def __post_init__(self) -> None:
@@ -172,7 +174,7 @@ class BatchDecoder:
         positions = torch.arange(ids.shape[1], device=self.device)[None].expand(len(rows), -1)
         logits = self.model(input_ids=ids, position_ids=positions, past_key_values=self.cache, use_cache=True,
                             logits_to_keep=1).logits[:, -1]
-        first = next_tokens(logits, self._settings(index))
+        first = next_tokens(logits, self._settings(index), filtering=any(k > 0 or p < 1 for _, _, k, p, _ in settings))
         self.tokens[index, 0] = first
         self.positions[index, 0] = ids.shape[1]
         s.step[index] = 1
@@ -184,32 +186,33 @@ class BatchDecoder:
         self.active[row] = 0
         self.positions[row] = 0
 
-    def _step(self, batch: int, length: int, sample: bool) -> None:
+    def _step(self, batch: int, length: int, kind: str) -> None:
         positions = self.positions[:batch]
         self.cache.decode(self.row_ids[:batch], positions[:, 0], length)
         mask = (self.columns[:length][None, :] <= positions)[:, None, None, :]  # [batch, 1, 1, length]
         logits = self.model(input_ids=self.tokens[:batch], position_ids=positions, attention_mask=mask,
                             past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
-        new = next_tokens(logits, self._settings(slice(0, batch))) if sample else logits.argmax(-1)
+        new = (logits.argmax(-1) if kind == "greedy"
+               else next_tokens(logits, self._settings(slice(0, batch)), filtering=kind == "filtered"))
         self.tokens[:batch, 0] = new
         active = self.active[:batch]
         self.positions[:batch, 0] += active
         self.settings.step[:batch] += active
 
     @torch.inference_mode()
-    def step(self, rows: int, length: int, sample: bool) -> torch.Tensor:
+    def step(self, rows: int, length: int, kind: str) -> torch.Tensor:
         """One token for each of the first `rows` rows (bucketed up), attending to `length` columns (bucketed
-        up); sample: some row samples (otherwise all are greedy). The new tokens, [bucketed rows]: a view of
-        the token buffer, valid until the next step."""
+        up); kind: one of STEP_KINDS. The new tokens, [bucketed rows]: a view of the token buffer, valid until
+        the next step."""
         batch = bucket_for(self.envelope.batch_buckets, rows)
         length = bucket_for(self.envelope.length_buckets, length)
-        graph = self.graphs.get((batch, length, sample))
+        graph = self.graphs.get((batch, length, kind))
         if graph is not None:
             graph.graph.replay()
         elif self.capture:
             raise RuntimeError(f"no CUDA graph for batch {batch}, length {length}: warm_up() captures them all")
         else:
-            self._step(batch, length, sample)
+            self._step(batch, length, kind)
         return self.tokens[:batch, 0]
 
     @torch.inference_mode()
@@ -225,9 +228,8 @@ class BatchDecoder:
             try:
                 for batch in reversed(self.envelope.batch_buckets):
                     for length in reversed(self.envelope.length_buckets):
-                        for sample in (False, True):
-                            self.graphs[(batch, length, sample)] = _Graph(self._capture(batch, length, sample),
-                                                                          "sample" if sample else "greedy")
+                        for kind in STEP_KINDS:
+                            self.graphs[(batch, length, kind)] = _Graph(self._capture(batch, length, kind), kind)
             except Exception as err:  # noqa: BLE001  (a model whose step cannot be captured, e.g. a MoE's
                 # data-dependent expert loop: served eagerly, said once)
                 warnings.warn(f"decode step not captured ({type(err).__name__}: {str(err)[:200]}); decoding "
@@ -236,7 +238,7 @@ class BatchDecoder:
                 self.capture = False
                 torch.cuda.synchronize()
         else:
-            self._step(1, self.envelope.length_buckets[0], True)
+            self._step(1, self.envelope.length_buckets[0], "filtered")
         self.tokens.zero_()
         self.positions.zero_()
         self.settings.step.zero_()
@@ -245,15 +247,15 @@ class BatchDecoder:
         used = free_before - torch.cuda.mem_get_info()[0] if cuda else self.cache.nbytes
         return WarmUp(time.perf_counter() - start, len(self.graphs), self.cache.nbytes, used)
 
-    def _capture(self, batch: int, length: int, sample: bool) -> torch.cuda.CUDAGraph:
+    def _capture(self, batch: int, length: int, kind: str) -> torch.cuda.CUDAGraph:
         """No row is active during warm-up: the steps write only the rows' column 0 and move nothing on."""
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # cuBLAS / SDPA workspaces are allocated outside the capture
-            self._step(batch, length, sample)
+            self._step(batch, length, kind)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            self._step(batch, length, sample)
+            self._step(batch, length, kind)
         self.captures += 1
         return graph

@@ -278,8 +278,9 @@ class GenerationEngine:
 
     def _step(self, rows: dict[int, _Row]) -> None:
         length = max(len(r.request.prompt_ids) + len(r.tokens) for r in rows.values())  # columns to attend
-        sample = any(not r.request.sampling.greedy for r in rows.values())
-        new = self.decoder.step(max(rows) + 1, length, sample).tolist()
+        sampled = [r.request.sampling for r in rows.values() if not r.request.sampling.greedy]
+        kind = ("filtered" if any(s.top_k > 0 or s.top_p < 1 for s in sampled) else "sample") if sampled else "greedy"
+        new = self.decoder.step(max(rows) + 1, length, kind).tolist()
         self.stats["steps"] += 1
         self.stats["max_batch"] = max(self.stats["max_batch"], len(rows))
         for slot, row in rows.items():

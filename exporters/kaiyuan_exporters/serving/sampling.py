@@ -1,9 +1,10 @@
 """Sampling for a decode batch whose rows each carry their own settings: transformers' warpers in generate()'s
-order (temperature, then top-k, then top-p) with per-row tensors, then a Gumbel-max draw. The draw's noise
-is a hash of (the row's key, the row's step, the token id), not a torch.Generator's stream: a seeded row then
-draws the same tokens whatever rows share its batch, and the whole draw is a fixed sequence of tensor ops
-that a CUDA graph can hold (a generator per row would be one draw call per row per step, outside any graph).
-Greedy rows take the argmax of the raw logits."""
+order (temperature, then top-k, then top-p) with per-row tensors, then an inverse-CDF draw with one uniform
+per row. The uniform is a hash of (the row's key, the row's step), not a torch.Generator's stream: a seeded
+row then draws the same tokens whatever rows share its batch, and the whole draw is a fixed sequence of
+tensor ops that a CUDA graph can hold (a generator per row would be one draw call per row per step, outside
+any graph). The uniform has 23 bits: a token of probability below ~1e-7 is drawn a little less often than
+that. Greedy rows take the argmax of the raw logits."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 MASK32 = 0xFFFFFFFF
-GOLDEN32 = 0x9E3779B9  # spreads consecutive token ids over the hash's input space
+GOLDEN32 = 0x9E3779B9  # a second round's offset (hash32(0) is 0)
 
 
 def hash32(x: torch.Tensor) -> torch.Tensor:
@@ -60,18 +61,19 @@ def filtered(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tenso
     return torch.empty_like(x).scatter_(-1, order, ordered)
 
 
-def gumbel_noise(key: torch.Tensor, step: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[rows, vocab] standard Gumbel noise, a pure function of (key, step, token id)."""
-    row = hash32(key ^ hash32(step & MASK32))
-    ids = torch.arange(vocab, device=key.device, dtype=torch.int64)
-    bits = hash32((row[:, None] + ids[None, :] * GOLDEN32) & MASK32) >> 9  # 23 bits: exact in float32
-    uniform = (bits.float() + 0.5) / float(1 << 23)  # in (0, 1)
-    return -torch.log(-torch.log(uniform))
+def row_uniforms(key: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """[rows] uniforms in (0, 1), each a pure function of its row's (key, step)."""
+    bits = hash32((hash32(key ^ hash32(step & MASK32)) + GOLDEN32) & MASK32) >> 9  # 23 bits: exact in float32
+    return (bits.float() + 0.5) / float(1 << 23)
 
 
-def next_tokens(logits: torch.Tensor, rows: RowSettings) -> torch.Tensor:
+def next_tokens(logits: torch.Tensor, rows: RowSettings, filtering: bool = True) -> torch.Tensor:
     """[rows, vocab] logits -> [rows] next tokens: argmax on greedy rows, a draw from the filtered softmax on
-    the others (Gumbel-max: argmax of filtered logits + Gumbel noise is distributed as that softmax)."""
-    drawn = (filtered(logits, rows.temperature, rows.top_k, rows.top_p)
-             + gumbel_noise(rows.key, rows.step, logits.shape[-1])).argmax(-1)
+    the others (the first token whose cumulative probability passes the row's uniform; zero-probability tokens
+    are never drawn). filtering False: no row has top-k or top-p (the sort is skipped)."""
+    scaled = (filtered(logits, rows.temperature, rows.top_k, rows.top_p) if filtering
+              else logits.float() / rows.temperature[:, None])
+    cdf = scaled.softmax(-1).cumsum(-1)
+    target = row_uniforms(rows.key, rows.step) * cdf[:, -1]  # the sum's own rounding: never past the last token
+    drawn = torch.searchsorted(cdf, target[:, None], right=True)[:, 0].clamp(max=logits.shape[-1] - 1)
     return torch.where(rows.greedy, logits.argmax(-1), drawn)
