@@ -255,7 +255,8 @@ class BatchDecoder:
             self._step(batch, length, kind)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # thread_local: a CUDA call from another thread (the HTTP side) cannot invalidate this capture
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             self._step(batch, length, kind)
         self.captures += 1
         return graph
