@@ -266,3 +266,16 @@ def test_sigterm_fails_what_is_left_after_the_drain_timeout(tiny_model):  # noqa
         assert time.monotonic() - t0 < 1 + 5 + 2
     assert events[-1]["error"]["type"] == "server_error" and "shut down" in events[-1]["error"]["message"]
     assert result["r"].status_code == 503 and result["r"].json()["error"]["code"] == "shutting_down"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--decode-mode", "graph"], "--decode-mode graph needs a CUDA device"),
+    (["--max-seq-len", "1000"], "--max-seq-len 1000: the model has 256 positions"),
+])
+def test_an_envelope_the_model_or_host_cannot_serve_is_refused_at_start(tiny_model, args, message):  # noqa: F811
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "kaiyuan_recipes.cli.main", "serve", str(tiny_model), "--device",
+                           "cpu", *args], capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and message in done.stderr, done.stderr[-2000:]
