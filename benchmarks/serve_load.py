@@ -9,8 +9,8 @@ answer), aggregate new tokens/s, errors, the server's GPU memory, batch-1 decode
 greedy request alone), and the exit time after SIGTERM. Then the ratios ours / baseline.
 
 usage: python benchmarks/serve_load.py --random-qwen3 DIR --baseline-src OLD --out benchmarks/results/X.json
-       (HF_DIR instead of --random-qwen3: an exported model; --sides ours: one side only; --baseline-json:
-       the baseline side from an earlier run's JSON, e.g. to keep each run under a time limit)"""
+       (HF_DIR instead of --random-qwen3: an exported model; --sides ours: one side only; --baseline-json /
+       --ours-json: that side from an earlier run's JSON, e.g. to keep each run under a time limit)"""
 
 from __future__ import annotations
 
@@ -233,6 +233,7 @@ def main() -> None:
     ap.add_argument("--random-qwen3", type=Path, help="write a random-weight qwen3_1p7b here (unless there) and use it")
     ap.add_argument("--baseline-src", type=Path, help="an older copy of the repo (kaiyuan_recipes/, exporters/)")
     ap.add_argument("--baseline-json", type=Path, help="take the baseline side from this earlier result instead")
+    ap.add_argument("--ours-json", type=Path, help="take our side from this earlier result instead")
     ap.add_argument("--sides", nargs="+", default=["ours", "baseline"], choices=["ours", "baseline"])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--log-dir", type=Path, help="the servers' logs (default: beside --out)")
@@ -267,7 +268,9 @@ def main() -> None:
         ap.error(f"no sample text of {a.prompt_len} tokens")
     device = ["--device", a.device] if a.device else []
     sides: dict[str, dict] = {}
-    if "ours" in a.sides:
+    if a.ours_json:
+        sides["ours"] = json.loads(a.ours_json.read_text())["ours"]
+    elif "ours" in a.sides:
         sides["ours"] = asdict(run_side("ours", REPO, model, [*device, "--max-batch", str(a.max_batch), "--max-seq-len",
                                                                 str(a.max_seq_len), "--drain-timeout-s",
                                                                 str(a.drain_timeout_s), *a.ours_args.split()], a,
