@@ -1,8 +1,8 @@
 """Generation throughput, side by side in one run: transformers' `generate` as people call it (dynamic
-cache, eager) against `kaiyuan serve`'s engine in each decoder mode (static KV cache; torch.compile with
-our CUDA graph, or with torch's reduce-overhead graphs), same weights, greedy, prompt 128 tokens, 256 new
-tokens, batch 1 and 32; outputs compared token for token (bf16), and in fp32 against generate. With
---sampled, both sides sample instead (temperature 0.8, top-p 0.95; throughput only).
+cache, eager) against `kaiyuan serve`'s engine in each decode mode (graph: the batch decoder's steps
+captured into CUDA graphs at warm-up; eager), same weights, greedy, prompt 128 tokens, 256 new tokens,
+batch 1 and 32; outputs compared token for token (bf16), and in fp32 against generate. With --sampled,
+both sides sample instead (temperature 0.8, top-p 0.95; throughput only).
 
 usage: python benchmarks/generation.py HF_DIR --out generation.json [--sampled]
        (HF_DIR: an exported model; --random-qwen3 DIR writes a random-weight qwen3_1p7b there first)"""
@@ -62,14 +62,18 @@ def write_random_qwen3(path: Path) -> Path:
 
 
 def fp32_agreement(hf_dir: Path, batch: list[list[int]], new_tokens: int) -> dict:
-    """In fp32 (no bf16 near-ties), the graph decoder against transformers' generate, same weights."""
-    from kaiyuan_exporters.serving.decode import StaticDecoder
+    """In fp32 (no bf16 near-ties), the captured batch decoder against transformers' generate, same weights."""
+    from kaiyuan_exporters.serving.batch_decoder import Envelope
+    from kaiyuan_exporters.serving.engine import GenerationEngine, Request
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).cuda().eval()
     ref = hf_generate(model, batch, new_tokens)
-    ours = StaticDecoder(model, "cuda", "graph").decode(batch, new_tokens, set(), stop_early=False).tolist()
     del model
+    engine = GenerationEngine(hf_dir, "cuda", Envelope(len(batch), 1024), torch.float32)
+    ours = [c.token_ids for c in engine.generate([Request(p, new_tokens, ignore_eos=True) for p in batch])]
+    engine.close()
+    del engine
     torch.cuda.empty_cache()
     return {"rows": len(batch), "new_tokens": new_tokens, "identical_rows": sum(a == b for a, b in zip(ours, ref))}
 
@@ -82,15 +86,20 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
-    ap.add_argument("--modes", nargs="+", default=["graph", "reduce-overhead"], help="decoder modes to measure")
+    ap.add_argument("--modes", nargs="+", default=["graph"], choices=["graph", "eager"], help="decode modes")
     ap.add_argument("--sampled", action="store_true", help="sample on both sides (throughput; no fp32 check)")
     args = ap.parse_args()
-    from kaiyuan_exporters.serving.decode import StaticDecoder
+    from kaiyuan_exporters.serving.batch_decoder import Envelope
     from kaiyuan_exporters.serving.engine import GenerationEngine, Request, Sampling
     from transformers import AutoModelForCausalLM
 
     hf_dir = write_random_qwen3(args.random_qwen3) if args.random_qwen3 else args.hf_dir
-    engine = GenerationEngine(hf_dir, "cuda", max_batch_size=max(args.batch_sizes))
+    envelope = Envelope(max(args.batch_sizes), -(-(args.prompt_len + args.new_tokens) // 256) * 256)
+    engines = {mode: GenerationEngine(hf_dir, "cuda", Envelope(envelope.max_batch, envelope.max_seq_len,
+                                                                mode == "graph")) for mode in args.modes}
+    for engine in engines.values():
+        engine.ready.wait()
+    engine = engines[args.modes[0]]
     baseline = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.bfloat16).cuda().eval()
     all_prompts = prompts(engine.tokenizer, max(args.batch_sizes), args.prompt_len)
     results = {}
@@ -101,35 +110,35 @@ def main() -> None:
         with torch.inference_mode():
             ref, ref_s = timed(lambda: hf_generate(baseline, batch, args.new_tokens, args.sampled))
         row = {"hf_generate_tokens_per_s": bs * args.new_tokens / ref_s}
-        for mode in args.modes:
-            engine.decoder = StaticDecoder(engine.model, "cuda", mode, engine.max_length)
-            torch._dynamo.utils.counters.clear()
-            _, warm_s = timed(lambda: engine.generate(requests()))  # compiles / captures for this shape
+        for mode, engine in engines.items():
+            _, warm_s = timed(lambda: engine.generate(requests()))  # nothing compiles or captures: warmed up
             ours, ours_s = timed(lambda: engine.generate(requests()))
             ours = [c.token_ids for c in ours]
             first_diff = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) for x, y in zip(ours, ref)]
             row[mode] = {
                 "tokens_per_s": bs * args.new_tokens / ours_s,
                 "speedup_vs_hf_generate": ref_s / ours_s,
-                "mode_in_use": engine.decoder.mode,  # differs from `mode` after a fallback
-                "first_call_s_incl_compile": warm_s,
+                "graphs_in_use": bool(engine.decoder.graphs),  # false after a capture fallback
+                "warm_up_s": engine.warmup.seconds,
+                "first_call_s": warm_s,
                 **({} if args.sampled else {
                     "identical_rows_bf16": sum(a == b for a, b in zip(ours, ref)) / bs,
                     "mean_tokens_before_first_difference_bf16": sum(first_diff) / bs}),
-                "inductor_counters": {k: v for k, v in torch._dynamo.utils.counters["inductor"].items()
-                                      if "cudagraph" in k},
             }
         print(bs, row, flush=True)
         results[f"batch_{bs}"] = row
-    baseline = None  # frees the bf16 copy before the fp32 one is loaded
+    baseline = None  # frees the bf16 copies before the fp32 one is loaded
+    for engine in engines.values():
+        engine.close()
+    engines = engine = None
     agreement = None if args.sampled else fp32_agreement(hf_dir, all_prompts[:4], 64)
     print("fp32", agreement, flush=True)
     write_json(args.out, {**provenance(" ".join(["python", *sys.argv])), "model": str(hf_dir),
                           "prompt_tokens": args.prompt_len, "new_tokens": args.new_tokens,
                           "greedy": not args.sampled, "sampling": SAMPLED if args.sampled else None,
-                          "ours": "kaiyuan_exporters.serving.decode.StaticDecoder per mode: graph = torch.compile "
-                                  "+ one CUDA graph per (batch, cache length); reduce-overhead = torch.compile's "
-                                  "own CUDA graphs",
+                          "ours": "kaiyuan_exporters.serving.engine (batch_decoder.py) per mode: graph = the "
+                                  "eager step captured into a CUDA graph per bucketed (batch, cache length) at "
+                                  "warm-up; eager = no graphs",
                           "baseline": "transformers generate, dynamic cache, eager, SDPA",
                           "targets_tokens_per_s": {"batch_1": 300, "batch_32": 5000},
                           "results": results, "fp32_agreement_with_hf_generate": agreement})

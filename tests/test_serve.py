@@ -41,6 +41,13 @@ def tiny_model(tmp_path_factory):
 def running_server(model_dir, *args: str, env: dict | None = None):
     """`kaiyuan serve MODEL_DIR --device cpu ARGS` on a free loopback port: its URL while it runs; its
     output (checked for the token) when it has stopped."""
+    with server_process(model_dir, *args, env=env) as (url, _proc):
+        yield url
+
+
+@contextlib.contextmanager
+def server_process(model_dir, *args: str, env: dict | None = None):
+    """As running_server, yielding (URL, the server's Popen) once /health says ready."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "kaiyuan_recipes.cli.main", "serve", str(model_dir),
                              "--port", str(port), "--device", "cpu", *args],
@@ -60,9 +67,10 @@ def running_server(model_dir, *args: str, env: dict | None = None):
         proc.kill()
         raise TimeoutError("server did not come up")
     try:
-        yield url
+        yield url, proc
     finally:
-        proc.terminate()
+        if proc.poll() is None:
+            proc.terminate()
         output = proc.communicate(timeout=30)[0]
     assert TOKEN not in output  # no secret in the logs
 
@@ -134,7 +142,7 @@ def test_openai_completions_and_streaming_agree(server, tiny_model):
     ({"prompts": ["hi"], "temperature": -0.5}, "temperature"),
     ({"prompts": ["hi"], "top_p": 1.5}, "top_p"),
     ({"prompts": ["hi"], "top_k": 5, "top_p": 0.5}, "top-k and top-p"),
-    ({"prompts": ["word " * 400], "tokens_to_generate": 4}, "exceeds the model's 256 positions"),
+    ({"prompts": ["word " * 400], "tokens_to_generate": 4}, "exceeds the 256 positions served"),
     ({"prompts": "not a list"}, "prompts"),
     ({"prompts": []}, "prompts"),
 ])
@@ -245,54 +253,12 @@ def test_schemathesis_finds_the_server_as_its_openapi_document_says(server):
     assert counts and int(counts[1]) >= 20 and counts[1] == counts[2], probe.stdout[-2000:]
 
 
-def test_engine_static_cache_greedy_path_matches_generate(tiny_model):
-    """The engine's own greedy loop (static KV cache; compiled with CUDA graphs on a GPU) gives exactly
-    transformers' generate tokens for a batch of equal-length prompts, and reuses its cache."""
-    from kaiyuan_exporters.serving.engine import GenerationEngine, Request
-    from transformers import AutoModelForCausalLM
-
-    engine = GenerationEngine(tiny_model, "cpu", static_cache=True)
-    prompts = [engine.encode(t)[:5]
-               for t in ("Hello world, this is a test", "另一个提示，用来测试批处理", "x = [1, 2, 3]")]
-    assert {len(p) for p in prompts} == {5}
-    ref_model = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32).eval()
-    ref = ref_model.generate(torch.tensor(prompts), max_new_tokens=12, min_new_tokens=12, do_sample=False,
-                             pad_token_id=151643)[:, 5:].tolist()
-    for _ in range(2):  # the second call runs on the reused cache
-        got = engine.generate([Request(p, 12, ignore_eos=True) for p in prompts])
-        assert [c.token_ids for c in got] == ref
-    assert len(engine.decoder.slots) == 1
-
-
-def test_engine_greedy_decoder_left_pads_prompts_of_different_lengths(tiny_model):
-    """Greedy requests of different prompt lengths go through the static-cache decoder too (left padding,
-    a padding mask over the cache, per-row positions): the same tokens as transformers' generate on the
-    same left-padded batch, and as each prompt decoded alone."""
-    from kaiyuan_exporters.serving.engine import GenerationEngine, Request
-    from transformers import AutoModelForCausalLM
-
-    engine = GenerationEngine(tiny_model, "cpu", static_cache=True)
-    prompts = [engine.encode(t)[:n] for t, n in (("Hello world, this is a test", 3), ("另一个提示，用来测试批处理", 7),
-                                                 ("x = [1, 2, 3] + [4, 5, 6]", 5))]
-    assert sorted(len(p) for p in prompts) == [3, 5, 7]
-    width = 7
-    ids = torch.tensor([[engine.pad_id] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    ref_model = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32).eval()
-    ref = ref_model.generate(ids, attention_mask=mask, max_new_tokens=10, min_new_tokens=10, do_sample=False,
-                             pad_token_id=engine.pad_id)[:, width:].tolist()
-    got = [c.token_ids for c in engine.generate([Request(p, 10, ignore_eos=True) for p in prompts])]
-    assert got == ref
-    alone = [engine.generate([Request(p, 10, ignore_eos=True)])[0].token_ids for p in prompts]
-    assert alone == ref
-
-
-def test_engine_streams_greedy_tokens_from_the_decoder(tiny_model):
-    """A streamed greedy request decodes through the static-cache decoder too: the tokens its callback
-    receives, in order, are the completion's tokens, cut at max_new_tokens for each row."""
+def test_engine_streams_greedy_tokens_as_they_are_decoded(tiny_model):
+    """The tokens a streaming request's callback receives, in order, are the completion's tokens, cut at
+    max_new_tokens for each row, and the same as without streaming."""
     from kaiyuan_exporters.serving.engine import GenerationEngine, Request
 
-    engine = GenerationEngine(tiny_model, "cpu", static_cache=True)
+    engine = GenerationEngine(tiny_model, "cpu")
     prompts = [engine.encode("Hello world, this is a test")[:4], engine.encode("另一个提示，用来测试批处理")[:6]]
     received: list[list[int]] = [[], []]
     requests = [Request(p, n, ignore_eos=True, on_token=received[i].append)
@@ -300,89 +266,17 @@ def test_engine_streams_greedy_tokens_from_the_decoder(tiny_model):
     done = engine.generate(requests)
     assert [c.token_ids for c in done] == received
     assert [len(r) for r in received] == [11, 6]
-    assert engine.decoder.slots  # decoded by the decoder, not generate()
     plain = engine.generate([Request(p, n, ignore_eos=True) for p, n in zip(prompts, (11, 6))])
     assert [c.token_ids for c in plain] == received
 
 
-def test_engine_decodes_eagerly_when_the_model_cannot_be_compiled(tiny_model):
-    """A decode step torch.compile cannot capture (a MoE block's data-dependent expert loop, say) falls back
-    to the eager step once, with a warning, and gives the same tokens."""
-    from kaiyuan_exporters.serving.engine import GenerationEngine, Request
-
-    engine = GenerationEngine(tiny_model, "cpu", static_cache=True)
-    prompt = engine.encode("Hello world, this is a test")[:5]
-    expected = engine.generate([Request(prompt, 8, ignore_eos=True)])[0].token_ids
-
-    def uncompilable(*inputs):
-        raise torch._dynamo.exc.TorchDynamoException("data-dependent control flow")
-
-    engine.decoder.steps["tokens"] = uncompilable
-    engine.decoder.mode = "reduce-overhead"  # as on a GPU after a failed capture
-    with pytest.warns(UserWarning, match="decode step not compiled"):
-        got = engine.generate([Request(prompt, 8, ignore_eos=True)])[0].token_ids
-    assert got == expected and engine.decoder.mode == "eager"
-
-
-def test_decoder_rounds_cache_lengths_and_refuses_gpu_modes_without_a_gpu(tiny_model):
-    """Cache lengths are bucketed (fewer shapes to compile / capture), never beyond the model's positions;
-    the compiled and graph modes need CUDA and say so."""
-    from kaiyuan_exporters.serving.decode import CACHE_LENGTH_MULTIPLE, StaticDecoder
-    from kaiyuan_exporters.serving.engine import GenerationEngine, Request
-
-    engine = GenerationEngine(tiny_model, "cpu", static_cache=True, max_length=CACHE_LENGTH_MULTIPLE + 10)
-    prompt = engine.encode("Hello world, this is a test")[:5]
-    engine.generate([Request(prompt, 3, ignore_eos=True)])
-    engine.generate([Request(prompt, 40, ignore_eos=True)])  # same bucket: no new cache
-    assert list(engine.decoder.slots) == [(1, CACHE_LENGTH_MULTIPLE)]
-    engine.generate([Request(prompt, CACHE_LENGTH_MULTIPLE, ignore_eos=True)])
-    assert (1, CACHE_LENGTH_MULTIPLE + 10) in engine.decoder.slots  # capped at max_length
-    for mode in ("graph", "reduce-overhead"):
-        with pytest.raises(ValueError, match="needs a CUDA device"):
-            StaticDecoder(engine.model, "cpu", mode)
-    with pytest.raises(ValueError, match="expected one of graph, reduce-overhead, eager"):
-        StaticDecoder(engine.model, "cpu", "fast")
-
-
-@pytest.mark.parametrize("temperature,top_k,top_p", [(0.7, 0, 1.0), (1.0, 5, 1.0), (1.3, 0, 0.8), (0.9, 7, 0.6),
-                                                     (1.0, 0, 0.0001)])
-def test_sampler_filters_as_transformers_warpers(temperature, top_k, top_p):
-    """The decoder's sampling: the logits it draws from are exactly what transformers' warpers leave, in
-    generate()'s order (temperature, top-k, top-p)."""
-    from kaiyuan_exporters.serving.decode import Sampler
-    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
-
-    torch.manual_seed(0)
-    logits = torch.randn(6, 64) * 3
-    theirs = TemperatureLogitsWarper(temperature)(None, logits.clone())
-    if top_k:
-        theirs = TopKLogitsWarper(top_k)(None, theirs)
-    if top_p < 1:
-        theirs = TopPLogitsWarper(top_p)(None, theirs)
-    ours = Sampler(temperature, top_k, top_p).filtered(logits)
-    assert torch.equal(torch.isinf(ours), torch.isinf(theirs))
-    torch.testing.assert_close(ours[~torch.isinf(ours)], theirs[~torch.isinf(theirs)])
-    assert (~torch.isinf(ours)).sum(-1).min() >= 1
-
-
-def test_sampler_draws_from_the_filtered_distribution():
-    from kaiyuan_exporters.serving.decode import Sampler
-
-    torch.manual_seed(0)
-    logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]])).expand(20000, 3)
-    for sampler, expected in ((Sampler(1.0), [0.7, 0.2, 0.1]), (Sampler(1.0, top_k=2), [0.7 / 0.9, 0.2 / 0.9, 0]),
-                              (Sampler(1.0, top_p=0.75), [0.7 / 0.9, 0.2 / 0.9, 0])):
-        counts = torch.bincount(sampler(logits), minlength=3).float() / 20000
-        torch.testing.assert_close(counts, torch.tensor(expected), atol=0.015, rtol=0)
-
-
-def test_engine_samples_through_the_decoder(tiny_model, monkeypatch):
-    """Sampled requests decode through the static-cache decoder too (not generate()): a seed repeats a
-    completion, a nucleus small enough to hold only the top token gives the greedy completion, and streamed
-    sampled tokens are the completion's."""
+def test_engine_samples_with_seeds_nuclei_and_streams(tiny_model, monkeypatch):
+    """Sampled requests decode in the batch decoder (never generate()): a seed repeats a completion, another
+    seed changes it, a nucleus small enough to hold only the top token gives the greedy completion, and
+    streamed sampled tokens are the completion's."""
     from kaiyuan_exporters.serving.engine import GenerationEngine, Request, Sampling
 
-    engine = GenerationEngine(tiny_model, "cpu", static_cache=True)
+    engine = GenerationEngine(tiny_model, "cpu")
     monkeypatch.setattr(engine.model, "generate", lambda *a, **k: pytest.fail("sampled through generate()"))
     prompts = [engine.encode("Hello world, this is a test")[:4], engine.encode("另一个提示，用来测试批处理")[:6]]
     hot = Sampling(temperature=1.5, top_k=50, seed=7)

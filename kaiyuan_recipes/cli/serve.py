@@ -14,10 +14,22 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     p.add_argument("--port", type=int, default=5000)
     p.add_argument("--device", help="cuda or cpu (default: cuda when available)")
-    p.add_argument("--max-batch-size", type=int, default=32)
-    p.add_argument("--decode-mode", choices=["graph", "reduce-overhead", "eager"],
-                   help="decode step: graph (compiled, one CUDA graph per batch / cache length; the CUDA "
-                        "default), reduce-overhead (torch.compile's CUDA graphs), eager (the CPU default)")
+    p.add_argument("--max-batch", "--max-batch-size", dest="max_batch", type=int, default=32,
+                   help="the envelope: at most this many requests decode at once (more queue; default 32)")
+    p.add_argument("--max-seq-len", type=int,
+                   help="the envelope: prompt + new tokens of one request, at most (default: the model's "
+                        "positions, at most 4096); beyond it a request is a 400; the KV cache is sized by both")
+    p.add_argument("--decode-mode", choices=["graph", "eager"],
+                   help="graph (the CUDA default): every bucketed (batch, cache length) decode step captured "
+                        "into a CUDA graph at start-up, none while serving; eager (the CPU default)")
+    p.add_argument("--join-min-rows", type=int, default=0,
+                   help="waiting requests join the decoding batch once this many wait (default: an eighth of "
+                        "--max-batch), or once the oldest has waited --join-max-wait-s: each join is one prefill "
+                        "that stalls the batch")
+    p.add_argument("--join-max-wait-s", type=float, default=0.25)
+    p.add_argument("--drain-timeout-s", type=float, default=30.0,
+                   help="on SIGTERM: in-flight requests get this long to finish, then fail with a 503 "
+                        "(default 30); the process exits within this plus 5 s")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20,
                    help="larger request bodies (declared or chunked) are a 413 (default 1 MiB)")
     p.add_argument("--body-timeout-s", type=float, default=30.0,
@@ -33,10 +45,13 @@ def add_parser(sub: Any) -> None:
 
 
 def serve(args: Any) -> int:
-    import uvicorn
+    import torch
     from kaiyuan_exporters.megatron_to_hf import as_hf_dir
+    from kaiyuan_exporters.serving import server
     from kaiyuan_exporters.serving.api import create_app
-    from kaiyuan_exporters.serving.engine import GenerationEngine
+    from kaiyuan_exporters.serving.batch_decoder import Envelope
+    from kaiyuan_exporters.serving.engine import DEFAULT_MAX_SEQ_LEN, GenerationEngine, JoinPolicy
+    from transformers import AutoConfig
 
     token = None
     if args.api_token_env:
@@ -44,8 +59,15 @@ def serve(args: Any) -> int:
         if not token:
             raise ValueError(f"--api-token-env {args.api_token_env}: that environment variable is empty or unset")
     hf_dir = as_hf_dir(args.model)
-    engine = GenerationEngine(hf_dir, args.device, args.max_batch_size, decode_mode=args.decode_mode)
+    positions = getattr(AutoConfig.from_pretrained(str(hf_dir)), "max_position_embeddings", DEFAULT_MAX_SEQ_LEN)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    mode = args.decode_mode or ("graph" if device.startswith("cuda") else "eager")
+    if mode == "graph" and not device.startswith("cuda"):
+        raise ValueError(f"--decode-mode graph needs a CUDA device, got {device!r}")
+    envelope = Envelope(args.max_batch, args.max_seq_len or min(positions, DEFAULT_MAX_SEQ_LEN), mode == "graph")
+    join = JoinPolicy(args.join_min_rows, args.join_max_wait_s)
+    engine = GenerationEngine(hf_dir, device, envelope, join=join)  # warms up in its worker; /health: when ready
     app = create_app(engine, token, args.max_body_bytes, model_name=args.model_name,
                      body_timeout_s=args.body_timeout_s, max_tokens=args.max_tokens)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info", access_log=False)
+    server.run(app, engine, args.host, args.port, args.drain_timeout_s)
     return 0

@@ -2,19 +2,23 @@
 response shape as Megatron's server, so existing curl commands work) and OpenAI's completions contract
 (`POST /v1/completions` with streaming, `GET /v1/models`; completions.py). Every error, on every path, is
 OpenAI's body {"error": {"message", "type", "param", "code"}}: a client's mistake a 4xx that says what is
-wrong (400, or 401 / 404 / 408 / 413), never a 5xx."""
+wrong (400, or 401 / 404 / 408 / 413), never a 5xx. A 503 says the server is not serving: still warming up
+(GET /health says when it is ready) or shutting down."""
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import Depends, FastAPI
+from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
-from .completions import complete
+from .completions import complete, submitted
 from .engine import GenerationEngine, Request, Sampling
 from .errors import APIError, BodyLimit, install_error_handlers
 from .openai_schema import CompletionRequest, CompletionResponse, ModelCard, ModelList
@@ -29,8 +33,13 @@ def create_app(engine: GenerationEngine, api_token: str | None = None, max_body_
                model_name: str = "kaiyuan", body_timeout_s: float = 30.0, max_tokens: int | None = None) -> FastAPI:
     """max_tokens: the most new tokens one request may ask for (default: the model's positions less one, at
     most 4096); the OpenAPI document states it."""
-    app = FastAPI(title="kaiyuan serve", version="1", description=__doc__,
-                  responses=error_responses(408, 413, 500))
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await run_in_threadpool(engine.close)  # after uvicorn's drain: whatever is left fails, the worker ends
+
+    app = FastAPI(title="kaiyuan serve", version="1", description=__doc__, lifespan=lifespan,
+                  responses=error_responses(408, 413, 500, 503))
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes, timeout_s=body_timeout_s)
     install_error_handlers(app)
     bearer = HTTPBearer(auto_error=False)
@@ -60,13 +69,23 @@ def create_app(engine: GenerationEngine, api_token: str | None = None, max_body_
                 raise APIError(400, "prompts: an empty prompt has no token to continue", "prompts")
             if len(ids) + body.tokens_to_generate > engine.max_length:
                 raise APIError(400, f"prompt of {len(ids)} tokens + {body.tokens_to_generate} new tokens "
-                                    f"exceeds the model's {engine.max_length} positions", "tokens_to_generate")
+                                    f"exceeds the {engine.max_length} positions served", "tokens_to_generate")
+            if sampling.seed is not None:  # prompt i draws with seed + i: equal prompts still differ, as in one batch
+                sampling = dataclasses.replace(sampling, seed=(body.random_seed + len(out)) % 2**64)
             out.append(Request(ids, body.tokens_to_generate, sampling, body.logprobs))
         return out
 
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": model_name, "device": engine.device, **engine.stats}
+    @app.get("/health", responses={503: {"description": "Warming up, failed to start, or shutting down"}})
+    async def health() -> Any:
+        """200 once warm-up is done (the envelope, what warm-up took, the engine's counters); 503 before, and
+        while shutting down."""
+        status = ("failed" if engine.failure is not None else "draining" if engine.draining
+                  else "ok" if engine.ready.is_set() else "warming_up")
+        body = {"status": status, "model": model_name, "device": engine.device,
+                "envelope": {"max_batch": engine.envelope.max_batch, "max_seq_len": engine.envelope.max_seq_len},
+                "warmup": vars(engine.warmup) if engine.warmup is not None else None,
+                "graphs_captured": engine.decoder.captures, **engine.stats}
+        return body if status == "ok" else JSONResponse(status_code=503, content=body)
 
     @app.get("/v1/models", dependencies=auth, response_model=ModelList, responses=auth_errors)
     async def models() -> ModelList:
@@ -88,7 +107,7 @@ def create_app(engine: GenerationEngine, api_token: str | None = None, max_body_
             raise APIError(400, "cannot set both top-k and top-p samplings.", "top_p")
         sampling = Sampling(body.temperature, body.top_k, body.top_p or 1.0, body.random_seed)
         requests = await run_in_threadpool(megatron_requests, body, sampling)
-        results = await asyncio.gather(*(asyncio.wrap_future(engine.submit(r)) for r in requests))
+        results = await submitted(engine, requests)
 
         def response() -> dict[str, Any]:
             out: dict[str, Any] = {
@@ -131,3 +150,4 @@ def create_app(engine: GenerationEngine, api_token: str | None = None, max_body_
 
     app.openapi = openapi  # type: ignore[method-assign]
     return app
+

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import StreamingResponse
 
-from .engine import Completion, GenerationEngine, Request, Sampling, find_stop
+from .engine import Completion, EngineStopped, GenerationEngine, Request, Sampling, find_stop
 from .errors import APIError, error_body
 from .openai_schema import CompletionLogprobs, CompletionRequest, CompletionResponse, Usage
 
@@ -49,16 +49,21 @@ def prepare(engine: GenerationEngine, body: CompletionRequest, max_tokens: int) 
         if not ids:
             raise APIError(400, f"{where}: an empty prompt has no token to continue", "prompt")
         if len(ids) + body.max_tokens > engine.max_length:
-            raise APIError(400, f"{where}: {len(ids)} tokens + max_tokens {body.max_tokens} exceeds the model's "
-                                f"{engine.max_length} positions", "max_tokens")
+            raise APIError(400, f"{where}: {len(ids)} tokens + max_tokens {body.max_tokens} exceeds the "
+                                f"{engine.max_length} positions served", "max_tokens")
         out.append(Prompt(ids, text))
     return out
 
 
-def requests_for(body: CompletionRequest, prompts: list[Prompt], group: str) -> list[Request]:
-    sampling = Sampling(body.temperature, body.top_k, body.top_p, body.seed)
-    return [Request(p.ids, body.max_tokens, sampling, stop=body.stops, top_logprobs=body.logprobs, group=group)
-            for p in prompts for _ in range(body.n)]
+def requests_for(body: CompletionRequest, prompts: list[Prompt]) -> list[Request]:
+    """n rows per prompt; with a seed, the n choices of one prompt differ (seed, seed + 1, ...), as each
+    choice alone with its own seed would give."""
+    def sampling(choice: int) -> Sampling:
+        seed = None if body.seed is None else (body.seed + choice) % 2**64
+        return Sampling(body.temperature, body.top_k, body.top_p, seed)
+
+    return [Request(p.ids, body.max_tokens, sampling(c), stop=body.stops, top_logprobs=body.logprobs)
+            for p in prompts for c in range(body.n)]
 
 
 def completion_text(engine: GenerationEngine, result: Completion, stops: tuple[str, ...]) -> tuple[str, str]:
@@ -113,6 +118,16 @@ def respond(engine: GenerationEngine, body: CompletionRequest, prompts: list[Pro
 def usage(prompts: list[Prompt], results: list[Completion]) -> Usage:
     used = sum(len(p.ids) for p in prompts), sum(len(r.token_ids) for r in results)
     return Usage(prompt_tokens=used[0], completion_tokens=used[1], total_tokens=sum(used))
+
+
+async def submitted(engine: GenerationEngine, requests: list[Request]) -> list[Completion]:
+    """The requests' completions; a 503 when the engine stops before they are done."""
+    try:
+        return await asyncio.gather(*(asyncio.wrap_future(engine.submit(r)) for r in requests))
+    except EngineStopped as err:
+        for req in requests:
+            req.cancelled.set()
+        raise APIError(503, str(err), code="shutting_down") from None
 
 
 class EngineStream(StreamingResponse):
@@ -191,6 +206,8 @@ async def stream(engine: GenerationEngine, body: CompletionRequest, prompts: lis
         if body.stream_options is not None and body.stream_options.include_usage:
             yield event([], usage(prompts, results))
         yield "data: [DONE]\n\n"
+    except EngineStopped as err:  # shutting down: the stream ends with that error event
+        yield "data: " + json.dumps(error_body(503, str(err), code="shutting_down")) + "\n\n"
     except Exception as err:  # noqa: BLE001  (headers are sent: the stream ends with an error event)
         log.exception("generation failed inside a stream: %s", err)
         yield "data: " + json.dumps(error_body(500, "generation failed (see the server log)")) + "\n\n"
@@ -203,8 +220,10 @@ async def complete(engine: GenerationEngine, body: CompletionRequest, model: str
                        "model_not_found")
     prompts = await run_in_threadpool(prepare, engine, body, max_tokens)
     cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-    requests = requests_for(body, prompts, cid)
+    requests = requests_for(body, prompts)
     if body.stream:
+        if engine.draining:
+            raise APIError(503, "the server is shutting down", code="shutting_down")
         return EngineStream(stream(engine, body, prompts, requests, cid, created, model), requests)
-    results = await asyncio.gather(*(asyncio.wrap_future(engine.submit(r)) for r in requests))
+    results = await submitted(engine, requests)
     return await run_in_threadpool(respond, engine, body, prompts, results, cid, created, model)

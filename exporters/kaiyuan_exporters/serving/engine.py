@@ -1,26 +1,54 @@
-"""The generation engine behind `kaiyuan serve`: a HF causal LM with a KV cache, concurrent requests
-batched together. A worker thread drains the request queue, groups requests that share sampling settings,
-and runs each group as one left-padded batch through the static-cache decoder (decode.py: compiled,
-CUDA-graph-captured steps; sampled with transformers' temperature / top-k / top-p), or through
-`model.generate` where there is no static cache (CPU default). New tokens reach streaming callers as they
-are produced; a row ends at end-of-text, at max_new_tokens, at one of its stop strings, or when its caller
-cancels it (a client gone), and the batch stops when every row has ended. Log-probabilities (with the top
-alternatives) come from one teacher-forced forward pass over prompt + completion: log_softmax of the logits."""
+"""The generation engine behind `kaiyuan serve`: a HF causal LM decoding every request in one continuously
+batched decode state (batch_decoder.py). A worker thread admits queued requests into free rows at every step
+(their prompts prefilled, eagerly), runs one decode step for all rows (a CUDA graph captured at start-up, on
+CUDA), and retires rows as they end: at end-of-text, at max_new_tokens, at one of their stop strings, or
+when their caller cancels them (a client gone). Each row samples with its own temperature / top-k / top-p
+and seed (sampling.py), greedy rows take the argmax. New tokens reach streaming callers as they are
+produced. Log-probabilities (with the top alternatives) come from one teacher-forced forward pass over
+prompt + completion: log_softmax of the logits. `drain(seconds)` lets in-flight requests finish, then fails
+what is left with EngineStopped."""
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import logging
 import math
 import queue
+import random
 import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
-from .decode import Sampler, StaticDecoder, left_pad
+from .batch_decoder import BatchDecoder, Envelope, WarmUp
+from .sampling import seed_key
+
+log = logging.getLogger(__name__)
+DEFAULT_MAX_SEQ_LEN = 4096  # the envelope's positions when neither the model nor --max-seq-len says fewer
+IDLE_WAIT_S = 0.05  # with no row decoding, the worker waits this long for a request, then looks again
+
+
+@dataclass(frozen=True)
+class JoinPolicy:
+    """When waiting requests join the running batch. Each join is one eager prefill, which stalls every
+    decoding row for its duration, so joins are gathered: they happen when at least `min_rows` requests
+    wait (or fill every free row), when the oldest has waited `max_wait_s`, or at once when no row decodes.
+    min_rows 0: an eighth of the rows (at least 1)."""
+
+    min_rows: int = 0
+    max_wait_s: float = 0.25
+
+    def rows_for(self, max_batch: int) -> int:
+        return self.min_rows or max(1, max_batch // 8)
+
+
+class EngineStopped(RuntimeError):
+    """The engine is shutting down (or failed to start): the request was not finished."""
 
 
 @dataclass(frozen=True)
@@ -47,11 +75,9 @@ class Request:
     on_token: Callable[[int], None] | None = None  # streaming: called from the worker thread
     stop: tuple[str, ...] = ()  # the row ends with the token that completes one of these in its text
     top_logprobs: int | None = None  # Completion.scores: every token's logprob and this many alternatives
-    # Sampled requests with a seed run only with rows of the same group (one HTTP request), so that the seed
-    # gives the same completion whoever else is being served.
-    group: object = None
     cancelled: threading.Event = field(default_factory=threading.Event)
     future: Future = field(default_factory=Future)
+    submitted_at: float = 0.0  # time.monotonic() at submit
 
 
 @dataclass
@@ -78,85 +104,55 @@ def find_stop(text: str, stops: tuple[str, ...] | list[str]) -> int | None:
     return min(found) if found else None
 
 
-class _RowStreamer:
-    """Routes each row's new token to its request: transformers' streamer protocol (put/end) for generate(),
-    push for the static-cache decoder's columns."""
+@dataclass
+class _Row:
+    """A request decoding in one row of the batch."""
 
-    def __init__(self, requests: list[Request], eos: set[int], decode: Callable[[list[int]], str]):
-        self.requests, self.eos, self.decode = requests, eos, decode
-        self.first = True
-        self.done = [False] * len(requests)
-        self.tokens: list[list[int]] = [[] for _ in requests]
-        self.stopped: list[int | None] = [None] * len(requests)  # tokens up to the one completing a stop string
-        self.cancelled = 0  # rows ended because their caller cancelled them
-        # a stop string's characters lie within this many last tokens (a character is at most 4 byte tokens)
-        self.window = [4 * max(map(len, r.stop)) + 4 if r.stop else 0 for r in requests]
+    request: Request
+    window: int  # a stop string's characters lie within this many last tokens (<= 4 byte tokens a character)
+    tokens: list[int] = field(default_factory=list)
+    finish: str | None = None  # "stop", "length" or "cancelled" once ended
 
-    def put(self, value: torch.Tensor) -> None:
-        if self.first:  # generate() first hands over the prompt
-            self.first = False
-            return
-        self.push(value.reshape(-1).tolist())
 
-    def push(self, column: list[int] | tuple[int, ...]) -> bool:
-        """One new token per row; True when every row has ended."""
-        for row, token in enumerate(column):
-            req = self.requests[row]
-            if self.done[row]:
-                continue
-            if req.cancelled.is_set() or token in self.eos or len(self.tokens[row]) >= req.max_new_tokens:
-                self.done[row] = True
-                self.cancelled += req.cancelled.is_set()
-                continue
-            self.tokens[row].append(token)
-            if req.on_token is not None:
-                req.on_token(token)
-            if req.stop and find_stop(self.decode(self.tokens[row][-self.window[row]:]), req.stop) is not None:
-                self.done[row] = True
-                self.stopped[row] = len(self.tokens[row])
-        return all(self.done)
-
-    def end(self) -> None:
-        pass
-
-    def stopping_criteria(self) -> Any:
-        """For generate(): a row is finished once this streamer has ended it."""
-        from transformers import StoppingCriteria
-
-        streamer = self
-
-        class Ended(StoppingCriteria):
-            def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-                return torch.tensor(streamer.done, dtype=torch.bool, device=input_ids.device)
-
-        return Ended()
+def _fail(request: Request, error: BaseException) -> None:
+    if not request.future.done():
+        request.future.set_exception(error)
 
 
 class GenerationEngine:
-    def __init__(self, model_dir: Path, device: str | None = None, max_batch_size: int = 32,
-                 max_length: int | None = None, batch_window_s: float = 0.005, static_cache: bool | None = None,
-                 decode_mode: str | None = None):
+    def __init__(self, model_dir: Path, device: str | None = None, envelope: Envelope | None = None,
+                 dtype: torch.dtype | None = None, join: JoinPolicy = JoinPolicy()):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        dtype = torch.bfloat16 if self.device.startswith("cuda") else torch.float32
+        cuda = self.device.startswith("cuda")
+        dtype = dtype or (torch.bfloat16 if cuda else torch.float32)
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(self.device).eval()
-        self.max_length = max_length or int(getattr(self.model.config, "max_position_embeddings", 4096))
+        # SDPA: the decoder's masks are its boolean 4D masks, and the prefill its causal path
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype,
+                                                          attn_implementation="sdpa").to(self.device).eval()
+        positions = int(getattr(self.model.config, "max_position_embeddings", DEFAULT_MAX_SEQ_LEN))
+        self.envelope = envelope or Envelope(max_seq_len=min(positions, DEFAULT_MAX_SEQ_LEN), capture=cuda)
+        if self.envelope.max_seq_len > positions:
+            raise ValueError(f"--max-seq-len {self.envelope.max_seq_len}: the model has {positions} positions")
+        self.max_length = self.envelope.max_seq_len
         self.vocab_size = int(self.model.get_input_embeddings().num_embeddings)
-        self.max_batch_size = max_batch_size
-        self.batch_window_s = batch_window_s
-        # A static cache is what makes decoding fast (compiled, CUDA graphs); on CPU it only costs memory.
-        self.static_cache = self.device.startswith("cuda") if static_cache is None else static_cache
         eos = self.model.generation_config.eos_token_id
         self.eos = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos or {0})
-        self.decoder = StaticDecoder(self.model, self.device, decode_mode, self.max_length, self.pad_id)
+        self.decoder = BatchDecoder(self.model, self.envelope, self.device)
+        self.ready = threading.Event()  # set once warm-up is done: /health says ready from then on
+        self.warmup: WarmUp | None = None
+        self.failure: BaseException | None = None  # warm-up failed: nothing is served
+        self._drain_deadline: float | None = None
+        self._stop = threading.Event()
+        self.join = join
         self._queue: queue.Queue[Request] = queue.Queue()
-        self._worker = threading.Thread(target=self._loop, name="generation", daemon=True)
+        self._waiting: collections.deque[Request] = collections.deque()  # taken off the queue, not yet joined
+        self._rng = random.Random()  # noise keys of unseeded sampled rows
+        # rows admitted, most rows in one step, new tokens, rows ended because their caller left (a client gone)
+        self.stats = {"requests": 0, "steps": 0, "max_batch": 0, "tokens": 0, "cancelled": 0, "rows": 0}
+        self._worker = threading.Thread(target=self._serve, name="generation", daemon=True)
         self._worker.start()
-        # new tokens generated, and rows ended early because their caller left (a stream's client gone)
-        self.stats = {"batches": 0, "requests": 0, "max_batch": 0, "tokens": 0, "cancelled": 0}
 
     # -- public -------------------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -169,117 +165,182 @@ class GenerationEngine:
         """Each token's own text (a piece of a multi-byte character shows as U+FFFD)."""
         return self.tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=False)
 
+    @property
+    def draining(self) -> bool:
+        return self._drain_deadline is not None or self._stop.is_set()
+
     def submit(self, request: Request) -> Future:
+        if self.failure is not None or self.draining:
+            raise EngineStopped("the server is shutting down" if self.draining else "the engine failed to start")
         if len(request.prompt_ids) + request.max_new_tokens > self.max_length:
             raise ValueError(f"prompt ({len(request.prompt_ids)} tokens) + tokens_to_generate "
-                             f"({request.max_new_tokens}) exceeds the model's {self.max_length} positions")
+                             f"({request.max_new_tokens}) exceeds the served {self.max_length} positions")
+        request.submitted_at = time.monotonic()
         self._queue.put(request)
         return request.future
 
     def generate(self, requests: list[Request]) -> list[Completion]:
-        """Run `requests` as one batch in the calling thread (benchmarks, tests)."""
-        return self._run(requests)
+        """Submit `requests` together and wait for them all (benchmarks, tests)."""
+        futures = [self.submit(r) for r in requests]
+        return [f.result() for f in futures]
+
+    def drain(self, seconds: float) -> None:
+        """Refuse new requests; those in flight may finish within `seconds`, then fail with EngineStopped."""
+        if self._drain_deadline is None:
+            self._drain_deadline = time.monotonic() + seconds
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop the worker: whatever is still queued or decoding fails with EngineStopped."""
+        self._stop.set()
+        self._worker.join(timeout_s)
 
     # -- worker -------------------------------------------------------------------------------------------
-    def _loop(self) -> None:
-        while True:
-            first = self._queue.get()
-            pending = [first]
-            deadline = time.monotonic() + self.batch_window_s
-            while len(pending) < self.max_batch_size:
-                try:
-                    pending.append(self._queue.get(timeout=max(0.0, deadline - time.monotonic())))
-                except queue.Empty:
-                    break
-            for req in [r for r in pending if r.cancelled.is_set()]:  # its client left while it queued
-                req.future.cancel()
-            pending = [r for r in pending if not r.cancelled.is_set()]
-            groups: dict[tuple, list[Request]] = {}
-            for req in pending:
-                seeded = req.sampling.seed is not None and not req.sampling.greedy
-                key = (req.sampling, req.ignore_eos, req.group if seeded else None)
-                groups.setdefault(key, []).append(req)
-            for group in groups.values():
-                try:
-                    results = self._run(group)
-                except Exception as err:  # noqa: BLE001  (delivered to every waiting caller)
-                    for req in group:
-                        req.future.set_exception(err)
-                    continue
-                for req, res in zip(group, results):
-                    req.future.set_result(res)
+    def _serve(self) -> None:
+        try:
+            self.warmup = self.decoder.warm_up()
+        except Exception as err:  # noqa: BLE001  (any failure: reported, every request refused)
+            log.exception("warm-up failed: %s", err)
+            self.failure = err
+            self._fail_queued(EngineStopped("the engine failed to start (see the server log)"))
+            return
+        w = self.warmup
+        log.info("warm-up: %.1f s, %d CUDA graphs, KV cache %.2f GiB, %.2f GiB on the device in all (envelope: "
+                 "%d rows x %d positions)", w.seconds, w.graphs, w.cache_bytes / 2**30, w.device_bytes / 2**30,
+                 self.envelope.max_batch, self.envelope.max_seq_len)
+        self.ready.set()
+        rows: dict[int, _Row] = {}
+        while not self._stop.is_set():
+            if self._drain_deadline is not None and time.monotonic() >= self._drain_deadline:
+                self._fail_rows(rows, EngineStopped("the server shut down before the request finished"))
+                self._fail_queued(EngineStopped("the server shut down before the request started"))
+                self._stop.wait(IDLE_WAIT_S)
+                continue
+            try:
+                self._admit(rows)
+                if rows:
+                    self._step(rows)
+            except Exception as err:  # noqa: BLE001  (delivered to every caller in the batch)
+                log.exception("decoding failed: %s", err)
+                self._fail_rows(rows, err)
+        self._fail_rows(rows, EngineStopped("the server shut down before the request finished"))
+        self._fail_queued(EngineStopped("the server shut down before the request started"))
 
-    def _decode_static(self, requests: list[Request], sampling: Sampling,
-                       streamer: _RowStreamer | None) -> list[list[int]]:
-        new = max(r.max_new_tokens for r in requests)
-        stop_early = not all(r.ignore_eos for r in requests)
-        on_tokens = self._stream_columns(streamer) if streamer is not None else None
-        sampler = None if sampling.greedy else Sampler(sampling.temperature, sampling.top_k, sampling.top_p)
-        return self.decoder.decode([r.prompt_ids for r in requests], new, self.eos, stop_early, on_tokens,
-                                   sampler).tolist()
+    def _admit(self, rows: dict[int, _Row]) -> None:
+        """Waiting requests into free rows (at most one per free row) as the join policy says, their prompts
+        prefilled, grouped by prompt length; waits IDLE_WAIT_S for one when no row is decoding."""
+        if not rows and not self._waiting:
+            with contextlib.suppress(queue.Empty):
+                self._waiting.append(self._queue.get(timeout=IDLE_WAIT_S))
+        for _ in range(self._queue.qsize()):  # bounded: what is queued now
+            with contextlib.suppress(queue.Empty):
+                self._waiting.append(self._queue.get_nowait())
+        free = [slot for slot in range(self.envelope.max_batch) if slot not in rows]
+        if not self._waiting or not free:
+            return
+        enough = min(len(free), self.join.rows_for(self.envelope.max_batch))
+        if rows and len(self._waiting) < enough and \
+                time.monotonic() - self._waiting[0].submitted_at < self.join.max_wait_s:
+            return
+        joining: list[Request] = []
+        while self._waiting and len(joining) < len(free):
+            req = self._waiting.popleft()
+            if req.cancelled.is_set() or not req.future.set_running_or_notify_cancel():
+                continue  # its client left while it waited
+            self.stats["requests"] += 1
+            if req.max_new_tokens == 0:
+                self._complete(req, [], "length")
+                continue
+            joining.append(req)
+        by_length: dict[int, list[Request]] = {}
+        for req in joining:
+            by_length.setdefault(len(req.prompt_ids), []).append(req)
+        for group in by_length.values():
+            slots = [free.pop(0) for _ in group]
+            try:
+                first = self.decoder.prefill(slots, [r.prompt_ids for r in group],
+                                             [self._row_settings(r) for r in group]).tolist()
+            except Exception as err:  # noqa: BLE001  (delivered to the group's callers)
+                log.exception("prefill failed: %s", err)
+                for slot, req in zip(slots, group):
+                    self.decoder.release(slot)
+                    _fail(req, err)
+                continue
+            for slot, req, token in zip(slots, group, first):
+                rows[slot] = _Row(req, 4 * max(map(len, req.stop)) + 4 if req.stop else 0)
+                self._accept(rows[slot], token)
+        self._retire(rows)
 
-    @staticmethod
-    def _stream_columns(streamer: _RowStreamer) -> Callable[[list[list[int]]], bool]:
-        """The decoder's callback (new tokens, a list per row) feeding the streamer; True stops decoding."""
+    def _row_settings(self, req: Request) -> tuple[bool, float, int, float, int]:
+        s = req.sampling
+        if s.greedy:
+            return True, 1.0, 0, 1.0, 0
+        return False, s.temperature, s.top_k, s.top_p, seed_key(self._rng.getrandbits(64) if s.seed is None else s.seed)
 
-        def on_tokens(rows: list[list[int]]) -> bool:
-            return any([streamer.push(column) for column in zip(*rows)])
+    def _step(self, rows: dict[int, _Row]) -> None:
+        length = max(len(r.request.prompt_ids) + len(r.tokens) for r in rows.values())  # columns to attend
+        sampled = [r.request.sampling for r in rows.values() if not r.request.sampling.greedy]
+        kind = ("filtered" if any(s.top_k > 0 or s.top_p < 1 for s in sampled) else "sample") if sampled else "greedy"
+        new = self.decoder.step(max(rows) + 1, length, kind).tolist()
+        self.stats["steps"] += 1
+        self.stats["max_batch"] = max(self.stats["max_batch"], len(rows))
+        for slot, row in rows.items():
+            self._accept(row, new[slot])
+        self._retire(rows)
 
-        return on_tokens
+    def _accept(self, row: _Row, token: int) -> None:
+        """The row's next token: appended and streamed, unless the row ends here."""
+        req = row.request
+        if req.cancelled.is_set():
+            row.finish = "cancelled"
+            return
+        if token in self.eos and not req.ignore_eos:
+            row.finish = "stop"
+            return
+        row.tokens.append(token)
+        self.stats["tokens"] += 1
+        if req.on_token is not None:
+            req.on_token(token)
+        if req.stop and find_stop(self.decode(row.tokens[-row.window:]), req.stop) is not None:
+            row.finish = "stop"
+        elif len(row.tokens) >= req.max_new_tokens:
+            row.finish = "length"
 
-    def _generate_padded(self, requests: list[Request], sampling: Sampling, new_tokens: int,
-                         streamer: _RowStreamer | None) -> list[list[int]]:
-        """Any batch: left-padded through transformers' generate (static cache on CUDA), streamed if asked."""
-        ids, mask = left_pad([r.prompt_ids for r in requests], self.pad_id)
-        width = ids.shape[1]
-        kwargs: dict[str, Any] = dict(max_new_tokens=new_tokens, pad_token_id=self.pad_id,
-                                      do_sample=not sampling.greedy)
-        if all(r.ignore_eos for r in requests):
-            kwargs["min_new_tokens"] = new_tokens
-        if not sampling.greedy:
-            kwargs |= dict(temperature=sampling.temperature, top_k=sampling.top_k or None,
-                           top_p=sampling.top_p if sampling.top_p < 1 else None)
-        if self.static_cache:
-            kwargs["cache_implementation"] = "static"
-        if streamer is not None:
-            kwargs["stopping_criteria"] = [streamer.stopping_criteria()]
-        with torch.inference_mode():
-            out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                                      streamer=streamer, **kwargs)
-        return out[:, width:].tolist()
+    def _retire(self, rows: dict[int, _Row]) -> None:
+        for slot in [s for s, r in rows.items() if r.finish is not None]:
+            row = rows.pop(slot)
+            self.decoder.release(slot)
+            self.stats["cancelled"] += row.finish == "cancelled"
+            self._complete(row.request, row.tokens, "length" if row.finish == "cancelled" else row.finish)
+        self.stats["rows"] = len(rows)
 
-    def _run(self, requests: list[Request]) -> list[Completion]:
-        sampling = requests[0].sampling
-        new_tokens = max(r.max_new_tokens for r in requests)
-        if sampling.seed is not None:
-            torch.manual_seed(sampling.seed)
-        watched = any(r.on_token or r.stop for r in requests) or any(r.cancelled.is_set() for r in requests)
-        streamer = _RowStreamer(requests, self.eos, self.decode) if watched else None
-        if new_tokens == 0:
-            generated = [[] for _ in requests]
-        elif self.static_cache:
-            generated = self._decode_static(requests, sampling, streamer)
-        else:
-            generated = self._generate_padded(requests, sampling, new_tokens, streamer)
-        self.stats["batches"] += 1
-        self.stats["requests"] += len(requests)
-        self.stats["max_batch"] = max(self.stats["max_batch"], len(requests))
-        self.stats["tokens"] += sum(len(row) for row in generated)
-        self.stats["cancelled"] += streamer.cancelled if streamer is not None else 0
-        completions = []
-        for index, (req, row) in enumerate(zip(requests, generated)):
-            row = row[: req.max_new_tokens]
-            stop = None if req.ignore_eos else next((i for i, t in enumerate(row) if t in self.eos), None)
-            if streamer is not None and streamer.stopped[index] is not None:
-                stop = min(streamer.stopped[index], len(row) if stop is None else stop)
-            tokens = row[:stop] if stop is not None else row
-            completions.append(Completion(req.prompt_ids, tokens, "stop" if stop is not None else "length"))
-        for req, comp in zip(requests, completions):
+    def _complete(self, req: Request, tokens: list[int], finish: str) -> None:
+        comp = Completion(req.prompt_ids, tokens, finish)
+        try:
             if req.logprobs:
                 comp.logprobs = self.sequence_logprobs(comp.prompt_ids + comp.token_ids)
             if req.top_logprobs is not None:
                 comp.scores = self.token_scores(comp.prompt_ids + comp.token_ids, req.top_logprobs)
-        return completions
+        except Exception as err:  # noqa: BLE001  (delivered to its caller)
+            _fail(req, err)
+            return
+        if not req.future.done():
+            req.future.set_result(comp)
+
+    def _fail_rows(self, rows: dict[int, _Row], error: BaseException) -> None:
+        for slot, row in rows.items():
+            self.decoder.release(slot)
+            _fail(row.request, error)
+        rows.clear()
+        self.stats["rows"] = 0
+
+    def _fail_queued(self, error: BaseException) -> None:
+        while self._waiting:
+            _fail(self._waiting.popleft(), error)
+        while True:  # bounded: submit() refuses new requests once stopping or failed
+            try:
+                _fail(self._queue.get_nowait(), error)
+            except queue.Empty:
+                return
 
     def token_scores(self, ids: list[int], top: int) -> TokenScores:
         """TokenScores of `ids` (the model's log_softmax over the vocabulary, fp32; -inf reported as -9999)."""

@@ -1,0 +1,262 @@
+"""The decode state behind continuous batching: one KV cache of `max_batch` rows x `max_seq_len` columns, each
+row its own timeline (its prompt at columns 0.., its n-th new token at len(prompt) + n - 1), so a request
+joins a free row at any step and leaves when done. A decode step runs the first `b` rows against the first
+`L` columns, (b, L) bucketed (powers of two up to the envelope); on CUDA every bucket's step is captured
+into a CUDA graph at start-up (warm_up), one per kind (STEP_KINDS), so serving never compiles or captures.
+Prefill is eager (a new prompt: its own shape, no graph). Per-row settings, positions and tokens live in
+static device buffers the graphs read.
+
+Why not transformers' continuous batching (generate_batch / ContinuousBatchingManager, what `transformers
+serve` runs): in 5.x it takes do_sample and the seed per manager, not per request, and captures its CUDA
+graphs lazily, on the request path; this module keeps the model's own forward and attention (SDPA, the
+prefill exactly generate()'s), which also keeps greedy rows equal to generate() in fp32."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .sampling import RowSettings, next_tokens
+
+MIN_LENGTH_BUCKET = 256
+# greedy: argmax only; sample: some row samples, none filters; filtered: some row has top-k or top-p (a sort)
+STEP_KINDS = ("greedy", "sample", "filtered")
+
+
+def buckets(limit: int, smallest: int = 1) -> tuple[int, ...]:
+    """Powers of two from `smallest` below `limit`, then `limit` itself."""
+    out, size = [], smallest
+    while size < limit:
+        out.append(size)
+        size *= 2
+    return (*out, limit)
+
+
+def bucket_for(sizes: tuple[int, ...], n: int) -> int:
+    return next(s for s in sizes if s >= n)
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """What the server prepares for at start-up and refuses beyond (a 400): at most max_batch rows decoding
+    at once, prompt + new tokens within max_seq_len. capture: CUDA graphs per bucket (CUDA only)."""
+
+    max_batch: int = 32
+    max_seq_len: int = 4096
+    capture: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1 or self.max_seq_len < 2:
+            raise ValueError(f"envelope: max_batch >= 1 and max_seq_len >= 2, got {self.max_batch}, {self.max_seq_len}")
+
+    @property
+    def batch_buckets(self) -> tuple[int, ...]:
+        return buckets(self.max_batch)
+
+    @property
+    def length_buckets(self) -> tuple[int, ...]:
+        return buckets(self.max_seq_len, min(MIN_LENGTH_BUCKET, self.max_seq_len))
+
+
+class RowKVCache:
+    """transformers' cache protocol as decoder layers call it (update(key, value, layer_idx) -> the keys and
+    values to attend to), over one [max_batch, kv heads, max_seq_len, head dim] pair per layer, allocated at
+    the first update. Before each forward the decoder says what it writes: `prefill(rows)` (each row's
+    prompt from column 0; attention over the fresh keys, causal) or `decode(rows, columns, length)` (one
+    token per row at its own column; attention over the first `length` columns, masked by the caller)."""
+
+    is_compileable = False
+
+    def __init__(self, max_batch: int, max_seq_len: int):
+        self.max_batch, self.max_seq_len = max_batch, max_seq_len
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.rows: torch.Tensor | None = None
+        self.columns: torch.Tensor | None = None  # None: prefill
+        self.length = 0
+
+    def prefill(self, rows: torch.Tensor) -> None:
+        self.rows, self.columns = rows, None
+
+    def decode(self, rows: torch.Tensor, columns: torch.Tensor, length: int) -> None:
+        self.rows, self.columns, self.length = rows, columns, length
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if layer_idx == len(self.keys):
+            shape = (self.max_batch, key.shape[1], self.max_seq_len, key.shape[3])
+            self.keys.append(torch.zeros(shape, dtype=key.dtype, device=key.device))
+            self.values.append(torch.zeros(shape, dtype=value.dtype, device=value.device))
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        if self.columns is None:
+            keys[self.rows, :, : key.shape[2]] = key
+            values[self.rows, :, : value.shape[2]] = value
+            return key, value
+        keys[self.rows, :, self.columns] = key[:, :, 0]
+        values[self.rows, :, self.columns] = value[:, :, 0]
+        rows = key.shape[0]
+        return keys[:rows, :, : self.length], values[:rows, :, : self.length]
+
+    # what transformers' mask creation asks of a cache (prefill only: decode passes its own 4D mask)
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        return query_length, 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
+
+@dataclass
+class WarmUp:
+    seconds: float
+    graphs: int
+    cache_bytes: int
+    device_bytes: int  # what warm-up took on the device: cache, graphs' memory pool, workspaces
+
+
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    kind: str
+
+
+@dataclass
+class BatchDecoder:
+    model: Any
+    envelope: Envelope
+    device: str
+    graphs: dict[tuple[int, int, str], _Graph] = field(default_factory=dict)
+    captures: int = 0  # CUDA graphs captured: all at warm-up; a GPU test checks it never grows after
+
+    def __post_init__(self) -> None:
+        config = self.model.config
+        if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
+            raise ValueError("serving: sliding-window attention layers are not supported by the batch decoder")
+        rows, dev = self.envelope.max_batch, self.device
+        self.cache = RowKVCache(rows, self.envelope.max_seq_len)
+        self.tokens = torch.zeros((rows, 1), dtype=torch.long, device=dev)
+        self.positions = torch.zeros((rows, 1), dtype=torch.long, device=dev)  # of each row's input token
+        self.active = torch.zeros(rows, dtype=torch.long, device=dev)  # 1 on rows holding a request
+        self.settings = RowSettings(torch.ones(rows, dtype=torch.bool, device=dev),
+                                    torch.ones(rows, device=dev), torch.zeros(rows, dtype=torch.long, device=dev),
+                                    torch.ones(rows, device=dev), torch.zeros(rows, dtype=torch.long, device=dev),
+                                    torch.zeros(rows, dtype=torch.long, device=dev))
+        self.row_ids = torch.arange(rows, device=dev)
+        self.columns = torch.arange(self.envelope.max_seq_len, device=dev)
+        self.capture = self.envelope.capture and dev.startswith("cuda")
+        self._pool = torch.cuda.graph_pool_handle() if self.capture else None
+
+    def _settings(self, rows: slice | torch.Tensor) -> RowSettings:
+        s = self.settings
+        return RowSettings(s.greedy[rows], s.temperature[rows], s.top_k[rows], s.top_p[rows], s.key[rows],
+                           s.step[rows])
+
+    @torch.inference_mode()
+    def prefill(self, rows: list[int], prompts: list[list[int]], settings: list[tuple]) -> torch.Tensor:
+        """Prompts of one length into free rows (eager), each row's settings (greedy, temperature, top_k,
+        top_p, key) set: its first new token per row, also left in the token buffer for the next step."""
+        index = torch.tensor(rows, device=self.device)
+        greedy, temperature, top_k, top_p, key = zip(*settings)
+        s = self.settings
+        for buffer, values in ((s.greedy, greedy), (s.temperature, temperature), (s.top_k, top_k),
+                               (s.top_p, top_p), (s.key, key)):
+            buffer[index] = torch.tensor(values, dtype=buffer.dtype).to(self.device)
+        s.step[index] = 0
+        ids = torch.tensor(prompts, dtype=torch.long, device=self.device)
+        self.cache.prefill(index)
+        positions = torch.arange(ids.shape[1], device=self.device)[None].expand(len(rows), -1)
+        logits = self.model(input_ids=ids, position_ids=positions, past_key_values=self.cache, use_cache=True,
+                            logits_to_keep=1).logits[:, -1]
+        first = next_tokens(logits, self._settings(index), filtering=any(k > 0 or p < 1 for _, _, k, p, _ in settings))
+        self.tokens[index, 0] = first
+        self.positions[index, 0] = ids.shape[1]
+        s.step[index] = 1
+        self.active[index] = 1
+        return first
+
+    def release(self, row: int) -> None:
+        """The row holds no request: its position stays 0 (its writes land in its own column 0)."""
+        self.active[row] = 0
+        self.positions[row] = 0
+
+    def _step(self, batch: int, length: int, kind: str) -> None:
+        positions = self.positions[:batch]
+        self.cache.decode(self.row_ids[:batch], positions[:, 0], length)
+        mask = (self.columns[:length][None, :] <= positions)[:, None, None, :]  # [batch, 1, 1, length]
+        logits = self.model(input_ids=self.tokens[:batch], position_ids=positions, attention_mask=mask,
+                            past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        new = (logits.argmax(-1) if kind == "greedy"
+               else next_tokens(logits, self._settings(slice(0, batch)), filtering=kind == "filtered"))
+        self.tokens[:batch, 0] = new
+        active = self.active[:batch]
+        self.positions[:batch, 0] += active
+        self.settings.step[:batch] += active
+
+    @torch.inference_mode()
+    def step(self, rows: int, length: int, kind: str) -> torch.Tensor:
+        """One token for each of the first `rows` rows (bucketed up), attending to `length` columns (bucketed
+        up); kind: one of STEP_KINDS. The new tokens, [bucketed rows]: a view of the token buffer, valid until
+        the next step."""
+        batch = bucket_for(self.envelope.batch_buckets, rows)
+        length = bucket_for(self.envelope.length_buckets, length)
+        graph = self.graphs.get((batch, length, kind))
+        if graph is not None:
+            graph.graph.replay()
+        elif self.capture:
+            raise RuntimeError(f"no CUDA graph for batch {batch}, length {length}: warm_up() captures them all")
+        else:
+            self._step(batch, length, kind)
+        return self.tokens[:batch, 0]
+
+    @torch.inference_mode()
+    def warm_up(self) -> WarmUp:
+        """Allocates the cache (a one-token prefill into row 0) and, on CUDA, captures every bucket's steps,
+        largest first (later, smaller graphs reuse the shared pool's memory)."""
+        start = time.perf_counter()
+        cuda = self.device.startswith("cuda")
+        free_before = torch.cuda.mem_get_info()[0] if cuda else 0
+        self.prefill([0], [[0]], [(True, 1.0, 0, 1.0, 0)])
+        self.release(0)
+        if self.capture:
+            try:
+                for batch in reversed(self.envelope.batch_buckets):
+                    for length in reversed(self.envelope.length_buckets):
+                        for kind in STEP_KINDS:
+                            self.graphs[(batch, length, kind)] = _Graph(self._capture(batch, length, kind), kind)
+            except Exception as err:  # noqa: BLE001  (a model whose step cannot be captured, e.g. a MoE's
+                # data-dependent expert loop: served eagerly, said once)
+                warnings.warn(f"decode step not captured ({type(err).__name__}: {str(err)[:200]}); decoding "
+                              "eagerly", stacklevel=2)
+                self.graphs.clear()
+                self.capture = False
+                torch.cuda.synchronize()
+        else:
+            self._step(1, self.envelope.length_buckets[0], "filtered")
+        self.tokens.zero_()
+        self.positions.zero_()
+        self.settings.step.zero_()
+        if cuda:
+            torch.cuda.synchronize()
+        used = free_before - torch.cuda.mem_get_info()[0] if cuda else self.cache.nbytes
+        return WarmUp(time.perf_counter() - start, len(self.graphs), self.cache.nbytes, used)
+
+    def _capture(self, batch: int, length: int, kind: str) -> torch.cuda.CUDAGraph:
+        """No row is active during warm-up: the steps write only the rows' column 0 and move nothing on."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # cuBLAS / SDPA workspaces are allocated outside the capture
+            self._step(batch, length, kind)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: a CUDA call from another thread (the HTTP side) cannot invalidate this capture
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            self._step(batch, length, kind)
+        self.captures += 1
+        return graph

@@ -1,0 +1,281 @@
+"""Continuous batching in `kaiyuan serve`, on the CPU (eager steps; the GPU's captured steps are
+tests/gpu/test_serve_gpu.py): requests join the running batch at the next step and leave when done, greedy
+rows equal transformers' generate token for token in fp32 whoever else decodes, each row samples with its
+own settings and seed, the per-row sampler filters as transformers' warpers do, the envelope bounds what is
+served, /health says ready only after warm-up, and SIGTERM drains a real server process."""
+
+import json
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+import torch
+from test_serve import AUTH, TOKEN, server_process, tiny_model  # noqa: F401  (fixture)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model):  # noqa: F811
+    from kaiyuan_exporters.serving.batch_decoder import Envelope
+    from kaiyuan_exporters.serving.engine import GenerationEngine
+
+    eng = GenerationEngine(tiny_model, "cpu", Envelope(max_batch=8, max_seq_len=256, capture=False))
+    assert eng.ready.wait(60)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model):  # noqa: F811
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32).eval()
+
+    def greedy(prompt: list[int], n: int) -> list[int]:
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                             pad_token_id=151643)
+        return out[0, len(prompt):].tolist()
+
+    return greedy
+
+
+def test_requests_join_and_leave_the_running_batch_and_stay_equal_to_generate(engine, reference):
+    """B and C are submitted while A decodes (from A's 5th token): they join A's batch at the next step,
+    C is sampled, B ends first and leaves; every greedy row equals generate() on its prompt alone."""
+    from kaiyuan_exporters.serving.engine import Request, Sampling
+
+    a_prompt, b_prompt, c_prompt = (engine.encode(t)[:n] for t, n in (("Hello world, this is a test", 3),
+                                                                       ("另一个提示，用来测试批处理", 7),
+                                                                       ("x = [1, 2, 3] + [4, 5, 6]", 5)))
+    joined: dict[str, object] = {}
+    steps_at: dict[str, int] = {}
+
+    def on_a(token: int) -> None:
+        a_tokens.append(token)
+        if len(a_tokens) == 5:
+            steps_at["join"] = engine.stats["steps"]
+            joined["b"] = engine.submit(Request(b_prompt, 8, ignore_eos=True,
+                                                on_token=lambda t: steps_at.setdefault("b", engine.stats["steps"])))
+            joined["c"] = engine.submit(Request(c_prompt, 20, Sampling(1.3, top_p=0.9, seed=3), ignore_eos=True))
+
+    a_tokens: list[int] = []
+    a = engine.generate([Request(a_prompt, 40, ignore_eos=True, on_token=on_a)])[0]
+    b, c = joined["b"].result(60), joined["c"].result(60)
+    assert a.token_ids == reference(a_prompt, 40)
+    assert b.token_ids == reference(b_prompt, 8) and len(c.token_ids) == 20
+    assert steps_at["b"] <= steps_at["join"] + 1  # B's first step was the next one, not after A
+    assert engine.stats["max_batch"] >= 3
+
+
+def test_joins_are_gathered_until_enough_requests_wait(tiny_model):  # noqa: F811
+    """JoinPolicy(min_rows=3): two requests sent while A decodes wait until A has ended (no row decoding:
+    they join at once), three join at the next step."""
+    from kaiyuan_exporters.serving.batch_decoder import Envelope
+    from kaiyuan_exporters.serving.engine import GenerationEngine, JoinPolicy, Request
+
+    engine = GenerationEngine(tiny_model, "cpu", Envelope(max_batch=8, max_seq_len=256, capture=False),
+                              join=JoinPolicy(min_rows=3, max_wait_s=3600))
+    prompt = engine.encode("Hello world, this is a test")[:4]
+    for count, joins_early in ((2, False), (3, True)):
+        first_steps: list[int] = []
+        late: list = []
+        seen: list[int] = []
+
+        def on_a(token):
+            seen.append(token)
+            if len(seen) == 30:
+                a_end.append(engine.stats["steps"])  # the step of A's last token
+            if len(seen) == 5:
+                late.extend(engine.submit(Request(prompt, 3, ignore_eos=True, on_token=lambda t: first_steps.append(
+                    engine.stats["steps"]))) for _ in range(count))
+
+        a_end: list[int] = []
+        engine.generate([Request(prompt, 30, ignore_eos=True, on_token=on_a)])
+        [f.result(60) for f in late]
+        assert (min(first_steps) < a_end[0]) == joins_early, (a_end, first_steps)
+    engine.close()
+
+
+def test_each_row_samples_with_its_own_settings_and_seed(engine, reference):
+    """Rows of different settings in one batch (no grouping): a seeded row's tokens are the same alone and
+    alongside greedy rows, other temperatures / top-k / top-p, and other seeds; greedy rows stay generate()'s;
+    the batch took as many steps as its longest row, not one pass per setting."""
+    from kaiyuan_exporters.serving.engine import Request, Sampling
+
+    prompt = engine.encode("The quick brown fox")
+    seeded = Sampling(1.2, top_k=40, seed=1234)
+    alone = engine.generate([Request(prompt, 16, seeded, ignore_eos=True)])[0].token_ids
+    before = engine.stats["steps"]
+    mixed = engine.generate([Request(prompt, 16, seeded, ignore_eos=True),
+                             Request(prompt, 16, ignore_eos=True),
+                             Request(prompt, 16, Sampling(0.7, top_p=0.5, seed=1), ignore_eos=True),
+                             Request(prompt, 16, Sampling(1.5, seed=99), ignore_eos=True),
+                             Request(prompt, 16, Sampling(1.0), ignore_eos=True),
+                             Request(prompt, 16, seeded, ignore_eos=True)])
+    assert engine.stats["steps"] - before == 15  # the prefill gives each row its first token
+    tokens = [c.token_ids for c in mixed]
+    assert tokens[0] == alone == tokens[5]
+    assert tokens[1] == reference(prompt, 16)
+    assert len({tuple(t) for t in tokens}) >= 4  # the other settings and seeds drew other tokens
+
+
+def test_more_requests_than_rows_queue_and_every_one_finishes(engine, reference):
+    from kaiyuan_exporters.serving.engine import Request
+
+    prompts = [engine.encode(f"request number {i} says")[: 3 + i % 4] for i in range(20)]
+    got = engine.generate([Request(p, 6 + i % 5, ignore_eos=True) for i, p in enumerate(prompts)])
+    assert [c.token_ids for c in got] == [reference(p, 6 + i % 5) for i, p in enumerate(prompts)]
+    assert engine.stats["rows"] == 0 and engine.stats["max_batch"] <= 8
+
+
+def test_the_envelope_buckets_and_bounds_requests(engine):
+    from kaiyuan_exporters.serving.batch_decoder import Envelope, bucket_for
+    from kaiyuan_exporters.serving.engine import Request
+
+    env = Envelope(max_batch=48, max_seq_len=3000)
+    assert env.batch_buckets == (1, 2, 4, 8, 16, 32, 48)
+    assert env.length_buckets == (256, 512, 1024, 2048, 3000)
+    assert bucket_for(env.length_buckets, 257) == 512 and bucket_for(env.batch_buckets, 33) == 48
+    assert Envelope(max_batch=1, max_seq_len=100).length_buckets == (100,)
+    with pytest.raises(ValueError, match="max_batch >= 1"):
+        Envelope(max_batch=0)
+    with pytest.raises(ValueError, match="exceeds the served 256 positions"):
+        engine.submit(Request([1] * 200, 57))
+
+
+@pytest.mark.parametrize("settings", [[(0.7, 0, 1.0), (1.0, 5, 1.0), (1.3, 0, 0.8), (0.9, 7, 0.6), (1.0, 0, 1e-4),
+                                       (2.0, 1000, 1.0)]])
+def test_per_row_filtering_is_transformers_warpers_row_by_row(settings):
+    """One batch, each row its own (temperature, top-k, top-p): each row's filtered logits are exactly what
+    transformers' warpers leave for that row alone, in generate()'s order."""
+    from kaiyuan_exporters.serving.sampling import filtered
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    torch.manual_seed(0)
+    logits = torch.randn(len(settings), 64) * 3
+    temperature, top_k, top_p = (torch.tensor(v) for v in zip(*settings))
+    ours = filtered(logits, temperature.float(), top_k, top_p.float())
+    for row, (t, k, p) in enumerate(settings):
+        theirs = TemperatureLogitsWarper(t)(None, logits[row: row + 1].clone())
+        if 0 < k < 64:
+            theirs = TopKLogitsWarper(k)(None, theirs)
+        if p < 1:
+            theirs = TopPLogitsWarper(p)(None, theirs)
+        mine = ours[row: row + 1]
+        assert torch.equal(torch.isinf(mine), torch.isinf(theirs)), row
+        torch.testing.assert_close(mine[~torch.isinf(mine)], theirs[~torch.isinf(theirs)])
+
+
+def test_per_row_draws_follow_the_filtered_distribution_and_repeat_with_the_key():
+    from kaiyuan_exporters.serving.sampling import RowSettings, next_tokens
+
+    rows = 20000
+    logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]])).expand(rows, 3)
+    for top_k, top_p, expected in ((0, 1.0, [0.7, 0.2, 0.1]), (2, 1.0, [0.7 / 0.9, 0.2 / 0.9, 0]),
+                                   (0, 0.75, [0.7 / 0.9, 0.2 / 0.9, 0])):
+        settings = RowSettings(torch.zeros(rows, dtype=torch.bool), torch.ones(rows), torch.full((rows,), top_k),
+                               torch.full((rows,), top_p), torch.arange(rows), torch.zeros(rows, dtype=torch.long))
+        drawn = next_tokens(logits, settings)
+        counts = torch.bincount(drawn, minlength=3).float() / rows
+        torch.testing.assert_close(counts, torch.tensor(expected), atol=0.015, rtol=0)
+        assert torch.equal(next_tokens(logits, settings), drawn)  # the same keys and steps: the same draws
+        settings.step += 1
+        assert not torch.equal(next_tokens(logits, settings), drawn)  # the next step: other draws
+        settings.greedy[:] = True
+        assert set(next_tokens(logits, settings).tolist()) == {0}
+
+
+def test_health_is_a_503_until_warm_up_is_done_and_queued_requests_wait_for_it(tiny_model, monkeypatch):  # noqa: F811
+    from fastapi.testclient import TestClient
+    from kaiyuan_exporters.serving.api import create_app
+    from kaiyuan_exporters.serving.batch_decoder import BatchDecoder
+    from kaiyuan_exporters.serving.engine import GenerationEngine
+
+    release = threading.Event()
+    warm_up = BatchDecoder.warm_up
+
+    def held(self):
+        assert release.wait(60)
+        return warm_up(self)
+
+    monkeypatch.setattr(BatchDecoder, "warm_up", held)
+    engine = GenerationEngine(tiny_model, "cpu")
+    with TestClient(create_app(engine)) as c:
+        r = c.get("/health")
+        assert r.status_code == 503 and r.json()["status"] == "warming_up" and r.json()["warmup"] is None
+        answer: dict = {}
+        early = threading.Thread(target=lambda: answer.update(r=c.post("/v1/completions", json={
+            "prompt": "Hello", "max_tokens": 3, "temperature": 0})))
+        early.start()
+        time.sleep(0.3)
+        assert "r" not in answer  # queued behind the warm-up, not refused
+        release.set()
+        early.join(60)
+        assert answer["r"].status_code == 200 and answer["r"].json()["usage"]["completion_tokens"] == 3
+        ready = c.get("/health").json()
+        assert ready["status"] == "ok" and ready["warmup"]["seconds"] > 0 and ready["warmup"]["cache_bytes"] > 0
+
+
+def test_sigterm_lets_in_flight_requests_finish_refuses_new_ones_and_exits(tiny_model):  # noqa: F811
+    body = {"prompt": "The quick brown fox", "max_tokens": 100, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    with server_process(tiny_model, "--api-token-env", "KAIYUAN_TEST_TOKEN", "--max-batch", "1",
+                        "--drain-timeout-s", "60", env={"KAIYUAN_TEST_TOKEN": TOKEN}) as (url, proc):
+        with httpx.stream("POST", url + "/v1/completions", json=body | {"n": 2}, headers=AUTH, timeout=60) as s:
+            lines = s.iter_lines()
+            next(lines)  # the first event: decoding has begun (2 rows, one after the other: max-batch 1)
+            proc.send_signal(signal.SIGTERM)
+            t0 = time.monotonic()
+            deadline = t0 + 10
+            while True:  # new connections are refused soon after the signal
+                try:
+                    httpx.get(url + "/health", timeout=1)
+                except httpx.TransportError:
+                    break
+                assert time.monotonic() < deadline, "still accepting connections after SIGTERM"
+                time.sleep(0.05)
+            events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+        assert proc.wait(65) == -signal.SIGTERM  # after its graceful shutdown uvicorn re-raises the signal
+        assert time.monotonic() - t0 < 60 + 5  # the stated bound: --drain-timeout-s plus 5 s
+    assert not any("error" in e for e in events)
+    assert events[-1]["usage"]["completion_tokens"] == 200  # every row finished after the signal: 2 x 100
+
+
+def test_sigterm_fails_what_is_left_after_the_drain_timeout(tiny_model):  # noqa: F811
+    """--drain-timeout-s 1 and more work than that: the stream ends with a 503 error event, a request that
+    waited in the queue is a 503, and the process exits within the timeout plus its stated 5 s."""
+    long = {"prompt": "The quick brown fox", "max_tokens": 240, "temperature": 0}
+    with server_process(tiny_model, "--max-batch", "1", "--drain-timeout-s", "1") as (url, proc):
+        result: dict = {}
+
+        def plain() -> None:
+            result["r"] = httpx.post(url + "/v1/completions", json=long | {"n": 20}, timeout=60)
+
+        with httpx.stream("POST", url + "/v1/completions", json=long | {"stream": True, "n": 20}, timeout=60) as s:
+            lines = s.iter_lines()
+            next(lines)
+            waiting = threading.Thread(target=plain)
+            waiting.start()
+            time.sleep(0.5)
+            proc.send_signal(signal.SIGTERM)
+            t0 = time.monotonic()
+            events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+        waiting.join(30)
+        assert proc.wait(30) == -signal.SIGTERM  # after its graceful shutdown uvicorn re-raises the signal
+        assert time.monotonic() - t0 < 1 + 5 + 2
+    assert events[-1]["error"]["type"] == "server_error" and "shut down" in events[-1]["error"]["message"]
+    assert result["r"].status_code == 503 and result["r"].json()["error"]["code"] == "shutting_down"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--decode-mode", "graph"], "--decode-mode graph needs a CUDA device"),
+    (["--max-seq-len", "1000"], "--max-seq-len 1000: the model has 256 positions"),
+])
+def test_an_envelope_the_model_or_host_cannot_serve_is_refused_at_start(tiny_model, args, message):  # noqa: F811
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "kaiyuan_recipes.cli.main", "serve", str(tiny_model), "--device",
+                           "cpu", *args], capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and message in done.stderr, done.stderr[-2000:]
