@@ -64,7 +64,8 @@ def phase2_stream(work: Path) -> dict:
         monotone = all(b[1] >= a[1] for a, b in zip(seen, seen[1:]) if a[0] // n == b[0] // n)  # within an epoch
         stored = [float(r) for r in ranks[path][:50]]
         checks[Path(path).name] = {
-            "documents": len(ranks[path]), "train_documents": n, "samples": which.count(path), "epochs_touched": seen[-1][0] // n + 1,
+            "documents": len(ranks[path]), "train_documents": n, "samples": which.count(path),
+            "epochs_touched": seen[-1][0] // n + 1,
             "ranks_ascending_within_each_epoch": monotone,
             "stored_order_is_not_rank_order": stored != sorted(stored),
             "first_ranks": [r for _, r in seen[:8]],
