@@ -81,17 +81,23 @@ def resume_checks(work: Path, logs: Path) -> dict:
     records = read_metrics(work / "runs" / "cur" / "run_state")
     starts = [r["iteration"] for r in records if r["event"] == "train_start"]
     steps = {r["iteration"]: r for r in records if r["event"] == "step"}
-    stop = json.loads((logs / "stop.json").read_text())
+    stop_file = logs / "stop.json"  # what `kaiyuan stop` printed, when the call that sent it kept it
+    stop = json.loads(stop_file.read_text()) if stop_file.is_file() else {}
     phase2_starts = [s for s in starts if PHASES[2][0] - 1 <= s < PHASES[2][1]]
     resumed_at = phase2_starts[1] if len(phase2_starts) > 1 else None
-    lines = [ORDERED_LINE.search(line) for name in ("phase2_before_stop.log", "phase2_after_resume.log")
-             for line in (logs / name).read_text(errors="replace").splitlines()]
+    saved = [r["iteration"] for r in records if r["event"] == "checkpoint"]
+    stop["checkpoint_at_resume_point"] = resumed_at in saved  # the save the SIGTERM made, from the run's metrics
+    # Every launch's console log, as the run directory keeps them (one file per launch).
+    launch_logs = sorted((work / "runs" / "cur" / "logs").glob("*.log"))
+    lines = [ORDERED_LINE.search(line) for path in launch_logs
+             for line in path.read_text(errors="replace").splitlines()]
     events = [(m.group(2), m.group(3)) for m in lines if m]
     consumed_ok = all(steps[i]["consumed_samples"] == i * GBS for i in steps)
     return {
         "train_starts": starts, "resumed_at": resumed_at,
         "stopped_inside_phase_2": resumed_at is not None and PHASES[2][0] < resumed_at < PHASES[2][1],
-        "stop": {k: stop.get(k) for k in ("checkpoint_saved", "sigkill_after_grace", "last_checkpoint", "iteration")},
+        "stop": {k: stop.get(k) for k in ("checkpoint_saved", "sigkill_after_grace", "last_checkpoint",
+                                          "checkpoint_at_resume_point")},
         "first_step_after_resume": min((i for i in steps if resumed_at and i > resumed_at), default=None),
         "consumed_samples_continuous": consumed_ok and all(i in steps for i in range(1, PHASES[3][1] + 1)),
         "ordered_index_events": events,
@@ -132,7 +138,8 @@ def main() -> None:
           and order["interleaved_in_proportion"] and resume["stopped_inside_phase_2"]
           and resume["first_step_after_resume"] == (resume["resumed_at"] or -1) + 1
           and resume["consumed_samples_continuous"] and resume["resumed_run_loaded_the_same_indices"]
-          and resume["stop"]["checkpoint_saved"] and len(average["averaged"]) == 3 and average["export_finite"])
+          and resume["stop"]["checkpoint_at_resume_point"] and len(average["averaged"]) == 3
+          and average["export_finite"])
     result = provenance(args.command) | {"revision": args.rev, "name": "curriculum_ordered_phase_gpu",
                                          "phase_iterations": PHASES, "global_batch_size": GBS,
                                          "phase2_order": order, "stop_resume": resume, "average_export": average,
