@@ -88,11 +88,13 @@ def resume_checks(work: Path, logs: Path) -> dict:
     saved = [r["iteration"] for r in records if r["event"] == "checkpoint"]
     stop["checkpoint_at_resume_point"] = resumed_at in saved  # the save the SIGTERM made, from the run's metrics
     # Every launch's console log, as the run directory keeps them (one file per launch).
-    launch_logs = sorted((work / "runs" / "cur" / "logs").glob("*.log"))
+    launch_logs = sorted((work / "runs" / "cur" / "logs").glob("train-*.log"))
     lines = [ORDERED_LINE.search(line) for path in launch_logs
              for line in path.read_text(errors="replace").splitlines()]
     events = [(m.group(2), m.group(3)) for m in lines if m]
-    consumed_ok = all(steps[i]["consumed_samples"] == i * GBS for i in steps)
+    # The metrics callback records a step's consumed samples as the step starts: (iteration - 1) x batch, across
+    # every launch, the resume included, if no sample was skipped or repeated.
+    consumed_ok = all(steps[i]["consumed_samples"] == (i - 1) * GBS for i in steps)
     return {
         "train_starts": starts, "resumed_at": resumed_at,
         "stopped_inside_phase_2": resumed_at is not None and PHASES[2][0] < resumed_at < PHASES[2][1],
