@@ -18,9 +18,11 @@ tunnel, as argument lists quoted with shlex. State: run_state/slurm.json (run_la
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -154,10 +156,11 @@ class SlurmRun(Run):
             self._add(exp, target)
             exp.dryrun(log=False, delete_exp_dir=False)
             executor = exp.jobs[0].executor
-            script = Path(executor.experiment_dir, f"{executor.job_name}_sbatch.sh").read_text()
-        import shutil
-
-        shutil.rmtree(exp._exp_dir, ignore_errors=True)  # a dry run leaves nothing behind
+            exp_dir = Path(executor.experiment_dir)
+            script = (exp_dir / f"{executor.job_name}_sbatch.sh").read_text()
+        shutil.rmtree(exp_dir, ignore_errors=True)  # a dry run leaves nothing behind
+        with contextlib.suppress(OSError):
+            exp_dir.parent.rmdir()
         return script
 
     def start(self, target: list[str], extra: dict[str, Any] | None = None) -> dict[int, int]:
@@ -210,6 +213,8 @@ class SlurmRun(Run):
             return base | {"state": "pending", "slurm_state": "SUBMITTED"}
         slurm_state = row["state"].split()[0]  # "CANCELLED by 0" -> CANCELLED
         state = STATES.get(slurm_state, "failed")
+        if state == "failed" and self.layout.stop_request.is_file():
+            state = "stopped"  # torchrun exits non-zero on the SIGTERM of `kaiyuan stop`, after the ranks saved
         info = base | {"state": state, "slurm_state": slurm_state, "exit_code": row["exit_code"],
                        "nodes": row["nodes"], "elapsed": row["elapsed"]}
         if state == "pending":

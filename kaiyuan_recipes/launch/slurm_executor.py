@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,11 +49,15 @@ def slurm_executor(spec: SlurmSpec, cluster_run_dir: str) -> Any:
     """NeMo-Run's SlurmExecutor for `spec`, the job's files in `cluster_run_dir` (NeMo-Run's under nemo_run/)."""
     layout = RunLayout(Path(cluster_run_dir))
     srun_args = [] if spec.container_image else ["--chdir", spec.workdir or os.getcwd()]
+    # In a container the run directory is mounted at its own path, so checkpoints land where the logs are.
+    mounts = [*spec.container_mounts, f"{layout.run_dir}:{layout.run_dir}"] if spec.container_image else []
     return run.SlurmExecutor(
         account=spec.account, job_name_prefix="kaiyuan-", partition=spec.partition, nodes=spec.nodes,
         ntasks_per_node=spec.ranks_per_node, gpus_per_node=spec.gpus_per_node or None, time=spec.time,
-        container_image=spec.container_image, container_mounts=list(spec.container_mounts),
-        signal=f"TERM@{spec.signal_grace_s}", env_vars=dict(spec.env), srun_args=srun_args,
+        container_image=spec.container_image, container_mounts=mounts,
+        signal=f"TERM@{spec.signal_grace_s}",
+        # NeMo-Run writes `export K=V` into the script as it is: quoted here, a value arrives literally.
+        env_vars={k: shlex.quote(v) for k, v in spec.env.items()}, srun_args=srun_args,
         tunnel=make_tunnel(spec, str(layout.run_dir / "nemo_run")), packager=run.Packager(),
         launcher="torchrun", retries=spec.retries, job_details=PerNodeLogs(folder=str(layout.logs)),
         poll_estimated_start_time=False)
