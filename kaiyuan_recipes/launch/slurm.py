@@ -135,7 +135,7 @@ class SlurmRun(Run):
         return self._tunnel
 
     def _on_cluster(self, argv: list[str], warn: bool = True) -> Any:
-        return self.tunnel().run(shlex.join(argv), hide=True, warn=warn)
+        return self.tunnel().run(shlex.join(argv), hide=True, warn=warn, in_stream=False)
 
     # -- submit ---------------------------------------------------------------------------------------------
     def _experiment(self) -> Any:
