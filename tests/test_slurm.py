@@ -47,9 +47,9 @@ def slurm(tmp_path_factory):
 
 
 def cpu_spec(**kw) -> SlurmSpec:
-    """Two ranks on the CPU node (gloo over loopback)."""
-    return SlurmSpec(**{"partition": PARTITION, "gpus_per_node": None, "nproc_per_node": 2, "time": "00:05:00",
-                        "env": {"GLOO_SOCKET_IFNAME": "lo"}, **kw})
+    """Two ranks on the CPU node (gloo over loopback); the time-limit signal ~9 minutes away, past every test."""
+    return SlurmSpec(**{"partition": PARTITION, "gpus_per_node": None, "nproc_per_node": 2, "time": "00:10:00",
+                        "signal_grace_s": 60, "env": {"GLOO_SOCKET_IFNAME": "lo"}, **kw})
 
 
 def wait_for(predicate, timeout: float, what: str, poll: float = 0.5):
@@ -71,7 +71,18 @@ def markers(folder: Path, event: str) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(folder.glob(f"{event}-*.json"))]
 
 
-def test_two_ranks_all_reduce_and_the_status_goes_to_completed(slurm, tmp_path):
+@pytest.fixture(scope="module")
+def time_limit_job(slurm, tmp_path_factory):
+    """A job whose ranks wait for the time-limit SIGTERM: --time 2 minutes, --signal=TERM@60. Slurm checks time
+    limits every 30 s and may signal up to a minute early, so it comes 30-90 s after the start. Submitted by the
+    first test, so that wait overlaps the others; test_the_time_limit_signal_reaches_the_ranks reads it."""
+    marks = tmp_path_factory.mktemp("time-limit")
+    job = SlurmRun(marks / "runs" / "tl", cpu_spec(time="00:02:00", signal_grace_s=60))
+    job.start([JOB, "--mode", "signal", "--marker-dir", str(marks / "m"), "--wait", "150"])
+    return job, marks / "m"
+
+
+def test_two_ranks_all_reduce_and_the_status_goes_to_completed(slurm, time_limit_job, tmp_path):
     job = SlurmRun(tmp_path / "runs" / "ar", cpu_spec())
     job.start([*CHECK, "--tag", "a b;$(x)"])
     seen = set()
@@ -132,19 +143,6 @@ def test_kaiyuan_stop_cancels_a_pending_job(slurm, tmp_path):
     assert job.stop_problems(result) == []
 
 
-def test_the_time_limit_signal_reaches_the_ranks(slurm, tmp_path):
-    """--time 2 minutes, --signal=TERM@60: Slurm checks time limits every 30 s and may signal up to a minute
-    early, so the signal comes 30-90 s after the start here; bounded at 150 s."""
-    marks = tmp_path / "m"
-    job = SlurmRun(tmp_path / "runs" / "tl", cpu_spec(time="00:02:00", signal_grace_s=60))
-    job.start([JOB, "--mode", "signal", "--marker-dir", str(marks), "--wait", "150"])
-    got = wait_for(lambda: len(markers(marks, "sigterm")) == 2 and markers(marks, "sigterm"), 150,
-                   "SIGTERM at both ranks before the time limit")
-    ready = {m["rank"]: m["at"] for m in markers(marks, "ready")}
-    assert sorted(ready) == ["0", "1"] and all(m["at"] > ready[m["rank"]] for m in got)
-    assert all(m["job_id"] == job.job_id for m in got)
-
-
 def test_a_requeued_job_finds_its_previous_state(slurm, tmp_path):
     marks = tmp_path / "m"
     job = SlurmRun(tmp_path / "runs" / "rq", cpu_spec())
@@ -161,16 +159,19 @@ def test_a_requeued_job_finds_its_previous_state(slurm, tmp_path):
     assert all(m["restart"] == "1" and m["state"] == {"iteration": 7, "job_id": job.job_id} for m in resumed)
 
 
-def test_dry_run_prints_the_sbatch_script_for_gpus_containers_and_many_nodes(tmp_path):
+def test_dry_run_prints_the_sbatch_script_for_gpus_containers_and_many_nodes(tmp_path, monkeypatch, capsys):
     """What CI cannot run (4 GPU nodes, a Pyxis container), checked in the script NeMo-Run would submit."""
-    env = os.environ | {"NCCL_SOCKET_IFNAME": "ib0", "GLOO_SOCKET_IFNAME": "ib0 ; x"}
-    out = subprocess.run([sys.executable, "-m", "kaiyuan_recipes.cli.main", "start", "gpt_smoke", "exp", "--slurm",
-                          "batch", "--nodes", "4", "--gpus-per-node", "8", "--account", "A", "--time", "4:00:00",
-                          "--container-image", "nvcr.io/nvidia/nemo:25.09", "--dry-run",
-                          "train.global_batch_size=128"],  # 4 nodes x 8 ranks x micro-batch 4
-                         capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
-    script, run_dir = out.stdout, tmp_path.resolve() / "runs" / "exp"
+    from kaiyuan_recipes.cli.main import main
+
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "ib0")
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "ib0 ; x")
+    monkeypatch.chdir(tmp_path)
+    rc = main(["start", "gpt_smoke", "exp", "--slurm", "batch", "--nodes", "4", "--gpus-per-node", "8",
+               "--account", "A", "--time", "4:00:00", "--container-image", "nvcr.io/nvidia/nemo:25.09", "--dry-run",
+               "train.global_batch_size=128"])  # 4 nodes x 8 ranks x micro-batch 4
+    out = capsys.readouterr()
+    assert rc == 0, out.err[-3000:]
+    script, run_dir = out.out, tmp_path.resolve() / "runs" / "exp"
     for line in ("#SBATCH --signal=TERM@300", "#SBATCH --nodes=4", "#SBATCH --gpus-per-node=8",
                  "#SBATCH --account=A", "#SBATCH --time=4:00:00", "#SBATCH --partition=batch",
                  "export NCCL_SOCKET_IFNAME=ib0", "export GLOO_SOCKET_IFNAME='ib0 ; x'"):
@@ -186,16 +187,38 @@ def test_dry_run_prints_the_sbatch_script_for_gpus_containers_and_many_nodes(tmp
     assert not (run_dir / "run_state").exists()  # nothing submitted, nothing recorded
 
 
+def test_the_time_limit_signal_reaches_the_ranks(time_limit_job):
+    """Bounded at 150 s from here (the job was submitted at the first test)."""
+    job, marks = time_limit_job
+    got = wait_for(lambda: len(markers(marks, "sigterm")) == 2 and markers(marks, "sigterm"), 150,
+                   "SIGTERM at both ranks before the time limit")
+    ready = {m["rank"]: m["at"] for m in markers(marks, "ready")}
+    assert sorted(ready) == ["0", "1"] and all(m["at"] > ready[m["rank"]] for m in got)
+    assert all(m["job_id"] == job.job_id for m in got)
+
+
 @pytest.mark.parametrize("kw, message", [
     ({"partition": ""}, "expected a partition name"),
     ({"partition": "p", "gpus_per_node": None}, "ranks per node 0"),
     ({"partition": "p", "tunnel": "login"}, "expected 'local' or ssh://"),
     ({"partition": "p", "tunnel": "ssh://u@h;rm"}, "expected \\[user@\\]host"),
     ({"partition": "p", "tunnel": "ssh://u@login"}, "give --cluster-run-root"),
+    ({"partition": "p", "time": "5:00", "signal_grace_s": 300}, "fewer seconds than the time limit"),
+    ({"partition": "p", "time": "4h"}, "expected MM, MM:SS"),
 ])
 def test_a_bad_slurm_spec_says_what_was_expected(kw, message):
     with pytest.raises(ValueError, match=message):
         SlurmSpec(**kw)
+
+
+@pytest.mark.parametrize("text, seconds", [("30", 1800), ("5:30", 330), ("04:00:00", 14400), ("1-12", 129600),
+                                           ("2-00:30", 174600), ("1-00:00:10", 86410)])
+def test_time_limits_read_as_sbatch_reads_them(text, seconds):
+    from kaiyuan_recipes.launch.slurm import time_limit_seconds
+
+    assert time_limit_seconds(text) == seconds
+
+
 
 
 def test_a_damaged_job_record_names_the_file(tmp_path):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -46,6 +47,22 @@ ACTIVE = ("pending", "running")
 
 class SlurmError(RunError):
     pass
+
+
+SLURM_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+
+
+def time_limit_seconds(text: str) -> int:
+    """sbatch --time in seconds: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (sbatch's forms)."""
+    match = SLURM_TIME.fullmatch(str(text).strip())
+    if not match or str(text).strip() in ("0", ""):
+        raise ValueError(f"--time {text!r}: expected MM, MM:SS, HH:MM:SS or D-HH[:MM[:SS]]")
+    days, a, b, c = (int(g) if g else None for g in match.groups())
+    if days is not None:  # D-HH[:MM[:SS]]
+        return ((days * 24 + a) * 60 + (b or 0)) * 60 + (c or 0)
+    if c is not None:
+        return (a * 60 + b) * 60 + c
+    return a * 60 + (b or 0)  # MM or MM:SS
 
 
 @dataclass
@@ -74,6 +91,9 @@ class SlurmSpec:
                              "(on a CPU partition: --gpus-per-node 0 --nproc-per-node N)")
         if self.signal_grace_s < 0 or self.retries < 0:
             raise ValueError("signal_grace_s and retries: expected >= 0")
+        if self.signal_grace_s >= time_limit_seconds(self.time):  # Slurm would signal the ranks at once
+            raise ValueError(f"--signal-grace {self.signal_grace_s}: expected fewer seconds than the time limit "
+                             f"(--time {self.time})")
         self.ssh_node()  # checks an ssh:// tunnel's form
         if self.tunnel != "local" and not self.cluster_run_dir:
             raise ValueError(f"--tunnel {self.tunnel}: give --cluster-run-root (the run root on the cluster)")
