@@ -104,6 +104,28 @@ def test_two_ranks_all_reduce_and_the_status_goes_to_completed(slurm, time_limit
     assert "allreduce ok rank=1" in logs.stdout and "==> node 0" in logs.stdout
 
 
+def test_the_same_executor_through_run_experiment_and_nemo_runs_own_status(slurm, tmp_path):
+    """docs/slurm.md's Python form: NeMo-Run's Experiment with slurm_executor, its status from NeMo-Run (sacct)."""
+    import nemo_run as run
+
+    from kaiyuan_recipes.launch.slurm_executor import slurm_executor, torchrun_task
+
+    executor = slurm_executor(cpu_spec(), str(tmp_path / "runs" / "py"))
+    with run.Experiment("kaiyuan-py", log_level="WARN") as exp:
+        exp.add(torchrun_task([*CHECK, "--tag", "py"]), executor=executor, name="py")
+        exp.run(detach=True)
+        exp_id = exp._id
+
+    def succeeded():
+        status = run.Experiment.from_id(exp_id).status(return_dict=True)
+        return status if status["py"]["status"].name in ("SUCCEEDED", "FAILED", "CANCELLED") else None
+
+    status = wait_for(succeeded, 90, "NeMo-Run's status of the job", poll=1)
+    assert status["py"]["status"].name == "SUCCEEDED", status
+    log = (tmp_path / "runs" / "py" / "logs" / "node0.log").read_text()
+    assert "allreduce ok rank=1 world=2 sum=3 expected=3" in log and "tag=py" in log
+
+
 def test_a_failing_job_reports_its_error_through_kaiyuan_status(slurm, tmp_path):
     job = SlurmRun(tmp_path / "runs" / "bad", cpu_spec())
     job.start([JOB, "--mode", "fail", "--marker-dir", str(tmp_path / "m")])

@@ -48,6 +48,9 @@ def make_tunnel(spec: SlurmSpec, job_dir: str) -> Any:
 def slurm_executor(spec: SlurmSpec, cluster_run_dir: str) -> Any:
     """NeMo-Run's SlurmExecutor for `spec`, the job's files in `cluster_run_dir` (NeMo-Run's under nemo_run/)."""
     layout = RunLayout(Path(cluster_run_dir))
+    # Slurm fails a job whose log folder is missing; over SSH, SlurmRun.start makes it on the cluster.
+    if spec.ssh_node() is None:
+        layout.logs.mkdir(parents=True, exist_ok=True)
     srun_args = [] if spec.container_image else ["--chdir", spec.workdir or os.getcwd()]
     # In a container the run directory is mounted at its own path, so checkpoints land where the logs are.
     mounts = [*spec.container_mounts, f"{layout.run_dir}:{layout.run_dir}"] if spec.container_image else []
