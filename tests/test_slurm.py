@@ -23,6 +23,15 @@ JOB = str(Path(__file__).parent / "fixtures" / "slurm_job.py")
 CHECK = ["-m", "kaiyuan_recipes.launch.allreduce_check"]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def devnull_stdin():
+    """NeMo-Run runs local commands through invoke, which reads stdin; pytest's stand-in stdin raises on a read."""
+    stdin, sys.stdin = sys.stdin, open(os.devnull)
+    yield
+    sys.stdin.close()
+    sys.stdin = stdin
+
+
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
     missing = missing_programs()
@@ -36,11 +45,7 @@ def slurm(tmp_path_factory):
     repo = str(Path(__file__).resolve().parents[1])
     os.environ.update(cluster.env, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
                       PYTHONPATH=os.pathsep.join(p for p in (repo, saved["PYTHONPATH"]) if p))
-    # NeMo-Run runs local commands through invoke, which reads stdin; pytest's stand-in stdin raises on a read.
-    stdin, sys.stdin = sys.stdin, open(os.devnull)
     yield cluster
-    sys.stdin.close()
-    sys.stdin = stdin
     for key, value in saved.items():
         os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
     cluster.stop()
@@ -217,6 +222,20 @@ def test_the_time_limit_signal_reaches_the_ranks(time_limit_job):
     ready = {m["rank"]: m["at"] for m in markers(marks, "ready")}
     assert sorted(ready) == ["0", "1"] and all(m["at"] > ready[m["rank"]] for m in got)
     assert all(m["job_id"] == job.job_id for m in got)
+
+
+def test_over_an_ssh_tunnel_the_script_names_the_clusters_paths(tmp_path):
+    """NeMo-Run's SSHTunnel from a laptop (not run in CI: it would submit on a real login node): the dry run
+    needs no connection, and every path in the script is the cluster's."""
+    spec = SlurmSpec(partition="batch", nodes=2, tunnel="ssh://me@login.example:2222",
+                     cluster_run_dir="/lustre/me/runs/exp")
+    assert spec.ssh_node().port == 2222
+    script = SlurmRun(tmp_path / "exp", spec).sbatch_script(CHECK)
+    assert "#SBATCH --output=/lustre/me/runs/exp/logs/sbatch_kaiyuan-exp_%j.out" in script.splitlines()
+    srun = next(line for line in script.splitlines() if line.startswith("srun --output"))
+    assert srun.startswith("srun --output /lustre/me/runs/exp/logs/node%n.log ")
+    assert " --chdir /lustre/me/runs/exp torchrun " in srun and "--nnodes 2 --nproc-per-node 8" in srun
+    assert not (tmp_path / "exp").exists()  # nothing recorded, nothing made here
 
 
 @pytest.mark.parametrize("kw, message", [

@@ -79,6 +79,7 @@ class SlurmSpec:
     identity_file: str | None = None  # the SSH key for an ssh:// tunnel
     cluster_run_dir: str | None = None  # the run directory as the cluster sees it; default: this one's path
     workdir: str | None = None  # the job's working directory (no container); default: where `start` ran
+    # (local tunnel) or the cluster run directory (ssh://)
     signal_grace_s: int = 300  # SIGTERM to the ranks this long before the time limit (--signal=TERM@N)
     retries: int = 0  # NeMo-Run requeues a job that failed this many times (TORCHX_MAX_RETRIES)
     env: dict[str, str] = field(default_factory=dict)

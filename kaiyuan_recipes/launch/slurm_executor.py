@@ -51,7 +51,9 @@ def slurm_executor(spec: SlurmSpec, cluster_run_dir: str) -> Any:
     # Slurm fails a job whose log folder is missing; over SSH, SlurmRun.start makes it on the cluster.
     if spec.ssh_node() is None:
         layout.logs.mkdir(parents=True, exist_ok=True)
-    srun_args = [] if spec.container_image else ["--chdir", spec.workdir or os.getcwd()]
+    # The step's working directory: where `start` ran on the login node; over SSH, the run directory there.
+    workdir = spec.workdir or (os.getcwd() if spec.ssh_node() is None else str(layout.run_dir))
+    srun_args = [] if spec.container_image else ["--chdir", workdir]
     # In a container the run directory is mounted at its own path, so checkpoints land where the logs are.
     mounts = [*spec.container_mounts, f"{layout.run_dir}:{layout.run_dir}"] if spec.container_image else []
     return run.SlurmExecutor(
