@@ -238,6 +238,21 @@ def test_over_an_ssh_tunnel_the_script_names_the_clusters_paths(tmp_path):
     assert not (tmp_path / "exp").exists()  # nothing recorded, nothing made here
 
 
+def test_an_ssh_tunnel_to_a_login_node_with_an_unknown_host_key_is_refused(tmp_path, monkeypatch):
+    """NeMo-Run's SSHTunnel (Fabric) would accept it unverified; refused before anything is submitted."""
+    from kaiyuan_recipes.launch.slurm import SlurmError
+
+    monkeypatch.setenv("HOME", str(tmp_path))  # ~/.ssh/known_hosts is this test's
+    spec = SlurmSpec(partition="batch", tunnel="ssh://me@127.0.0.1:2", cluster_run_dir="/lustre/me/runs/exp")
+    with pytest.raises(SlurmError, match=r"ssh://\[127.0.0.1\]:2: its host key is not in .*known_hosts"):
+        SlurmRun(tmp_path / "exp", spec).start(CHECK)
+    assert not (tmp_path / "exp").exists()
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh" / "known_hosts").write_text(
+        "[127.0.0.1]:2 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIE3k6jGtjjmkL8yhAquhbIyvKg5Ym2LHwyHMWFnSsq6S\n")
+    assert SlurmRun(tmp_path / "exp", spec).tunnel().host == "127.0.0.1"  # on record: NeMo-Run's SSHTunnel
+
+
 @pytest.mark.parametrize("kw, message", [
     ({"partition": ""}, "expected a partition name"),
     ({"partition": "p", "gpus_per_node": None}, "ranks per node 0"),

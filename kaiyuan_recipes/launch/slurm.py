@@ -114,6 +114,19 @@ class SlurmSpec:
         return Node.parse(self.tunnel.removeprefix("ssh://"))
 
 
+def require_known_host(node: Node, known_hosts: Path | None = None) -> None:
+    """NeMo-Run's SSHTunnel (Fabric) would accept a login node's unknown host key unverified; the SSH back-end
+    refuses one (launch/ssh.py), and so does this: the key must be in ~/.ssh/known_hosts (ssh there once)."""
+    from paramiko import HostKeys
+
+    path = known_hosts or Path.home() / ".ssh" / "known_hosts"
+    keys = HostKeys(str(path)) if path.is_file() else HostKeys()
+    name = node.host if node.port == 22 else f"[{node.host}]:{node.port}"
+    if keys.lookup(name) is None:
+        raise SlurmError(f"--tunnel ssh://{name}: its host key is not in {path}; connect once with ssh to check "
+                         "and record it")
+
+
 def _load_state(path: Path) -> tuple[SlurmSpec, dict[str, Any]]:
     try:
         saved = json.loads(path.read_text())
@@ -152,6 +165,9 @@ class SlurmRun(Run):
         if self._tunnel is None:
             from kaiyuan_recipes.launch.slurm_executor import make_tunnel
 
+            node = self.spec.ssh_node()
+            if node is not None:
+                require_known_host(node)
             self._tunnel = make_tunnel(self.spec, str(self.cluster_layout.run_dir / "nemo_run"))
         return self._tunnel
 
@@ -187,6 +203,7 @@ class SlurmRun(Run):
     def start(self, target: list[str], extra: dict[str, Any] | None = None) -> dict[int, int]:
         """Submit `target` (what torchrun runs on every node) detached; returns {0: Slurm job id}. Refused while
         the job this run directory submitted before is pending or running."""
+        self.tunnel()  # an ssh:// login node with an unknown host key is refused before anything is made
         if self.layout.slurm_state.is_file():
             previous = SlurmRun(self.run_dir)
             if previous.status()["state"] in ACTIVE:
