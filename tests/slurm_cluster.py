@@ -192,8 +192,23 @@ PartitionName={PARTITION} Nodes={self.node} Default=YES MaxTime=INFINITE State=U
                    self.root / "log" / "slurmdbd.log")
 
     # -- tear-down ------------------------------------------------------------------------------------------
+    def cancel_jobs(self, timeout: float = 40) -> None:
+        """Cancel every job of this cluster and wait until none is left: a job's slurmstepd and ranks would
+        outlive slurmd."""
+        jobs = self._run(["squeue", "-h", "-o", "%A"], timeout=10).stdout.split()
+        if jobs:
+            self._run(["scancel", *jobs], timeout=10)
+            wait_until("every job gone from squeue", lambda: not self._run(
+                ["squeue", "-h", "-o", "%A"], timeout=10).stdout.split(), timeout, self.root / "log" / "slurmd.log")
+
     def stop(self) -> None:
-        """Every daemon this cluster started, newest first: SIGTERM, then SIGKILL after 15 s."""
+        """Every job cancelled, then every daemon this cluster started, newest first: SIGTERM, then SIGKILL
+        after 15 s."""
+        if self.procs and all(proc.poll() is None for proc in self.procs):
+            try:
+                self.cancel_jobs()
+            except (SlurmClusterError, subprocess.TimeoutExpired) as err:
+                print(f"slurm_cluster: {err}", flush=True)  # the daemons are stopped regardless
         for proc in reversed(self.procs):
             if proc.poll() is None:
                 proc.terminate()

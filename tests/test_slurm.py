@@ -105,8 +105,11 @@ def test_two_ranks_all_reduce_and_the_status_goes_to_completed(slurm, time_limit
         assert f"allreduce ok rank={rank} world=2 sum=3 expected=3 host={slurm.node} tag=a b;$(x)" in log
     out = cli("status", "ar", run_root=tmp_path / "runs")
     assert out.returncode == 0 and json.loads(out.stdout)["state"] == "finished", out.stderr
-    logs = cli("logs", "ar", run_root=tmp_path / "runs")
-    assert "allreduce ok rank=1" in logs.stdout and "==> node 0" in logs.stdout
+    for follow in ([], ["-f"]):  # -f returns once the job has ended
+        logs = cli("logs", "ar", *follow, run_root=tmp_path / "runs")
+        assert "allreduce ok rank=1" in logs.stdout and "==> node 0" in logs.stdout, logs.stderr
+    stacks = cli("stacks", "ar", run_root=tmp_path / "runs")
+    assert stacks.returncode == 2 and "not offered for Slurm jobs" in stacks.stderr and "Traceback" not in stacks.stderr
 
 
 def test_the_same_executor_through_run_experiment_and_nemo_runs_own_status(slurm, tmp_path):
