@@ -60,15 +60,20 @@ run: env
 		$(BIN)/kaiyuan train gpt_smoke --dry-run; \
 	fi
 
-# What the tests need beyond Python: OpenSSH's sshd for the multi-node tests (they start their own on
-# loopback). Installed with apt-get when this is root on Debian; otherwise a clear message and a failure.
+# What the tests need beyond Python: OpenSSH's sshd for the multi-node tests, and Slurm (slurm-wlm 22.05 with
+# slurmdbd, munge and MariaDB, which sacct needs) for tests/test_slurm.py; the tests start their own daemons on
+# loopback. Installed with apt-get when this is root on Debian; otherwise a clear message and a failure.
+SERVICE_PACKAGES := openssh-server:/usr/sbin/sshd slurm-wlm:/usr/sbin/slurmctld slurmdbd:/usr/sbin/slurmdbd \
+	munge:/usr/sbin/munged mariadb-server:/usr/sbin/mariadbd
 test-services:
-	@if command -v sshd >/dev/null || [ -x /usr/sbin/sshd ]; then exit 0; fi; \
+	@missing=$$(for pair in $(SERVICE_PACKAGES); do [ -x "$${pair#*:}" ] || echo "$${pair%%:*}"; done); \
+	if [ -z "$$missing" ]; then exit 0; fi; \
 	if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
-	  echo "installing openssh-server (the multi-node tests start sshd on loopback)"; \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server >/dev/null 2>&1 || \
-	  { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server >/dev/null; }; \
-	else echo "the multi-node tests need OpenSSH's sshd: install openssh-server (or run make test as root on Debian)" >&2; exit 1; fi
+	  echo "installing" $$missing "(the multi-node and Slurm tests start their own daemons on loopback)"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing >/dev/null; }; \
+	else echo "the tests need:" $$missing "(apt-get install them, or run make test as root on Debian)" >&2; exit 1; fi
 
 # pytest exits 5 when it collected no test: that is a failure here, not a pass.
 test: env env-nemo2 test-services lint

@@ -84,6 +84,11 @@ class RunLayout:
         return self.state / "multinode.json"
 
     @property
+    def slurm_state(self) -> Path:
+        """Present exactly when the run was submitted to Slurm (launch/slurm.py): the spec and the job id."""
+        return self.state / "slurm.json"
+
+    @property
     def stop_request(self) -> Path:
         return self.state / "stop.json"
 
@@ -95,7 +100,8 @@ class RunLayout:
     def node_state(self, rank: int) -> Path:
         return self.state / "nodes" / str(rank)
 
-    def node_log(self, rank: int) -> Path:
+    def node_log(self, rank: int | str) -> Path:
+        """Node `rank`'s console log (a str: a pattern Slurm fills in, srun's %n)."""
         return self.logs / f"node{rank}.log"
 
     @staticmethod

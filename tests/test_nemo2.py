@@ -108,3 +108,14 @@ def test_launch_executors_on_the_same_command_line():
     assert ssh.returncode == 0, ssh.stderr[-2000:]
     assert ("SSHMultiNodeExecutor(" in ssh.stdout and "hosts='gpu1,gpu2'" in ssh.stdout
             and "container='kaiyuan'" in ssh.stdout)
+
+
+def test_the_slurm_executor_on_the_same_command_line():
+    slurm = nemo2("nemo", "llm", "pretrain", "--factory", "kaiyuan_gpt_smoke", "run.executor=kaiyuan_slurm",
+                  "run.executor.partition=batch", "run.executor.nodes=2", "run.executor.account=A",
+                  "run.executor.signal=TERM@120", "--dryrun", "-y")
+    assert slurm.returncode == 0, slurm.stderr[-2000:]
+    out = " ".join(slurm.stdout.replace("│", " ").split())  # the rich table wraps lines
+    for fragment in ("SlurmExecutor(", "account='A'", "partition='batch'", "nodes=2", "gpus_per_node=8",
+                     "signal='TERM@120'", "job_details=PerNodeLogs(", "launcher='torchrun'"):
+        assert fragment in out, fragment

@@ -1,6 +1,6 @@
-"""`kaiyuan start | stop | status | logs | stacks`: start picks the back-end from its flags (--hosts: one
-torchrun per host over SSH, else this node); the other verbs open the run's handle from its directory
-(kaiyuan_recipes.launch.backends.open_run) and ask it."""
+"""`kaiyuan start | stop | status | logs | stacks`: start picks the back-end from its flags (--slurm: a Slurm
+job, cli/slurm.py; --hosts: one torchrun per host over SSH; else this node); the other verbs open the run's
+handle from its directory (kaiyuan_recipes.launch.backends.open_run) and ask it."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kaiyuan_recipes.cli.cluster import add_ssh_arguments, spec_from
+from kaiyuan_recipes.cli.slurm import add_slurm_arguments, start_slurm
 
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -20,12 +21,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("recipe")
     p.add_argument("run_name")
     p.add_argument("overrides", nargs="*")
-    p.add_argument("--nproc-per-node", type=int, default=1)
+    p.add_argument("--nproc-per-node", type=int, help="ranks per node (default 1; on Slurm: --gpus-per-node)")
     multi = p.add_argument_group("multi-node (one torchrun per host over SSH)")
     add_ssh_arguments(multi, required=False)
     multi.add_argument("--container-name", help="run inside this same-named container on every host (docker exec)")
     multi.add_argument("--master-port", type=int, default=29500)
     multi.add_argument("--python", default="python", help="the Python on the hosts / in the container")
+    add_slurm_arguments(p.add_argument_group("Slurm (a job through NeMo-Run's SlurmExecutor)"))
     p.set_defaults(func=start)
     for name, helptext in (("stop", "SIGTERM the run's process group, wait for the checkpoint, SIGKILL after --grace"),
                            ("status", "running / finished / failed (why) / stopped, iteration, loss, throughput, ETA"),
@@ -58,11 +60,18 @@ def start(args: Any) -> int:
     checked_run_name(args.run_name)
     overrides = [*args.overrides, f"kaiyuan.run_name={args.run_name}"]
     cfg, run = build_config(args.recipe, overrides)  # bad input fails here, before anything starts
+    if args.slurm and args.hosts:
+        raise ValueError("--slurm and --hosts: choose one back-end")
+    if args.slurm:
+        return start_slurm(args, overrides, cfg, run)
+    if args.dry_run:
+        raise ValueError("--dry-run: only with --slurm (it prints the sbatch script)")
     if args.hosts:
         return start_multinode(args, overrides, cfg, run)
-    validate(cfg, TorchrunSpec(nproc_per_node=args.nproc_per_node).world_size, run.max_positions)
-    argv = [sys.executable, "-m", "kaiyuan_recipes.cli.main", "train", args.recipe,
-            f"--nproc-per-node={args.nproc_per_node}", *overrides]
+    nproc = args.nproc_per_node or 1
+    validate(cfg, TorchrunSpec(nproc_per_node=nproc).world_size, run.max_positions)
+    argv = [sys.executable, "-m", "kaiyuan_recipes.cli.main", "train", args.recipe, f"--nproc-per-node={nproc}",
+            *overrides]
     pids = LocalRun(run.run_dir).start(argv, {"recipe": args.recipe, "train_iters": cfg.train.train_iters})
     print(f"started {args.run_name} (supervisor pid {pids[0]}); logs: kaiyuan logs {args.run_name} -f")
     return 0
@@ -75,7 +84,7 @@ def start_multinode(args: Any, overrides: list[str], cfg: Any, run: Any) -> int:
     from kaiyuan_recipes.launch.torchrun import ENTRY_MODULE
     from kaiyuan_recipes.training.validate import validate
 
-    spec = spec_from(args, nproc_per_node=args.nproc_per_node, master_port=args.master_port,
+    spec = spec_from(args, nproc_per_node=args.nproc_per_node or 1, master_port=args.master_port,
                      container=args.container_name, python=args.python, workdir=os.getcwd())
     validate(cfg, spec.torchrun(0).world_size, run.max_positions)
     pids = MultiNodeRun(run.run_dir, spec).start(["-m", ENTRY_MODULE, args.recipe, *overrides])

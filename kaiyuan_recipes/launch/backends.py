@@ -7,13 +7,17 @@ from pathlib import Path
 
 from kaiyuan_recipes.launch.lifecycle import LocalRun
 from kaiyuan_recipes.launch.run import Run
+from kaiyuan_recipes.launch.slurm import SlurmRun
 from kaiyuan_recipes.launch.ssh import MultiNodeRun
 from kaiyuan_recipes.run_layout import RunLayout
 
 
 def open_run(run_dir: Path) -> Run:
-    """The run in `run_dir`, with the back-end that started it: multi-node when its state file is there
-    (written at start), else a run on this node (also the answer for a directory nothing started in)."""
-    if RunLayout(Path(run_dir)).multinode_state.is_file():
+    """The run in `run_dir`, with the back-end that started it: a Slurm job or multi-node when its state file is
+    there (written at start), else a run on this node (also the answer for a directory nothing started in)."""
+    layout = RunLayout(Path(run_dir))
+    if layout.slurm_state.is_file():
+        return SlurmRun(run_dir)
+    if layout.multinode_state.is_file():
         return MultiNodeRun(run_dir)
     return LocalRun(run_dir)

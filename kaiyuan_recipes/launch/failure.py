@@ -8,8 +8,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-# "ValueError: …", "[rank0]: RuntimeError: …", "torch.OutOfMemoryError: …", "….NonFiniteLossError: …"
-EXCEPTION_LINE = re.compile(r"^(\[rank\d+\]: )?[\w.]*(Error|Exception|Interrupt)\b.*: ")
+# "ValueError: …", "[rank0]: RuntimeError: …", "torch.OutOfMemoryError: …", "….NonFiniteLossError: …", and
+# "[default0]:RuntimeError: …" (torchrun --tee's prefix: role + local rank; NeMo-Run's launcher sets it)
+EXCEPTION_LINE = re.compile(r"^(\[rank\d+\]: |\[[A-Za-z_]\w*?\d+\]:)?[\w.]*(Error|Exception|Interrupt)\b.*: ")
 TAIL_BYTES = 1 << 20
 
 

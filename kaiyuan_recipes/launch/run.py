@@ -1,9 +1,9 @@
 """One handle on a run, whichever back-end runs it: start / stop / status / logs / stacks.
 
-Back-ends: LocalRun (detached on this node, launch/lifecycle.py) and MultiNodeRun (one torchrun per host over
-SSH, launch/ssh.py); a Slurm one would be a third. `kaiyuan start` picks the back-end from its flags;
-everything after that finds it from the run directory through open_run (launch/backends.py), so the verbs never
-ask which."""
+Back-ends: LocalRun (detached on this node, launch/lifecycle.py), MultiNodeRun (one torchrun per host over
+SSH, launch/ssh.py) and SlurmRun (a Slurm job through NeMo-Run's SlurmExecutor, launch/slurm.py).
+`kaiyuan start` picks the back-end from its flags; everything after that finds it from the run directory
+through open_run (launch/backends.py), so the verbs never ask which."""
 
 from __future__ import annotations
 

@@ -127,6 +127,8 @@ def kaiyuan_gpt_smoke(dir: Optional[str] = None, name: str = "kaiyuan_gpt_smoke"
 #   nemo llm pretrain --factory kaiyuan_qwen3 run.executor=kaiyuan_local run.executor.ntasks_per_node=8
 #   nemo llm pretrain --factory kaiyuan_qwen3 run.executor=kaiyuan_ssh run.executor.hosts=gpu1,gpu2 \
 #       run.executor.container=kaiyuan
+#   nemo llm pretrain --factory kaiyuan_qwen3 run.executor=kaiyuan_slurm run.executor.partition=batch \
+#       run.executor.nodes=4 run.executor.account=A
 @run.cli.factory(name="kaiyuan_local")
 def kaiyuan_local(nproc_per_node: int = 8) -> run.Config[run.Executor]:
     """NeMo-Run's LocalExecutor with torchrun: nproc_per_node processes on this node."""
@@ -141,3 +143,20 @@ def kaiyuan_ssh(hosts: str = "", gpus_per_node: int = 8, container: Optional[str
 
     return run.Config(SSHMultiNodeExecutor, hosts=hosts, gpus_per_node=gpus_per_node,
                       container=container)
+
+
+@run.cli.factory(name="kaiyuan_slurm")
+def kaiyuan_slurm(partition: str = "batch", nodes: int = 1, gpus_per_node: int = 8, account: Optional[str] = None,
+                  time: str = "04:00:00", container_image: Optional[str] = None, tunnel: str = "local",
+                  cluster_run_dir: Optional[str] = None, signal_grace_s: int = 300) -> run.Config[run.Executor]:
+    """NeMo-Run's SlurmExecutor as `kaiyuan start --slurm` builds it (kaiyuan_recipes.launch.slurm_executor):
+    torchrun per node, --signal=TERM@signal_grace_s to the ranks, one log per node under the job's folder."""
+    import os
+
+    from kaiyuan_recipes.launch.slurm import SlurmSpec
+    from kaiyuan_recipes.launch.slurm_executor import slurm_executor
+
+    spec = SlurmSpec(partition=partition, nodes=nodes, gpus_per_node=gpus_per_node, account=account, time=time,
+                     container_image=container_image, tunnel=tunnel, cluster_run_dir=cluster_run_dir,
+                     signal_grace_s=signal_grace_s)
+    return slurm_executor(spec, cluster_run_dir or os.getcwd()).to_config()
