@@ -16,6 +16,7 @@ from kaiyuan_recipes.compat.megatron_bridge import (
     dataset_helpers_prebuilt,
     install_lora_placeholder,
     skip_prebuilt_helpers_build,
+    te_importing_modules,
     transformer_engine_available,
 )
 from kaiyuan_recipes.compat.megatron_core import (
@@ -40,8 +41,9 @@ class Workaround(NamedTuple):
 
 
 WORKAROUNDS = (
-    Workaround("install_lora_placeholder", "megatron-bridge", "0.6.2",
-               "`import megatron.bridge` imports Transformer Engine (peft/lora_layers.py)",
+    Workaround("install_lora_placeholder", "megatron-bridge",
+               "0.5.0 (peft/lora.py, lora_layers.py), 0.6.2 (lora_layers.py)",
+               "`import megatron.bridge` imports Transformer Engine (found by te_importing_modules)",
                "test_compat.py::test_upstream_megatron_bridge_import_still_needs_transformer_engine"),
     Workaround("skip_prebuilt_helpers_build", "megatron-bridge", "0.6.2 with megatron-core 0.19.2 wheel",
                "every start runs `make` for dataset helpers the wheel ships prebuilt, without a Makefile",
@@ -94,4 +96,5 @@ __all__ = ["WORKAROUNDS", "LOCAL_SPEC_SETTINGS", "LoRAUnavailableError", "Workar
            "apply_local_spec_settings", "cpu_checkpoint_save", "cpu_cuda_arch_list", "dataset_helpers_prebuilt",
            "ensure_optimizer_state_for_load", "import_megatron_bridge", "init_optimizer_state_before_load",
            "install_lora_placeholder", "patch_method", "restore_adam_step_per_parameter",
-           "separate_full_graph_pools", "skip_prebuilt_helpers_build", "transformer_engine_available"]
+           "separate_full_graph_pools", "skip_prebuilt_helpers_build", "te_importing_modules",
+           "transformer_engine_available"]
