@@ -1,6 +1,6 @@
 # The two set-up commands of the README:
 #   make run    create .venv (Python 3.12 + the Megatron-Bridge stack) and run the main job
-#   make test   the CPU test suite, both environments (CI runs exactly this through .ci/run)
+#   make test   the CPU test suite, in each environment (CI runs exactly this through .ci/run)
 SHELL := /bin/bash
 VENV ?= .venv
 PY312 ?= $(shell p=$$(pyenv prefix 3.12.1 2>/dev/null) && [ -x "$$p/bin/python" ] && echo $$p/bin/python || command -v python3.12)
