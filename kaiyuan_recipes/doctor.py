@@ -27,10 +27,13 @@ class MatrixStack:
     torch: str  # a PEP 440 specifier set
     megatron_bridge: str | None = None
     nemo_toolkit: str | None = None
+    nvidia_modelopt: str | None = None  # megatron-bridge imports it; pinned where a stack differs in it
+    make_target: str = "env"  # the Makefile target that builds this stack's environment from `lock`
 
     def pins(self) -> dict[str, str]:
         named = (("megatron-bridge", self.megatron_bridge), ("nemo-toolkit", self.nemo_toolkit),
-                 ("megatron-core", self.megatron_core), ("transformers", self.transformers))
+                 ("megatron-core", self.megatron_core), ("transformers", self.transformers),
+                 ("nvidia-modelopt", self.nvidia_modelopt))
         return {dist: version for dist, version in named if version}
 
     def describe(self) -> str:
@@ -39,16 +42,31 @@ class MatrixStack:
 
 
 # The tested version matrix. bridge-pypi: `make env` on the CPU host (torch 2.14.1) and the H200 (torch 2.11.0+cu130);
-# nemo2: `make env-nemo2` (CPU, torch 2.14.1). A stack that passes the suite elsewhere gets a row here.
+# fw2606-pypi: NeMo Framework 26.06's Megatron side as PyPI has it, `make env-fw2606` (CPU, torch 2.14.1; the
+# container has torch 2.12.0a0 and TE 2.16); nemo2: `make env-nemo2` (CPU, torch 2.14.1). A stack that passes the
+# suite elsewhere gets a row here; `make lock` resolves each row's environment from its pins (lock_pins).
 TESTED_MATRIX: tuple[MatrixStack, ...] = (
     MatrixStack("bridge-pypi", "constraints/bridge.txt", megatron_bridge="0.6.2", megatron_core="0.19.2",
-                transformers="5.12.1", torch=">=2.11,<2.15"),
+                transformers="5.12.1", torch=">=2.11,<2.15", nvidia_modelopt="0.47.0"),
+    MatrixStack("fw2606-pypi", "constraints/fw2606.txt", megatron_bridge="0.5.0", megatron_core="0.18.0",
+                transformers="5.8.1", torch=">=2.14,<2.15", nvidia_modelopt="0.44.0", make_target="env-fw2606"),
     MatrixStack("nemo2", "constraints/nemo2.txt", nemo_toolkit="2.7.3", megatron_core="0.15.3",
-                transformers="4.57.6", torch=">=2.14,<2.15"),
+                transformers="4.57.6", torch=">=2.14,<2.15", make_target="env-nemo2"),
 )
+
+
+def lock_pins(name: str) -> str:
+    """The requirements `make lock` resolves stack `name` with, megatron-bridge last (installed with --no-deps)."""
+    stacks = {s.name: s for s in TESTED_MATRIX}
+    if name not in stacks:
+        raise SystemExit(f"no stack {name!r} in TESTED_MATRIX; known: {sorted(stacks)}")
+    pins = stacks[name].pins()
+    bridge = pins.pop("megatron-bridge", None)
+    return " ".join([f"{d}=={v}" for d, v in pins.items()] + ([f"megatron-bridge=={bridge}"] if bridge else []))
 
 # The detected stack: distribution names as pip knows them.
 DISTRIBUTIONS = ("torch", "transformer-engine", "apex", "megatron-core", "megatron-bridge", "transformers",
+                 "nvidia-modelopt",
                  "nemo-toolkit", "nemo-run", "triton", "fastapi", "uvicorn")
 NEMO2_ONLY = {"cpu_cuda_arch_list"}  # workarounds the NeMo 2 environment applies (its .pth); the rest are Bridge's
 INSTALL_BRIDGE = ("`make env` (the tested stack in .venv, from constraints/bridge.txt), or in a container that "
@@ -160,7 +178,7 @@ def judge(versions: dict[str, str | None], matrix: tuple[MatrixStack, ...] = TES
         return Verdict(kind, True, best.name, [], f"in the tested matrix: {best.name} ({best.lock}){where}")
     return Verdict(kind, False, best.name, diff,
                    f"untested {kind} stack: {'; '.join(diff)}. It may work, but nothing here shows it does. "
-                   f"`make {'env' if kind == 'megatron-bridge' else 'env-nemo2'}` reproduces {best.name} from "
+                   f"`make {best.make_target}` reproduces {best.name} from "
                    f"{best.lock}. {tested}")
 
 

@@ -1,6 +1,7 @@
 """Each compat workaround: it works, and a test that fails once upstream fixes the defect (so the
 workaround can be deleted). Upstream behaviour is probed in fresh subprocesses, without compat."""
 
+import importlib.metadata
 import subprocess
 import sys
 import textwrap
@@ -18,10 +19,22 @@ def run_python(code: str) -> subprocess.CompletedProcess:
 
 @needs_no_te
 def test_upstream_megatron_bridge_import_still_needs_transformer_engine():
-    probe = run_python("import megatron.bridge.peft.lora_layers")
-    assert probe.returncode != 0 and "transformer_engine" in probe.stderr, (
-        "megatron.bridge.peft.lora_layers imports without TE now: delete compat.install_lora_placeholder"
-    )
+    """megatron-bridge 0.6.2 (peft/lora_layers.py) and 0.5.0 (peft/lora.py as well) import TE at module level, and
+    `import megatron.bridge` reaches them: it fails in a module that compat.te_importing_modules() found."""
+    found = compat.te_importing_modules()
+    assert found, "no megatron-bridge LoRA module imports TE at module level: delete compat.install_lora_placeholder"
+    probe = run_python("""
+        import traceback, sys
+        try:
+            import megatron.bridge
+        except ImportError as err:
+            print("failed in", traceback.extract_tb(err.__traceback__)[-1].filename, err.name)
+        """)
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    modules = {m.replace(".", "/") + ".py" for m in found}
+    last = probe.stdout.strip().splitlines()[-1] if probe.stdout.strip() else "imported"
+    assert last.startswith("failed in") and last.endswith("transformer_engine"), last
+    assert any(last.split()[2].endswith(m) for m in modules), (last, sorted(modules))
 
 
 @needs_no_te
@@ -40,7 +53,8 @@ def test_lora_placeholder_lets_bridge_import_and_refuses_lora():
         """
     )
     assert probe.returncode == 0, probe.stderr[-2000:]
-    assert "refused: LoRALinear: LoRA in megatron-bridge 0.6.2 needs Transformer Engine" in probe.stdout
+    version = importlib.metadata.version("megatron-bridge")
+    assert f"refused: LoRALinear: LoRA in megatron-bridge {version} needs Transformer Engine" in probe.stdout
 
 
 def test_upstream_compile_helpers_still_fails_on_the_wheel():

@@ -28,6 +28,8 @@ def shard(seed):
     mains = [torch.nn.Parameter(p.detach().float().clone()) for p in model_params]
     opt = DistributedOptimizer.__new__(DistributedOptimizer)
     opt.optimizer = torch.optim.AdamW(mains, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
+    # what megatron-core's get_param_groups puts in every group (0.18's load_state_dict requires them)
+    opt.optimizer.param_groups[0].update(wd_mult=1.0, lr_mult=1.0, is_expert_parallel=False, is_decoupled_lr=False)
     opt.config = types.SimpleNamespace(fp16=False, use_precision_aware_optimizer_no_fp8_or_ds_fp8=False)
     opt.ddp_config = types.SimpleNamespace(use_megatron_fsdp=False)
     opt.grad_scaler = None

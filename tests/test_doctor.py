@@ -40,9 +40,12 @@ def test_doctor_in_the_bridge_env_reports_the_tested_stack_and_what_auto_picks()
                            "apex_importable", "gpus", "verdict", "tested_matrix", "compat", "auto", "features",
                            "exit_code"}
     assert report["packages"] == {d: metadata_version(d) for d in doctor.DISTRIBUTIONS}
-    assert report["packages"]["megatron-bridge"] == "0.6.2" and report["packages"]["megatron-core"] == "0.19.2"
-    assert report["verdict"] == {"kind": "megatron-bridge", "tested": True, "stack": "bridge-pypi", "mismatches": [],
-                                 "message": "in the tested matrix: bridge-pypi (constraints/bridge.txt)"}
+    # make test runs this in .venv (bridge-pypi) and in .venv-fw2606 (fw2606-pypi): the row whose pins are installed
+    rows = [s for s in doctor.TESTED_MATRIX if s.megatron_bridge
+            and all(metadata_version(d) == v for d, v in s.pins().items())]
+    assert len(rows) == 1, f"installed: {report['packages']}; no single Bridge row of TESTED_MATRIX has exactly these"
+    assert report["verdict"] == {"kind": "megatron-bridge", "tested": True, "stack": rows[0].name, "mismatches": [],
+                                 "message": f"in the tested matrix: {rows[0].name} ({rows[0].lock})"}
     assert report["exit_code"] == 0
     assert [m["name"] for m in report["tested_matrix"]] == [m.name for m in doctor.TESTED_MATRIX]
     assert [c["function"] for c in report["compat"]] == [w.function for w in WORKAROUNDS]
@@ -70,16 +73,16 @@ def test_doctor_in_the_bridge_env_reports_the_tested_stack_and_what_auto_picks()
 
 
 def test_an_untested_stack_exits_1_and_names_the_tested_versions():
-    other = doctor.MatrixStack("nemo-fw-26.06", "constraints/x.txt", megatron_bridge="0.5.0", megatron_core="0.18.0",
-                               transformers="5.8.1", torch=">=2.12.0a0,<2.13")
+    other = doctor.MatrixStack("nemo-fw-26.04", "constraints/x.txt", megatron_bridge="0.4.0", megatron_core="0.17.0",
+                               transformers="5.3.0", torch=">=2.11.0a0,<2.12")
     report = doctor.diagnose(matrix=(other,), dry_build=False)
-    assert report.exit_code == 1 and report.verdict.tested is False and report.verdict.stack == "nemo-fw-26.06"
+    assert report.exit_code == 1 and report.verdict.tested is False and report.verdict.stack == "nemo-fw-26.04"
     installed = report.packages
-    assert f"megatron-bridge {installed['megatron-bridge']} (tested: 0.5.0)" in report.verdict.mismatches
-    assert f"megatron-core {installed['megatron-core']} (tested: 0.18.0)" in report.verdict.mismatches
-    assert f"torch {installed['torch']} (tested: >=2.12.0a0,<2.13)" in report.verdict.mismatches
-    assert ("Tested: nemo-fw-26.06: megatron-bridge 0.5.0, megatron-core 0.18.0, transformers 5.8.1, "
-            "torch >=2.12.0a0,<2.13 (constraints/x.txt).") in report.verdict.message
+    assert f"megatron-bridge {installed['megatron-bridge']} (tested: 0.4.0)" in report.verdict.mismatches
+    assert f"megatron-core {installed['megatron-core']} (tested: 0.17.0)" in report.verdict.mismatches
+    assert f"torch {installed['torch']} (tested: >=2.11.0a0,<2.12)" in report.verdict.mismatches
+    assert ("Tested: nemo-fw-26.04: megatron-bridge 0.4.0, megatron-core 0.17.0, transformers 5.3.0, "
+            "torch >=2.11.0a0,<2.12 (constraints/x.txt).") in report.verdict.message
 
     from rich.console import Console
 
@@ -88,7 +91,7 @@ def test_an_untested_stack_exits_1_and_names_the_tested_versions():
     console = Console(file=io.StringIO(), width=200)
     render(report, console)
     text = console.file.getvalue()
-    assert "NOT TESTED" in text and "megatron-bridge 0.5.0, megatron-core 0.18.0" in text
+    assert "NOT TESTED" in text and "megatron-bridge 0.4.0, megatron-core 0.17.0" in text
     # A matching entry among others is enough; a local label (+cu130) does not count as a difference.
     here = doctor.MatrixStack("here", "x", megatron_bridge=installed["megatron-bridge"],
                               megatron_core=installed["megatron-core"], transformers=installed["transformers"],

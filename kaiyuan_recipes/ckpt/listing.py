@@ -65,7 +65,8 @@ def _entry(ckpt: Path, latest: int | None) -> CheckpointEntry:
         has_optimizer = any(k.startswith("optimizer.") for k in keys)
     state = store.read_train_state(ckpt) or {}
     samples = state.get("consumed_train_samples")
-    seq = store.section(store.read_run_config(ckpt), "dataset").get("seq_length")
+    dataset = store.section(store.read_run_config(ckpt), "dataset")
+    seq = dataset.get("seq_length") or dataset.get("sequence_length")  # megatron-bridge 0.5 writes the latter
     return CheckpointEntry(
         iteration=iteration, path=str(ckpt), complete=complete, format=fmt, disk_bytes=store.disk_bytes(ckpt),
         saved_at=_saved_at(ckpt), consumed_samples=None if samples is None else int(samples),

@@ -16,6 +16,7 @@ from kaiyuan_recipes.compat.megatron_bridge import (
     dataset_helpers_prebuilt,
     install_lora_placeholder,
     skip_prebuilt_helpers_build,
+    te_importing_modules,
     transformer_engine_available,
 )
 from kaiyuan_recipes.compat.megatron_core import (
@@ -40,25 +41,26 @@ class Workaround(NamedTuple):
 
 
 WORKAROUNDS = (
-    Workaround("install_lora_placeholder", "megatron-bridge", "0.6.2",
-               "`import megatron.bridge` imports Transformer Engine (peft/lora_layers.py)",
+    Workaround("install_lora_placeholder", "megatron-bridge",
+               "0.5.0 (peft/lora.py, lora_layers.py), 0.6.2 (lora_layers.py)",
+               "`import megatron.bridge` imports Transformer Engine (found by te_importing_modules)",
                "test_compat.py::test_upstream_megatron_bridge_import_still_needs_transformer_engine"),
-    Workaround("skip_prebuilt_helpers_build", "megatron-bridge", "0.6.2 with megatron-core 0.19.2 wheel",
+    Workaround("skip_prebuilt_helpers_build", "megatron-bridge", "0.5.0, 0.6.2 (megatron-core 0.18.0, 0.19.2 wheels)",
                "every start runs `make` for dataset helpers the wheel ships prebuilt, without a Makefile",
                "test_compat.py::test_upstream_compile_helpers_still_fails_on_the_wheel"),
-    Workaround("init_optimizer_state_before_load", "megatron-core", "0.19.2, no Apex/TE",
+    Workaround("init_optimizer_state_before_load", "megatron-core", "0.18.0, 0.19.2, no Apex/TE",
                "DistributedOptimizer.state_dict asserts one Adam step on a fresh optimizer: resume fails",
                "test_compat.py::test_upstream_distributed_optimizer_still_needs_state_before_load"),
-    Workaround("restore_adam_step_per_parameter", "megatron-core", "0.19.2, no Apex/TE",
+    Workaround("restore_adam_step_per_parameter", "megatron-core", "0.18.0, 0.19.2, no Apex/TE",
                "load_state_dict shares one step tensor across parameters and restores a stale step",
                "test_compat_adam_step.py::test_upstream_resume_still_resets_adam_step"),
-    Workaround("apply_local_spec_settings", "megatron-core", "0.19.2, no TE/Apex",
+    Workaround("apply_local_spec_settings", "megatron-core", "0.18.0, 0.19.2, no TE/Apex",
                "masked-softmax fusion on by default, fails on the local spec without TE/Apex",
                "test_compat.py::test_upstream_defaults_still_enable_te_only_fusions"),
-    Workaround("cpu_checkpoint_save", "megatron-core + megatron-bridge", "0.19.2 / 0.6.2, no CUDA",
+    Workaround("cpu_checkpoint_save", "megatron-core + megatron-bridge", "0.18.0, 0.19.2 / 0.5.0, 0.6.2, no CUDA",
                "a torch_dist save calls torch.cuda unconditionally (sync, flag tensor, RNG state)",
                "test_compat.py::test_upstream_torch_dist_save_still_needs_cuda"),
-    Workaround("separate_full_graph_pools", "megatron-core + megatron-bridge", "0.19.2 / 0.6.2",
+    Workaround("separate_full_graph_pools", "megatron-core + megatron-bridge", "0.18.0, 0.19.2 / 0.5.0, 0.6.2",
                "the final evaluation captures into the released training graph's pool (allocator assert)",
                "test_compat.py::test_upstream_still_captures_the_final_evaluation_in_the_deleted_training_graphs_pool"),
     Workaround("cpu_cuda_arch_list", "megatron-core", "0.15.3 (NeMo 2 environment), no GPU",
@@ -94,4 +96,5 @@ __all__ = ["WORKAROUNDS", "LOCAL_SPEC_SETTINGS", "LoRAUnavailableError", "Workar
            "apply_local_spec_settings", "cpu_checkpoint_save", "cpu_cuda_arch_list", "dataset_helpers_prebuilt",
            "ensure_optimizer_state_for_load", "import_megatron_bridge", "init_optimizer_state_before_load",
            "install_lora_placeholder", "patch_method", "restore_adam_step_per_parameter",
-           "separate_full_graph_pools", "skip_prebuilt_helpers_build", "transformer_engine_available"]
+           "separate_full_graph_pools", "skip_prebuilt_helpers_build", "te_importing_modules",
+           "transformer_engine_available"]

@@ -1,21 +1,20 @@
-"""megatron-bridge defects (0.6.2): a hard Transformer Engine import, a helpers build that cannot work on the
+"""megatron-bridge defects (0.5.0, 0.6.2): a hard Transformer Engine import, a helpers build that cannot work on the
 PyPI megatron-core wheel."""
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
 import importlib.util
 import sys
 import types
+from pathlib import Path
 from typing import Any
 
-_LORA_MODULE = "megatron.bridge.peft.lora_layers"
-_LORA_NAMES = (
-    "LinearAdapter",
-    "LoRALinear",
-    "LoRATopKRouter",
-    "TELinearAdapter",
-    "TEFusedLoRALinear",
-)
+# The LoRA modules that megatron-bridge imports from `import megatron.bridge` (peft_bridge, recipes, flop_utils).
+# Which of them import Transformer Engine at module level depends on the version: 0.6.2 lora_layers only,
+# 0.5.0 lora too. te_importing_modules() reads their source to tell.
+_PEFT_MODULES = ("megatron.bridge.peft.lora_layers", "megatron.bridge.peft.lora")
 
 
 class LoRAUnavailableError(RuntimeError):
@@ -31,33 +30,66 @@ def transformer_engine_available() -> bool:
         return False
 
 
-def _lora_unavailable(name: str) -> type:
+def _module_tree(module: str) -> ast.Module | None:
+    """The source of megatron.bridge's `module` parsed, without importing it: find_spec of a submodule would run
+    megatron/bridge/__init__.py, which is the import that fails."""
+    try:
+        spec = importlib.util.find_spec("megatron.bridge")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0], *module.split(".")[2:]).with_suffix(".py")
+    return ast.parse(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def _imports_transformer_engine(tree: ast.Module) -> bool:
+    """A module-level `import transformer_engine...` / `from transformer_engine... import`, outside any try."""
+    for node in tree.body:
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+        if any(n == "transformer_engine" or n.startswith("transformer_engine.") for n in names):
+            return True
+    return False
+
+
+def te_importing_modules() -> dict[str, list[str]]:
+    """The megatron-bridge LoRA modules whose import needs Transformer Engine, each with the classes and functions
+    it defines (what the placeholder must offer to the modules that import from it)."""
+    found = {}
+    for module in _PEFT_MODULES:
+        tree = _module_tree(module)
+        if tree is not None and _imports_transformer_engine(tree):
+            found[module] = [n.name for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))]
+    return found
+
+
+def _lora_unavailable(name: str, version: str) -> Any:
     def _refuse(*_args: Any, **_kwargs: Any) -> None:
         raise LoRAUnavailableError(
-            f"{name}: LoRA in megatron-bridge 0.6.2 needs Transformer Engine, which is not installed "
+            f"{name}: LoRA in megatron-bridge {version} needs Transformer Engine, which is not installed "
             "on this host. Pretraining works without it; for LoRA/PEFT install transformer-engine."
         )
 
-    return type(name, (), {"__init__": _refuse})
+    return type(name, (), {"__init__": _refuse}) if name[:1].isupper() else _refuse
 
 
 def install_lora_placeholder() -> bool:
-    """megatron-bridge 0.6.2 imports transformer_engine.pytorch unconditionally in
-    peft/lora_layers.py, so `import megatron.bridge` fails without TE. Register a placeholder
-    module whose classes refuse to be built with a clear message. Returns True if installed."""
-    if transformer_engine_available() or _LORA_MODULE in sys.modules:
+    """megatron-bridge imports transformer_engine.pytorch unconditionally in its LoRA modules (0.6.2:
+    peft/lora_layers.py; 0.5.0: peft/lora.py as well), so `import megatron.bridge` fails without TE. Register,
+    for each such module, a placeholder whose classes and functions refuse to be used with a clear message.
+    Returns True if any was installed."""
+    if transformer_engine_available():
         return False
-    placeholder = types.ModuleType(_LORA_MODULE)
-    placeholder.__doc__ = "kaiyuan_recipes.compat placeholder: LoRA needs Transformer Engine."
-    for name in _LORA_NAMES:
-        setattr(placeholder, name, _lora_unavailable(name))
-
-    def patch_linear_module(*_a: Any, **_k: Any) -> None:
-        _lora_unavailable("patch_linear_module")()  # raises LoRAUnavailableError
-
-    placeholder.patch_linear_module = patch_linear_module
-    sys.modules[_LORA_MODULE] = placeholder
-    return True
+    modules = {m: names for m, names in te_importing_modules().items() if m not in sys.modules}
+    version = importlib.metadata.version("megatron-bridge") if modules else ""
+    for module, names in modules.items():
+        placeholder = types.ModuleType(module)
+        placeholder.__doc__ = "kaiyuan_recipes.compat placeholder: LoRA needs Transformer Engine."
+        for name in names:
+            setattr(placeholder, name, _lora_unavailable(name, version))
+        sys.modules[module] = placeholder
+    return bool(modules)
 
 
 def dataset_helpers_prebuilt() -> bool:

@@ -70,12 +70,27 @@ def apply_to_tree(tree: DictConfig, overrides: list[str]) -> None:
     OmegaConf.set_struct(tree, False)
 
 
+def _to_field(cfg: Any, override: str) -> str:
+    """`dataset.seq_length` (what recipes and users write) names the field megatron-bridge has: 0.6 made seq_length
+    GPTDatasetConfig's field; 0.5 has it as a property over megatron-core's field `sequence_length`, which is
+    what the override machinery (dataclass fields) sees."""
+    key, value = split_key(override)
+    dataset = getattr(cfg, "dataset", None)
+    if key != "dataset.seq_length" or not dataclasses.is_dataclass(dataset):
+        return override
+    names = {f.name for f in dataclasses.fields(dataset)}
+    if "seq_length" in names or "sequence_length" not in names:
+        return override
+    return override[: len(override) - len(override.lstrip("+~"))] + f"dataset.sequence_length={value}"
+
+
 def apply_to_container(cfg: Any, overrides: list[str]) -> None:
     """Apply overrides to a ConfigContainer through Megatron-Bridge's process_config_with_overrides."""
     if not overrides:
         return
     from megatron.bridge.training.utils.omegaconf_utils import OverridesError, process_config_with_overrides
 
+    overrides = [_to_field(cfg, o) for o in overrides]
     valid = dataclass_keys(cfg)
     for override in overrides:
         key, _ = split_key(override)
