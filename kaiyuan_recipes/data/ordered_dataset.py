@@ -34,7 +34,10 @@ from kaiyuan_recipes import compat
 from kaiyuan_recipes.data.convert_worker import RANK_SUFFIX, rank_path
 
 compat.import_megatron_bridge()  # megatron.bridge with the workarounds in place
-from megatron.bridge.data.base import DatasetBuildContext, DatasetProvider  # noqa: E402
+try:  # megatron-bridge 0.6 moved the dataset-provider contract to data/base.py (0.5: training/config.py)
+    from megatron.bridge.data.base import DatasetBuildContext, DatasetProvider
+except ImportError:
+    from megatron.bridge.training.config import DatasetBuildContext, DatasetProvider
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder  # noqa: E402
 from megatron.core.datasets.blended_megatron_dataset_config import BlendedMegatronDatasetConfig  # noqa: E402
 from megatron.core.datasets.gpt_dataset import GPTDataset  # noqa: E402
