@@ -32,17 +32,25 @@ def weights_of(ckpt):
 
 
 def average(capsys, *args):
+    """A refused request, in this process (it fails before any model or process group exists)."""
     rc = main(["average", *map(str, args), "--json"])
     out, err = capsys.readouterr()
     return rc, out, err
+
+
+def average_run(*args):
+    """`kaiyuan average` as a user runs it: its own process (it sets up a process group to rebuild the models)."""
+    proc = subprocess.run([sys.executable, "-m", "kaiyuan_recipes.cli.main", "average", *map(str, args), "--json"],
+                          capture_output=True, text=True, timeout=600)
+    return proc.returncode, proc.stdout, proc.stderr
 
 
 def test_average_last_keeps_what_averaging_needs(run):
     assert [p.name for p in iteration_dirs(run / "checkpoints")] == ["iter_0000002", "iter_0000004", "iter_0000006"]
 
 
-def test_the_mean_of_two_checkpoints_is_their_tensor_by_tensor_mean_and_exports(run, tmp_path, capsys):
-    rc, out, err = average(capsys, run, tmp_path / "avg", "--last", "2")
+def test_the_mean_of_two_checkpoints_is_their_tensor_by_tensor_mean_and_exports(run, tmp_path):
+    rc, out, err = average_run(run, tmp_path / "avg", "--last", "2")
     assert rc == 0, err
     report = json.loads(out)
     assert [p.rsplit("/", 1)[1] for p in report["sources"]] == ["iter_0000004", "iter_0000006"]
@@ -73,8 +81,8 @@ def test_the_mean_of_two_checkpoints_is_their_tensor_by_tensor_mean_and_exports(
     assert torch.isfinite(model(torch.tensor([[1, 2, 3]])).logits).all()
 
 
-def test_weights_are_normalised_and_applied_oldest_first(run, tmp_path, capsys):
-    rc, out, err = average(capsys, run, tmp_path / "w", "--last", "3", "--weights", "0,1,3")
+def test_weights_are_normalised_and_applied_oldest_first(run, tmp_path):
+    rc, out, err = average_run(run, tmp_path / "w", "--last", "3", "--weights", "0,1,3")
     assert rc == 0, err
     assert json.loads(out)["weights"] == [0.0, 0.25, 0.75]
     _, b, c = (weights_of(p) for p in iteration_dirs(run / "checkpoints"))

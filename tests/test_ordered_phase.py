@@ -178,12 +178,14 @@ def test_a_shuffled_phase_over_the_same_files_is_not_in_order(curriculum, tmp_pa
     assert len(ranks) > 20 and ranks != sorted(ranks)
 
 
-def test_a_resumed_ordered_stream_continues_at_the_same_sample(curriculum, tmp_path):
+def test_a_resumed_ordered_stream_continues_at_the_same_sample(curriculum, tmp_path, capfd):
     path, _ = curriculum
     tok = tokenizer()
     _, dataset = phase_datasets(path, 2, tmp_path / "cache")
     whole = stream(dataset, tok, steps=12)
+    assert capfd.readouterr().err.count("(train, order by_rank): built") == 2  # one per source
     _, reopened = phase_datasets(path, 2, tmp_path / "cache")  # a restarted job: the cached indices reloaded
+    assert capfd.readouterr().err.count("(train, order by_rank): loaded") == 2
     start = dataset.first  # phase 2 starts after phase 1's samples
     assert start == 40 * 8  # phase 1: 40 steps of 8
     resumed = stream(dataset, tok, steps=5) + stream(reopened, tok, consumed=start + 5 * 8, steps=7)
@@ -197,8 +199,9 @@ def test_an_ordered_phase_starts_at_its_own_first_document(curriculum, tmp_path)
     path, _ = curriculum
     tok = tokenizer()
     _, dataset = phase_datasets(path, 2, tmp_path / "cache")
-    first = [r for sample in stream(dataset, tok, steps=1) for _, r, _ in marks(sample, tok)]
-    assert min(first) == 0
+    seen = [(name, r) for sample in stream(dataset, tok, steps=3) for name, r, _ in marks(sample, tok)]
+    for source in SIZES:  # each source begins at its lowest rank
+        assert next(r for name, r in seen if name == source) == 0, source
     with pytest.raises(IndexError, match="precedes this phase's first sample 320"):
         dataset[0]
 
@@ -240,3 +243,23 @@ def test_the_shipped_kaiyuan_2b_curriculum_follows_the_authors_pipeline():
     module = PhaseBlendDataModule(curriculum="kaiyuan_2b", phase=5)
     bounds = phase_iterations(cur, 512 * 4096)
     assert module.schedule()["lr_wsd_decay_iters"] == bounds[5][1] - bounds[5][0] + 1  # decay = phase 5 only
+
+
+def test_validation_stays_shuffled_and_a_held_out_prefix_works_in_an_ordered_phase(curriculum, tmp_path):
+    """Only the train split is ordered: a validation split of the sources, or a held-out prefix (no ranks), is
+    megatron-core's shuffled GPTDataset, so validation loss compares across phases."""
+    from megatron.bridge.data.utils import get_dataset_provider
+
+    path, dirs = curriculum
+    heldout = sorted(dirs["code"].glob("*.bin"))[0].with_suffix("")
+    for heldout_prefix, sizes in ((None, [320 + 80, 40, 0]), (str(heldout), [320 + 80, 40, 0])):
+        module = PhaseBlendDataModule(curriculum=str(path), phase=2, seq_length=SEQ, global_batch_size=8,
+                                      heldout_prefix=heldout_prefix, split="80,20,0")
+        config = module.dataset_config()
+        config.path_to_cache, config.tokenizer = str(tmp_path / f"c{heldout_prefix is None}"), tokenizer()
+        config.finalize()
+        train, valid, _ = get_dataset_provider(config)(sizes, config)
+        parts = getattr(valid, "datasets", [valid])
+        assert all(not np.array_equal(d.shuffle_index, np.arange(len(d.shuffle_index))) for d in parts)
+        assert all(np.array_equal(d.shuffle_index, np.arange(len(d.shuffle_index))) for d in train.dataset.datasets)
+        assert len(valid[0]["tokens"]) == SEQ

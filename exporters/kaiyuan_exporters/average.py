@@ -99,6 +99,7 @@ def average_checkpoints(run: Path, out: Path, last: int, weights: list[float] | 
     progress = _progress(show_progress)
     for ckpt, weight in zip(chosen, weights):
         progress(f"reading {ckpt.name} (weight {weight:.4g})")
+        model = None  # the previous checkpoint's model goes before the next loads: one model and the sums at a time
         model = bridge.load_megatron_model(str(ckpt), mp_overrides=rebuild_overrides(shape), wrap_with_ddp=False)
         module = (model if isinstance(model, list) else [model])[0]
         for name, tensor in _weights(module).items():

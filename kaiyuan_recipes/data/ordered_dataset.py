@@ -20,6 +20,7 @@ PhaseStart shifts the index so that sample is the phase's first, not one deep in
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -56,19 +57,24 @@ class SourceDocuments:
         manifest = source_dir / MANIFEST
         if not manifest.is_file():
             raise FileNotFoundError(f"ordered source {source_dir}: no {MANIFEST} (run `kaiyuan data convert` on it)")
-        names = sorted(json.loads(manifest.read_text(encoding="utf-8"))["shards"])  # _part-%05d_: file order
+        text = manifest.read_bytes()
+        names = sorted(json.loads(text)["shards"])  # _part-%05d_: file order
         if not names:
             raise ValueError(f"ordered source {source_dir}: {MANIFEST} lists no shards")
+        # What the cached indices were built from: a reconversion in place changes the manifest, so a new cache entry.
+        self.fingerprint = hashlib.md5(text, usedforsecurity=False).hexdigest()[:12]
         self.path_prefix = str(source_dir / "ordered")  # where GPTDataset would cache without path_to_cache
+        self.source_dir, self.names = source_dir, names
         self.shards = [GPTDataset.build_low_level_dataset(str(source_dir / name), config) for name in names]
-        lengths = [len(s) for s in self.shards]
-        self.starts = numpy.concatenate([[0], numpy.cumsum(lengths)]).astype(numpy.int64)
+        self.lengths = [len(s) for s in self.shards]
+        self.starts = numpy.concatenate([[0], numpy.cumsum(self.lengths)]).astype(numpy.int64)
         self.sequence_lengths = numpy.concatenate([s.sequence_lengths for s in self.shards]).astype(numpy.int32)
-        self.ranks = self._ranks(source_dir, names, lengths)
 
-    @staticmethod
-    def _ranks(source_dir: Path, names: list[str], lengths: list[int]) -> numpy.ndarray | None:
-        paths = [rank_path(source_dir / name) for name in names]
+    @property
+    def ranks(self) -> numpy.ndarray | None:
+        """The documents' ranks, read when an index is built by rank (not on a cache hit, not for as_stored)."""
+        paths = [rank_path(self.source_dir / name) for name in self.names]
+        source_dir, lengths = self.source_dir, self.lengths
         if not any(p.is_file() for p in paths):
             return None
         parts = []
@@ -76,7 +82,7 @@ class SourceDocuments:
             if not path.is_file():
                 raise FileNotFoundError(f"{path}: missing while other shards of {source_dir} have ranks; "
                                         "reconvert the directory")
-            ranks = numpy.load(path)
+            ranks = numpy.load(path, mmap_mode="r")
             if ranks.shape != (length,):
                 raise ValueError(f"{path}: {ranks.shape[0]} ranks for {length} documents; reconvert the directory")
             parts.append(ranks)
@@ -104,7 +110,7 @@ class OrderedGPTDataset(GPTDataset):
         return GPTDataset._key_config_attributes() + ["order"]  # a new order is a new cache entry
 
     def document_order(self) -> numpy.ndarray:
-        """This split's documents in the phase's order (ascending rank for by_rank, ties in stored order)."""
+        """The train split's documents in the phase's order (ascending rank for by_rank, ties in stored order)."""
         documents = numpy.asarray(self.indices, dtype=numpy.int32)
         if self.config.order != "by_rank":
             return documents
@@ -115,6 +121,8 @@ class OrderedGPTDataset(GPTDataset):
         return documents[numpy.argsort(ranks[documents], kind="stable")]
 
     def _build_document_sample_shuffle_indices(self) -> tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray]:
+        if self.index_split != Split.train:  # validation and test stay upstream's: shuffled, comparable across phases
+            return super()._build_document_sample_shuffle_indices()
         cached = self._cache_paths()
         if cached and all(p.is_file() for p in cached.values()):
             indices = tuple(numpy.load(cached[k], mmap_mode="r") for k in ("document", "sample", "shuffle"))
@@ -125,9 +133,8 @@ class OrderedGPTDataset(GPTDataset):
         tokens_per_epoch = self._get_num_tokens_per_epoch()
         epochs = self._get_num_epochs(tokens_per_epoch)
         document_index = numpy.tile(self.document_order(), epochs).astype(numpy.int32)  # epoch 2 repeats the order
-        drop_last = self.config.drop_last_partial_validation_sequence if self.index_split == Split.valid else True
         sample_index = helpers.build_sample_idx(self.dataset.sequence_lengths, document_index,
-                                                self.config.sequence_length, epochs, tokens_per_epoch, drop_last,
+                                                self.config.sequence_length, epochs, tokens_per_epoch, True,
                                                 self.config.add_extra_token_to_sequence)
         shuffle_index = numpy.arange(sample_index.shape[0] - 1, dtype=numpy.int64)  # identity: samples in order
         if cached and _builds_cache():
@@ -146,7 +153,8 @@ class OrderedGPTDataset(GPTDataset):
     def _cache_paths(self) -> dict[str, Path] | None:
         if not self.config.path_to_cache:
             return None
-        base = Path(self.config.path_to_cache) / f"{self.unique_description_hash}-{type(self).__name__}-" \
+        data = getattr(self.dataset, "fingerprint", "prefix")
+        base = Path(self.config.path_to_cache) / f"{self.unique_description_hash}-{data}-{type(self).__name__}-" \
                                                   f"{self.index_split.name}"
         return {k: Path(f"{base}-{k}_index.npy") for k in ("document", "sample", "shuffle")} | \
             {"description": Path(f"{base}-description.txt")}
@@ -213,6 +221,12 @@ class OrderedGPTDatasetConfig(MCoreGPTDatasetConfig, DatasetProvider):
             raise ValueError(f"an ordered phase reads its samples in order: dataset.dataloader_type must be 'single' "
                              f"(Megatron's sequential sampler), got {self.dataloader_type!r}")
         self.dataloader_type = "single"
+        unsupported = {"defer_npy_index_mmap": self.defer_npy_index_mmap, "fast_cache_load": self.fast_cache_load,
+                       "sequences_per_dataset": self.sequences_per_dataset}
+        given = [k for k, v in unsupported.items() if v]
+        if given:
+            raise ValueError(f"an ordered phase builds its own indices: dataset.{', dataset.'.join(given)} is not "
+                             "supported there; unset it")
         self.sequence_length = self.seq_length
         BlendedMegatronDatasetConfig.__post_init__(self)  # as Bridge: megatron-core's GPT checks need the tokenizer
         for name in ("reset_position_ids", "reset_attention_mask", "eod_mask_loss"):
@@ -221,7 +235,10 @@ class OrderedGPTDatasetConfig(MCoreGPTDatasetConfig, DatasetProvider):
         DatasetProvider.finalize(self)
 
     def build_datasets(self, context: DatasetBuildContext) -> tuple[Any, Any, Any]:
-        phase_samples = max(context.train_samples - self.first_sample, 1)  # train_samples counts from the run's start
+        phase_samples = context.train_samples - self.first_sample  # train_samples counts from the run's start
+        if phase_samples < 1:
+            raise ValueError(f"an ordered phase starting at sample {self.first_sample} has no samples to train: the "
+                             f"run trains {context.train_samples} in all (train.train_iters x global batch)")
         sizes = [phase_samples, context.valid_samples, context.test_samples]
         train, valid, test = BlendedMegatronDatasetBuilder(OrderedGPTDataset, sizes, lambda: True, self).build()
         return (PhaseStart(train, self.first_sample) if train is not None and self.first_sample else train), valid, test
