@@ -136,6 +136,21 @@ def _compare_object(a: Path, b: Path, md_a: Any, md_b: Any, key: str) -> ObjectD
     return ObjectDiff(key, ra == rb, ra[:300], rb[:300], [] if ra == rb else leaf_changes(x, y))
 
 
+LEGACY_COMMON_STATE = "common.pt"  # megatron-core <= 0.18 keeps the common state (iteration, scheduler) here
+
+
+def _compare_legacy_common_state(a: Path, b: Path) -> ObjectDiff | None:
+    """The common state where megatron-core <= 0.18 writes it, beside the DCP files (0.19 stores it inside them as
+    common_state/shard_*), read by megatron-core's own loader; None when neither checkpoint has it."""
+    if not ((a / LEGACY_COMMON_STATE).is_file() or (b / LEGACY_COMMON_STATE).is_file()):
+        return None
+    from megatron.core.dist_checkpointing.serialization import load_common_state_dict
+
+    x, y = (load_common_state_dict(str(c)) if (c / LEGACY_COMMON_STATE).is_file() else None for c in (a, b))
+    ra, rb = repr(x), repr(y)
+    return ObjectDiff(LEGACY_COMMON_STATE, ra == rb, ra[:300], rb[:300], [] if ra == rb else leaf_changes(x, y))
+
+
 def diff_checkpoints(path_a: Path, path_b: Path, show_progress: bool = False) -> DiffReport:
     a, b = store.resolve_checkpoint(path_a), store.resolve_checkpoint(path_b)
     md_a, md_b = store.read_dcp_metadata(a), store.read_dcp_metadata(b)
@@ -166,6 +181,13 @@ def diff_checkpoints(path_a: Path, path_b: Path, show_progress: bool = False) ->
                 g.differ += not o.equal
             else:  # in one checkpoint only (or a tensor in one, an object in the other)
                 g.missing += 1
+    legacy = _compare_legacy_common_state(a, b)
+    if legacy is not None:
+        object_diffs.append(legacy)
+        g = groups.setdefault("common_state", GroupDiff("common_state", 0, 0, 0, 0.0, 0.0))
+        group_sums.setdefault("common_state", _Sums())
+        g.keys += 1
+        g.differ += not legacy.equal
     for name, g in groups.items():
         g.max_abs, g.rel_norm = group_sums[name].max_abs, group_sums[name].rel()
     return DiffReport(
