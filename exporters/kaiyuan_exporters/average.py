@@ -64,15 +64,6 @@ def choose_checkpoints(run: Path, last: int, weights: list[float] | None) -> tup
     return chosen, [w / sum(weights) for w in weights]
 
 
-def _model_config(ckpt: Path) -> dict[str, Any]:
-    import yaml
-
-    path = ckpt / RUN_CONFIG_FILE
-    if not path.is_file():
-        raise CheckpointError(f"{ckpt}: no {RUN_CONFIG_FILE} (the model's shape is read from it)")
-    return (yaml.safe_load(path.read_text()) or {}).get("model") or {}
-
-
 def average_checkpoints(run: Path, out: Path, last: int, weights: list[float] | None = None,
                         show_progress: bool = True) -> AverageReport:
     import torch
@@ -82,17 +73,15 @@ def average_checkpoints(run: Path, out: Path, last: int, weights: list[float] | 
         raise FileExistsError(f"{out}: exists; choose a new output directory")
     chosen, weights = choose_checkpoints(run, last, weights)
     newest = chosen[-1]
-    shape_keys = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
-                  "kv_channels", "vocab_size", "num_moe_experts")
-    reference = {k: _model_config(newest).get(k) for k in shape_keys}
+    shape = checkpoint_shape(newest)  # the shape export reads back, from each save's run_config.yaml
     for ckpt in chosen[:-1]:
-        shape = {k: _model_config(ckpt).get(k) for k in shape_keys}
-        if shape != reference:
-            differs = {k: (shape[k], reference[k]) for k in shape_keys if shape[k] != reference[k]}
+        other = checkpoint_shape(ckpt).fields
+        if other != shape.fields:
+            differs = {k: (other.get(k), shape.get(k)) for k in set(other) | set(shape.fields)
+                       if other.get(k) != shape.get(k)}
             raise CheckpointError(f"{ckpt}: another model shape than {newest.name} ({differs}); only checkpoints "
                                   "of one model average")
     ensure_single_process_group()
-    shape = checkpoint_shape(newest)
     bridge = bridge_for(shape)
     sums: dict[str, torch.Tensor] = {}
     model = None
