@@ -32,6 +32,7 @@ import numpy
 import torch
 
 from kaiyuan_recipes import compat
+from kaiyuan_recipes.data.blend import PHASE_ORDERS
 from kaiyuan_recipes.data.convert_worker import RANK_SUFFIX, rank_path
 
 compat.import_megatron_bridge()  # megatron.bridge with the workarounds in place
@@ -45,7 +46,7 @@ from megatron.core.datasets.gpt_dataset import GPTDataset  # noqa: E402
 from megatron.core.datasets.gpt_dataset import GPTDatasetConfig as MCoreGPTDatasetConfig  # noqa: E402
 from megatron.core.datasets.utils import Split  # noqa: E402
 
-ORDERS = ("shuffled", "as_stored", "by_rank")  # shuffled = Megatron's GPTDataset, the others this module
+ORDERED = PHASE_ORDERS[1:]  # this module's; "shuffled" is Megatron's GPTDataset
 
 
 class SourceDocuments:
@@ -215,8 +216,8 @@ class OrderedGPTDatasetConfig(MCoreGPTDatasetConfig, DatasetProvider):
         return cls(order=order, first_sample=first_sample, **values)
 
     def finalize(self) -> None:
-        if self.order not in ORDERS[1:]:
-            raise ValueError(f"dataset order {self.order!r}: expected one of {', '.join(ORDERS[1:])}")
+        if self.order not in ORDERED:
+            raise ValueError(f"dataset order {self.order!r}: expected one of {', '.join(ORDERED)}")
         if self.dataloader_type not in (None, "single"):
             raise ValueError(f"an ordered phase reads its samples in order: dataset.dataloader_type must be 'single' "
                              f"(Megatron's sequential sampler), got {self.dataloader_type!r}")
