@@ -80,8 +80,9 @@ def gpu_memory_mib(pid: int) -> int | None:
 def start_server(source: Path, model: Path, port: int, args: list[str], log: Path,
                  timeout_s: float) -> tuple[subprocess.Popen, float, dict]:
     """`kaiyuan serve` from `source`'s code (run in `source`, which `python -m` puts first on the path, and its
-    exporters/ on PYTHONPATH), ready when /health is a 200."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(source), str(source / "exporters")]))
+    exporters/ first on PYTHONPATH), ready when /health is a 200."""
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]  # (the wheels' site)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(source), str(source / "exporters"), *inherited]))
     start = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "kaiyuan_recipes.cli.main", "serve", str(model.resolve()), "--port",
                              str(port), *args], env=env, cwd=source, stdout=log.open("w"), stderr=subprocess.STDOUT)
