@@ -1,10 +1,11 @@
 """Generation throughput, side by side in one run: two transformers baselines, `generate` as people call it
 (dynamic cache, eager) and transformers' own fast path (a static cache with its automatic torch.compile of the
-decode step), against `kaiyuan serve`'s engine in each decode mode (graph: the batch decoder's steps captured into
-CUDA graphs at warm-up; eager), same weights, greedy, prompt 128 tokens, 256 new tokens, batch 1 and 32. Every
-side gets the same treatment: one untimed call first (what compiles or captures does it there), then --repeats
-timed calls, reported by their median. Outputs are compared token for token (bf16), and in fp32 against generate.
-With --sampled, every side samples instead (temperature 0.8, top-p 0.95; throughput only).
+decode step), against `kaiyuan serve`'s engine in each decode mode (compiled, the CUDA default: the batch
+decoder's step compiled and captured into CUDA graphs at warm-up; graph: the eager step captured; eager), same
+weights, greedy, prompt 128 tokens, 256 new tokens, batch 1 and 32. Every side gets the same treatment: one
+untimed call first (what compiles or captures does it there), then --repeats timed calls, reported by their
+median. Outputs are compared token for token (bf16), and in fp32 against generate. With --sampled, every side
+samples instead (temperature 0.8, top-p 0.95; throughput only).
 
 usage: python benchmarks/generation.py HF_DIR --out generation.json [--sampled]
        (HF_DIR: an exported model; --random-qwen3 DIR writes a random-weight qwen3_1p7b there first)"""
@@ -21,6 +22,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from provenance import provenance, write_json  # noqa: E402
+
+from kaiyuan_recipes.cli.serve import DECODE_MODES  # noqa: E402
 
 
 def prompts(tokenizer, count: int, length: int) -> list[list[int]]:
@@ -83,7 +86,8 @@ def write_random_qwen3(path: Path) -> Path:
 
 
 def fp32_agreement(hf_dir: Path, batch: list[list[int]], new_tokens: int) -> dict:
-    """In fp32 (no bf16 near-ties), the captured batch decoder against transformers' generate, same weights."""
+    """In fp32 (no bf16 near-ties), the default (compiled) batch decoder against transformers' generate, same
+    weights."""
     from kaiyuan_exporters.serving.batch_decoder import Envelope
     from kaiyuan_exporters.serving.engine import GenerationEngine, Request
     from transformers import AutoModelForCausalLM
@@ -91,7 +95,7 @@ def fp32_agreement(hf_dir: Path, batch: list[list[int]], new_tokens: int) -> dic
     model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).cuda().eval()
     ref = hf_generate(model, batch, new_tokens)
     del model
-    engine = GenerationEngine(hf_dir, "cuda", Envelope(len(batch), 1024), torch.float32)
+    engine = GenerationEngine(hf_dir, "cuda", Envelope(len(batch), 1024, *DECODE_MODES["compiled"]), torch.float32)
     ours = [c.token_ids for c in engine.generate([Request(p, new_tokens, ignore_eos=True) for p in batch])]
     engine.close()
     del engine
@@ -107,7 +111,8 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
-    ap.add_argument("--modes", nargs="+", default=["graph"], choices=["graph", "eager"], help="decode modes")
+    ap.add_argument("--modes", nargs="+", default=["compiled", "graph"], choices=list(DECODE_MODES),
+                    help="kaiyuan serve's decode modes")
     ap.add_argument("--sampled", action="store_true", help="sample on both sides (throughput; no fp32 check)")
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per side after the untimed one")
     ap.add_argument("--baselines", nargs="+", default=list(HF_BASELINES), choices=list(HF_BASELINES))
@@ -119,7 +124,7 @@ def main() -> None:
     hf_dir = write_random_qwen3(args.random_qwen3) if args.random_qwen3 else args.hf_dir
     envelope = Envelope(max(args.batch_sizes), -(-(args.prompt_len + args.new_tokens) // 256) * 256)
     engines = {mode: GenerationEngine(hf_dir, "cuda", Envelope(envelope.max_batch, envelope.max_seq_len,
-                                                                mode == "graph")) for mode in args.modes}
+                                                                *DECODE_MODES[mode])) for mode in args.modes}
     for engine in engines.values():
         engine.ready.wait()
     engine = engines[args.modes[0]]
@@ -166,9 +171,10 @@ def main() -> None:
     write_json(args.out, {**provenance(" ".join(["python", *sys.argv])), "model": str(hf_dir),
                           "prompt_tokens": args.prompt_len, "new_tokens": args.new_tokens,
                           "greedy": not args.sampled, "sampling": SAMPLED if args.sampled else None,
-                          "ours": "kaiyuan_exporters.serving.engine (batch_decoder.py) per mode: graph = the "
-                                  "eager step captured into a CUDA graph per bucketed (batch, cache length) at "
-                                  "warm-up; eager = no graphs",
+                          "ours": "kaiyuan_exporters.serving.engine (batch_decoder.py) per mode: compiled = the "
+                                  "step's forward through torch.compile, then captured into a CUDA graph per "
+                                  "bucketed (batch, cache length) at warm-up; graph = the eager step captured "
+                                  "the same way; eager = no graphs",
                           "baselines": {"hf_generate": "transformers generate, dynamic cache, eager, SDPA",
                                         "hf_static_compiled": "transformers generate, static cache, its own "
                                                               "torch.compile of the decode step"},

@@ -129,6 +129,33 @@ def test_more_requests_than_rows_queue_and_every_one_finishes(engine, reference)
     assert engine.stats["rows"] == 0 and engine.stats["max_batch"] <= 8
 
 
+def test_a_compiled_step_compiles_at_warm_up_only_and_keeps_greedy_rows_equal_to_generate(tiny_model, reference):  # noqa: F811
+    """--decode-mode compiled without its CUDA graphs (the CPU): warm-up runs every bucket's step, so the
+    compilations all happen there; a load over other batch sizes and cache lengths compiles nothing, and its
+    greedy rows still equal generate() in fp32."""
+    from kaiyuan_exporters.serving.batch_decoder import Envelope
+    from kaiyuan_exporters.serving.engine import GenerationEngine, Request, Sampling
+
+    torch._dynamo.utils.counters.clear()
+    engine = GenerationEngine(tiny_model, "cpu", Envelope(max_batch=8, max_seq_len=256, capture=False, compile=True))
+    assert engine.ready.wait(600) and engine.failure is None
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1
+    torch._dynamo.utils.counters.clear()
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(1, 5000, (int(n),), generator=gen).tolist()
+               for n in torch.randint(3, 200, (11,), generator=gen)]
+    lengths = [1 + (i * 23) % 50 for i in range(len(prompts))]
+    done = engine.generate([Request(p, n, Sampling() if i % 2 else Sampling(0.8, top_p=0.9, seed=i), ignore_eos=True)
+                            for i, (p, n) in enumerate(zip(prompts, lengths))])
+    engine.close()
+    assert not torch._dynamo.utils.counters["stats"], dict(torch._dynamo.utils.counters["stats"])
+    assert engine.stats["max_batch"] == 8
+    for i, (prompt, n, completion) in enumerate(zip(prompts, lengths, done)):
+        assert len(completion.token_ids) == n
+        if i % 2:
+            assert completion.token_ids == reference(prompt, n)
+
+
 def test_the_envelope_buckets_and_bounds_requests(engine):
     from kaiyuan_exporters.serving.batch_decoder import Envelope, bucket_for
     from kaiyuan_exporters.serving.engine import Request
@@ -270,6 +297,7 @@ def test_sigterm_fails_what_is_left_after_the_drain_timeout(tiny_model):  # noqa
 
 @pytest.mark.parametrize("args, message", [
     (["--decode-mode", "graph"], "--decode-mode graph needs a CUDA device"),
+    (["--decode-mode", "compiled"], "--decode-mode compiled needs a CUDA device"),
     (["--max-seq-len", "1000"], "--max-seq-len 1000: the model has 256 positions"),
 ])
 def test_an_envelope_the_model_or_host_cannot_serve_is_refused_at_start(tiny_model, args, message):  # noqa: F811

@@ -7,6 +7,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+# --decode-mode: (capture CUDA graphs, compile the step) at warm-up
+DECODE_MODES = {"compiled": (True, True), "graph": (True, False), "eager": (False, False)}
+
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("serve", help="inference server: PUT /api (Megatron) and POST /v1/completions (OpenAI)")
@@ -19,9 +22,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-seq-len", type=int,
                    help="the envelope: prompt + new tokens of one request, at most (default: the model's "
                         "positions, at most 4096); beyond it a request is a 400; the KV cache is sized by both")
-    p.add_argument("--decode-mode", choices=["graph", "eager"],
-                   help="graph (the CUDA default): every bucketed (batch, cache length) decode step captured "
-                        "into a CUDA graph at start-up, none while serving; eager (the CPU default)")
+    p.add_argument("--decode-mode", choices=DECODE_MODES,
+                   help="compiled (the CUDA default): the decode step's forward compiled (torch.compile) and "
+                        "every bucketed (batch, cache length) step captured into a CUDA graph at start-up, "
+                        "nothing compiled or captured while serving; graph: the eager forward captured the "
+                        "same way (a shorter start-up); eager (the CPU default)")
     p.add_argument("--join-min-rows", type=int, default=0,
                    help="waiting requests join the decoding batch once this many wait (default: an eighth of "
                         "--max-batch), or once the oldest has waited --join-max-wait-s: each join is one prefill "
@@ -61,10 +66,12 @@ def serve(args: Any) -> int:
     hf_dir = as_hf_dir(args.model)
     positions = getattr(AutoConfig.from_pretrained(str(hf_dir)), "max_position_embeddings", DEFAULT_MAX_SEQ_LEN)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    mode = args.decode_mode or ("graph" if device.startswith("cuda") else "eager")
-    if mode == "graph" and not device.startswith("cuda"):
-        raise ValueError(f"--decode-mode graph needs a CUDA device, got {device!r}")
-    envelope = Envelope(args.max_batch, args.max_seq_len or min(positions, DEFAULT_MAX_SEQ_LEN), mode == "graph")
+    mode = args.decode_mode or ("compiled" if device.startswith("cuda") else "eager")
+    capture, compile_step = DECODE_MODES[mode]
+    if capture and not device.startswith("cuda"):
+        raise ValueError(f"--decode-mode {mode} needs a CUDA device (it captures CUDA graphs), got {device!r}")
+    envelope = Envelope(args.max_batch, args.max_seq_len or min(positions, DEFAULT_MAX_SEQ_LEN), capture,
+                        compile_step)
     join = JoinPolicy(args.join_min_rows, args.join_max_wait_s)
     engine = GenerationEngine(hf_dir, device, envelope, join=join)  # warms up in its worker; /health: when ready
     app = create_app(engine, token, args.max_body_bytes, model_name=args.model_name,

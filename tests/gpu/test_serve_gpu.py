@@ -1,8 +1,9 @@
 """The serving engine on a GPU (run through the device tool):
     python3 -m pytest -q -s tests/gpu/test_serve_gpu.py
-Every decode step's CUDA graph is captured during warm-up and none after, whatever the load (batch sizes,
-prompt lengths, greedy and sampled rows, joins mid-batch), and nothing is compiled; greedy rows of the
-captured steps equal transformers' generate token for token in fp32 (a small random Qwen3 with a 512-token
+In the default decode mode (the step's forward compiled, every bucket's step captured) every CUDA graph is
+captured and every compilation made during warm-up and none after, whatever the load (batch sizes, prompt
+lengths, greedy and sampled rows, joins mid-batch); greedy rows of the captured steps (compiled or not)
+equal transformers' generate token for token in fp32 (a small random Qwen3 with a 512-token
 vocabulary, so greedy choices are not near-ties, TF32 off), and in bf16 the captured steps give exactly
 the eager steps' tokens (the same kernels, replayed)."""
 
@@ -34,11 +35,11 @@ def prompts(count: int, seed: int) -> list[list[int]]:
             for n in torch.randint(3, 300, (count,), generator=gen)]
 
 
-def engine_for(model_dir, dtype, capture=True):
+def engine_for(model_dir, dtype, capture=True, compile=True):
     from kaiyuan_exporters.serving.batch_decoder import Envelope
     from kaiyuan_exporters.serving.engine import GenerationEngine
 
-    engine = GenerationEngine(model_dir, "cuda", Envelope(max_batch=16, max_seq_len=1024, capture=capture), dtype)
+    engine = GenerationEngine(model_dir, "cuda", Envelope(16, 1024, capture, compile and capture), dtype)
     assert engine.ready.wait(600) and engine.failure is None
     return engine
 
@@ -54,7 +55,9 @@ def exact_fp32():
 def test_no_capture_or_compilation_after_warm_up(model_dir, monkeypatch):
     from kaiyuan_exporters.serving.engine import Request, Sampling
 
+    torch._dynamo.utils.counters.clear()
     engine = engine_for(model_dir, torch.bfloat16)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # the step was compiled, at warm-up
     assert engine.decoder.captures == len(engine.decoder.graphs) == 5 * 3 * 3  # batch x length buckets x kinds
     captures = []
     original = torch.cuda.CUDAGraph.capture_begin
@@ -73,11 +76,12 @@ def test_no_capture_or_compilation_after_warm_up(model_dir, monkeypatch):
     engine.close()
 
 
-def test_captured_greedy_equals_generate_in_fp32(model_dir):
+@pytest.mark.parametrize("compile", [True, False], ids=["compiled", "graph"])
+def test_captured_greedy_equals_generate_in_fp32(model_dir, compile):
     from kaiyuan_exporters.serving.engine import Request
     from transformers import AutoModelForCausalLM
 
-    engine = engine_for(model_dir, torch.float32)
+    engine = engine_for(model_dir, torch.float32, compile=compile)
     batch = prompts(12, 7)
     got = [c.token_ids for c in engine.generate([Request(p, 64, ignore_eos=True) for p in batch])]
     engine.close()
@@ -98,7 +102,7 @@ def test_captured_steps_give_the_eager_steps_tokens_in_bf16(model_dir):
     settings = [Sampling() if i % 2 else Sampling(1.1, top_p=0.9, seed=i) for i in range(len(batch))]
     results = []
     for capture in (True, False):
-        engine = engine_for(model_dir, torch.bfloat16, capture)
+        engine = engine_for(model_dir, torch.bfloat16, capture, compile=False)
         assert bool(engine.decoder.graphs) == capture
         results.append([c.token_ids for c in engine.generate([Request(p, 48, s, ignore_eos=True)
                                                               for p, s in zip(batch, settings)])])

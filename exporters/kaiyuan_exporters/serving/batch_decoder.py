@@ -3,6 +3,9 @@ row its own timeline (its prompt at columns 0.., its n-th new token at len(promp
 joins a free row at any step and leaves when done. A decode step runs the first `b` rows against the first
 `L` columns, (b, L) bucketed (powers of two up to the envelope); on CUDA every bucket's step is captured
 into a CUDA graph at start-up (warm_up), one per kind (STEP_KINDS), so serving never compiles or captures.
+With `compile`, the step's forward goes through torch.compile first (dynamic shapes: one compilation serves
+every bucket, made at warm-up before the captures), so each replayed graph runs inductor's fused kernels
+instead of the eager forward's many small ones.
 Prefill is eager (a new prompt: its own shape, no graph). Per-row settings, positions and tokens live in
 static device buffers the graphs read.
 
@@ -43,11 +46,13 @@ def bucket_for(sizes: tuple[int, ...], n: int) -> int:
 @dataclass(frozen=True)
 class Envelope:
     """What the server prepares for at start-up and refuses beyond (a 400): at most max_batch rows decoding
-    at once, prompt + new tokens within max_seq_len. capture: CUDA graphs per bucket (CUDA only)."""
+    at once, prompt + new tokens within max_seq_len. capture: CUDA graphs per bucket (CUDA only); compile:
+    the decode step's forward through torch.compile, at warm-up."""
 
     max_batch: int = 32
     max_seq_len: int = 4096
     capture: bool = True
+    compile: bool = False
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_seq_len < 2:
@@ -66,8 +71,10 @@ class RowKVCache:
     """transformers' cache protocol as decoder layers call it (update(key, value, layer_idx) -> the keys and
     values to attend to), over one [max_batch, kv heads, max_seq_len, head dim] pair per layer, allocated at
     the first update. Before each forward the decoder says what it writes: `prefill(rows)` (each row's
-    prompt from column 0; attention over the fresh keys, causal) or `decode(rows, columns, length)` (one
-    token per row at its own column; attention over the first `length` columns, masked by the caller)."""
+    prompt from column 0; attention over the fresh keys, causal) or `decode(rows, columns, window)` (one
+    token per row at its own column; attention over the first len(window) columns, masked by the caller).
+    The window is a tensor, not an int, so a compiled step sees its length as a dynamic size, not a constant
+    that each bucket would recompile for."""
 
     is_compileable = False
 
@@ -77,13 +84,13 @@ class RowKVCache:
         self.values: list[torch.Tensor] = []
         self.rows: torch.Tensor | None = None
         self.columns: torch.Tensor | None = None  # None: prefill
-        self.length = 0
+        self.window: torch.Tensor | None = None
 
     def prefill(self, rows: torch.Tensor) -> None:
         self.rows, self.columns = rows, None
 
-    def decode(self, rows: torch.Tensor, columns: torch.Tensor, length: int) -> None:
-        self.rows, self.columns, self.length = rows, columns, length
+    def decode(self, rows: torch.Tensor, columns: torch.Tensor, window: torch.Tensor) -> None:
+        self.rows, self.columns, self.window = rows, columns, window
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,8 +105,8 @@ class RowKVCache:
             return key, value
         keys[self.rows, :, self.columns] = key[:, :, 0]
         values[self.rows, :, self.columns] = value[:, :, 0]
-        rows = key.shape[0]
-        return keys[:rows, :, : self.length], values[:rows, :, : self.length]
+        rows, length = key.shape[0], self.window.shape[0]
+        return keys[:rows, :, :length], values[:rows, :, :length]
 
     # what transformers' mask creation asks of a cache (prefill only: decode passes its own 4D mask)
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -152,6 +159,9 @@ class BatchDecoder:
         self.columns = torch.arange(self.envelope.max_seq_len, device=dev)
         self.capture = self.envelope.capture and dev.startswith("cuda")
         self._pool = torch.cuda.graph_pool_handle() if self.capture else None
+        # dynamic: batch and window sizes symbolic (a batch of 1 is its own specialisation), so the buckets
+        # share one or two compilations rather than one each
+        self._forward = torch.compile(self._logits, dynamic=True) if self.envelope.compile else self._logits
 
     def _settings(self, rows: slice | torch.Tensor) -> RowSettings:
         s = self.settings
@@ -186,12 +196,15 @@ class BatchDecoder:
         self.active[row] = 0
         self.positions[row] = 0
 
+    def _logits(self, tokens: torch.Tensor, positions: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
+        mask = (window[None, :] <= positions)[:, None, None, :]  # [batch, 1, 1, length]
+        return self.model(input_ids=tokens, position_ids=positions, attention_mask=mask, past_key_values=self.cache,
+                          use_cache=True, logits_to_keep=1).logits[:, -1]
+
     def _step(self, batch: int, length: int, kind: str) -> None:
-        positions = self.positions[:batch]
-        self.cache.decode(self.row_ids[:batch], positions[:, 0], length)
-        mask = (self.columns[:length][None, :] <= positions)[:, None, None, :]  # [batch, 1, 1, length]
-        logits = self.model(input_ids=self.tokens[:batch], position_ids=positions, attention_mask=mask,
-                            past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        positions, window = self.positions[:batch], self.columns[:length]
+        self.cache.decode(self.row_ids[:batch], positions[:, 0], window)
+        logits = self._forward(self.tokens[:batch], positions, window)
         new = (logits.argmax(-1) if kind == "greedy"
                else next_tokens(logits, self._settings(slice(0, batch)), filtering=kind == "filtered"))
         self.tokens[:batch, 0] = new
@@ -218,7 +231,8 @@ class BatchDecoder:
     @torch.inference_mode()
     def warm_up(self) -> WarmUp:
         """Allocates the cache (a one-token prefill into row 0) and, on CUDA, captures every bucket's steps,
-        largest first (later, smaller graphs reuse the shared pool's memory)."""
+        largest first (later, smaller graphs reuse the shared pool's memory); compiled and not captured,
+        runs every bucket's step once (what compiles does it here)."""
         start = time.perf_counter()
         cuda = self.device.startswith("cuda")
         free_before = torch.cuda.mem_get_info()[0] if cuda else 0
@@ -236,7 +250,12 @@ class BatchDecoder:
                               "eagerly", stacklevel=2)
                 self.graphs.clear()
                 self.capture = False
+                self._forward = self._logits
                 torch.cuda.synchronize()
+        elif self.envelope.compile:  # every bucket once: the compilations happen here, not on the request path
+            for batch in self.envelope.batch_buckets:
+                for length in self.envelope.length_buckets:
+                    self._step(batch, length, "filtered")
         else:
             self._step(1, self.envelope.length_buckets[0], "filtered")
         self.tokens.zero_()
