@@ -97,6 +97,32 @@ def test_joins_are_gathered_until_enough_requests_wait(tiny_model):  # noqa: F81
     engine.close()
 
 
+def test_requests_submitted_together_join_at_the_same_step(engine, monkeypatch):
+    """submit_all (one HTTP request's prompts, generate()): the worker admits them in one go, however slowly
+    they are queued (each put here takes 50 ms, time enough for the worker to take the first alone), so the
+    batch's composition, and with it every row's numerics, repeats run after run."""
+    from kaiyuan_exporters.serving.engine import Request
+
+    put = engine._queue.put
+    monkeypatch.setattr(engine._queue, "put", lambda item: (put(item), time.sleep(0.05)))
+    for attempt in range(3):
+        first_step: dict[int, int] = {}
+        requests = [Request(engine.encode(f"prompt {i} of attempt {attempt}")[: 2 + i], 4, ignore_eos=True,
+                            on_token=lambda t, i=i: first_step.setdefault(i, engine.stats["steps"]))
+                    for i in range(6)]
+        engine.generate(requests)
+        assert len(set(first_step.values())) == 1, first_step
+
+
+def test_a_request_of_several_prompts_is_queued_whole_or_not_at_all(engine):
+    from kaiyuan_exporters.serving.engine import Request
+
+    fits, too_long = Request([1, 2, 3], 4), Request([1] * 250, 10)
+    with pytest.raises(ValueError, match="exceeds the served 256 positions"):
+        engine.submit_all([fits, too_long])
+    assert not fits.future.done() and not fits.future.running() and engine._queue.qsize() == 0
+
+
 def test_each_row_samples_with_its_own_settings_and_seed(engine, reference):
     """Rows of different settings in one batch (no grouping): a seeded row's tokens are the same alone and
     alongside greedy rows, other temperatures / top-k / top-p, and other seeds; greedy rows stay generate()'s;

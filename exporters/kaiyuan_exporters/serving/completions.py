@@ -123,7 +123,7 @@ def usage(prompts: list[Prompt], results: list[Completion]) -> Usage:
 async def submitted(engine: GenerationEngine, requests: list[Request]) -> list[Completion]:
     """The requests' completions; a 503 when the engine stops before they are done."""
     try:
-        return await asyncio.gather(*(asyncio.wrap_future(engine.submit(r)) for r in requests))
+        return await asyncio.gather(*map(asyncio.wrap_future, engine.submit_all(requests)))
     except EngineStopped as err:
         for req in requests:
             req.cancelled.set()
@@ -179,7 +179,7 @@ async def stream(engine: GenerationEngine, body: CompletionRequest, prompts: lis
         tokens: asyncio.Queue = asyncio.Queue()
         for index, req in enumerate(requests):
             req.on_token = lambda t, i=index: loop.call_soon_threadsafe(tokens.put_nowait, (i, t))
-        done = asyncio.gather(*(asyncio.wrap_future(engine.submit(r)) for r in requests))
+        done = asyncio.gather(*map(asyncio.wrap_future, engine.submit_all(requests)))
         rows = [_Detokenizer(engine) for _ in requests]
         texts, sent, ended = ["" for _ in requests], [0] * len(requests), [False] * len(requests)
         if body.echo:

@@ -147,6 +147,7 @@ class GenerationEngine:
         self._stop = threading.Event()
         self.join = join
         self._queue: queue.Queue[Request] = queue.Queue()
+        self._intake = threading.Lock()  # held while a submit_all queues its requests, and while _admit takes them
         self._waiting: collections.deque[Request] = collections.deque()  # taken off the queue, not yet joined
         self._rng = random.Random()  # noise keys of unseeded sampled rows
         # rows admitted, most rows in one step, new tokens, rows ended because their caller left (a client gone)
@@ -170,19 +171,26 @@ class GenerationEngine:
         return self._drain_deadline is not None or self._stop.is_set()
 
     def submit(self, request: Request) -> Future:
+        return self.submit_all([request])[0]
+
+    def submit_all(self, requests: list[Request]) -> list[Future]:
+        """Queue `requests` as one: all or none (each is checked first), and the worker takes them in the same
+        admission, so the prompts of one HTTP request join the batch at the same step."""
         if self.failure is not None or self.draining:
             raise EngineStopped("the server is shutting down" if self.draining else "the engine failed to start")
-        if len(request.prompt_ids) + request.max_new_tokens > self.max_length:
-            raise ValueError(f"prompt ({len(request.prompt_ids)} tokens) + tokens_to_generate "
-                             f"({request.max_new_tokens}) exceeds the served {self.max_length} positions")
-        request.submitted_at = time.monotonic()
-        self._queue.put(request)
-        return request.future
+        for request in requests:
+            if len(request.prompt_ids) + request.max_new_tokens > self.max_length:
+                raise ValueError(f"prompt ({len(request.prompt_ids)} tokens) + tokens_to_generate "
+                                 f"({request.max_new_tokens}) exceeds the served {self.max_length} positions")
+        with self._intake:
+            for request in requests:
+                request.submitted_at = time.monotonic()
+                self._queue.put(request)
+        return [r.future for r in requests]
 
     def generate(self, requests: list[Request]) -> list[Completion]:
         """Submit `requests` together and wait for them all (benchmarks, tests)."""
-        futures = [self.submit(r) for r in requests]
-        return [f.result() for f in futures]
+        return [f.result() for f in self.submit_all(requests)]
 
     def drain(self, seconds: float) -> None:
         """Refuse new requests; those in flight may finish within `seconds`, then fail with EngineStopped."""
@@ -231,9 +239,10 @@ class GenerationEngine:
         if not rows and not self._waiting:
             with contextlib.suppress(queue.Empty):
                 self._waiting.append(self._queue.get(timeout=IDLE_WAIT_S))
-        for _ in range(self._queue.qsize()):  # bounded: what is queued now
-            with contextlib.suppress(queue.Empty):
-                self._waiting.append(self._queue.get_nowait())
+        with self._intake:  # a submit_all under way: all of its requests, not the first few
+            for _ in range(self._queue.qsize()):  # bounded: what is queued now
+                with contextlib.suppress(queue.Empty):
+                    self._waiting.append(self._queue.get_nowait())
         free = [slot for slot in range(self.envelope.max_batch) if slot not in rows]
         if not self._waiting or not free:
             return
