@@ -16,12 +16,14 @@ prefill exactly generate()'s), which also keeps greedy rows equal to generate() 
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.fx.experimental._config
 
 from .sampling import RowSettings, next_tokens
 
@@ -60,7 +62,9 @@ class Envelope:
 
     @property
     def batch_buckets(self) -> tuple[int, ...]:
-        return buckets(self.max_batch)
+        # compiled: no bucket of 1 (a batch of 1 would be a compilation of its own, as torch.compile
+        # specialises sizes 0 and 1), one request decodes in a bucket of 2
+        return buckets(self.max_batch, 2 if self.compile else 1)
 
     @property
     def length_buckets(self) -> tuple[int, ...]:
@@ -147,7 +151,10 @@ class BatchDecoder:
         if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
             raise ValueError("serving: sliding-window attention layers are not supported by the batch decoder")
         rows, dev = self.envelope.max_batch, self.device
-        self.cache = RowKVCache(rows, self.envelope.max_seq_len)
+        # the cache and the column index one longer than the envelope: every window is then a strict prefix of
+        # both, so a compiled step does not tell the full-length window (a slice as long as what it slices)
+        # from the others and compile it again
+        self.cache = RowKVCache(rows, self.envelope.max_seq_len + 1)
         self.tokens = torch.zeros((rows, 1), dtype=torch.long, device=dev)
         self.positions = torch.zeros((rows, 1), dtype=torch.long, device=dev)  # of each row's input token
         self.active = torch.zeros(rows, dtype=torch.long, device=dev)  # 1 on rows holding a request
@@ -156,7 +163,7 @@ class BatchDecoder:
                                     torch.ones(rows, device=dev), torch.zeros(rows, dtype=torch.long, device=dev),
                                     torch.zeros(rows, dtype=torch.long, device=dev))
         self.row_ids = torch.arange(rows, device=dev)
-        self.columns = torch.arange(self.envelope.max_seq_len, device=dev)
+        self.columns = torch.arange(self.envelope.max_seq_len + 1, device=dev)
         self.capture = self.envelope.capture and dev.startswith("cuda")
         self._pool = torch.cuda.graph_pool_handle() if self.capture else None
         # dynamic: batch and window sizes symbolic (a batch of 1 is its own specialisation), so the buckets
@@ -228,8 +235,15 @@ class BatchDecoder:
             self._step(batch, length, kind)
         return self.tokens[:batch, 0]
 
-    @torch.inference_mode()
     def warm_up(self) -> WarmUp:
+        # compiling: no duck sizing, or a batch bucket equal to a model dimension (e.g. 8 rows and 8 KV heads)
+        # would share its symbol, be specialised with it, and compile again at the next bucket
+        with torch.fx.experimental._config.patch(use_duck_shape=False) if self.envelope.compile else \
+                contextlib.nullcontext():
+            return self._warm_up()
+
+    @torch.inference_mode()
+    def _warm_up(self) -> WarmUp:
         """Allocates the cache (a one-token prefill into row 0) and, on CUDA, captures every bucket's steps,
         largest first (later, smaller graphs reuse the shared pool's memory); compiled and not captured,
         runs every bucket's step once (what compiles does it here)."""
