@@ -508,6 +508,29 @@ def generation_after(d: Data) -> str:
             "The transformers side is timed on its first call (issue 30, item 3).")
 
 
+def serve_load(d: Data) -> str:
+    load, t = d["load"], d["targets"]
+    parts = []
+    for name in ("ours", "baseline"):
+        if name not in d:
+            continue
+        side, w = d[name], d[name]["health"].get("warmup") or {}
+        lat = side["load"]["latency_s"]
+        parts.append(f"{name}{' (' + d['decode_mode'] + ' decode)' if name == 'ours' and 'decode_mode' in d else ''}: "
+                     f"{side['load']['errors']} errors, p50 {lat['p50']:.2f} s, p95 {lat['p95']:.2f} s, "
+                     f"{n0(side['load']['tokens_per_s'])} new tokens/s, streamed first token p95 "
+                     f"{side['load']['streamed_first_token_s']['p95']:.2f} s, batch-1 decode "
+                     f"{n0(side['batch_1']['decode_tokens_per_s'])} tokens/s, ready after {side['start_s']:.0f} s"
+                     + (f" ({w['seconds']:.0f} s warm-up, {w['graphs']} graphs)" if w else "")
+                     + (f", {side['gpu_memory_mib'] / 1024:.1f} GiB on the GPU" if side.get("gpu_memory_mib") else ""))
+    return (f"Serving under load (`benchmarks/serve_load.py`): {load['clients']} clients × "
+            f"{load['requests_per_client']} requests, prompts of {load['prompt_tokens']} tokens, "
+            f"{load['new_tokens']} new tokens, {load['mix']}; targets: {t['errors']} errors, p95 ≤ "
+            f"{t['p95_latency_s_at_most']} s, ≥ {n0(t['tokens_per_s_at_least'])} tokens/s, batch 1 ≥ "
+            f"{t['batch_1_tokens_per_s_at_least']} tokens/s. " + "; ".join(parts) + "."
+            + (f" Scope: {d['scope']}." if d.get("scope") else ""))
+
+
 def heldout(d: Data) -> str:
     r = d["results"]["qwen3_1p7b"]
     o = r["overall"]
@@ -701,6 +724,7 @@ SECTIONS = [
         Text("2026-11-30_export_time_cpu.json", lambda d: "Export time on the CPU host: " + export_time(d)),
         Table("2026-11-30_generation_graph_decoder.json", lambda d: "Generation: " + generation_caption(d),
               lambda d: ["", *(b.replace("_", " ") for b in d["results"])], generation_rows, after=generation_after),
+        Text("latest:*_serve_load*.json", serve_load),
         Text("2026-11-30_heldout_eval_qwen3_1p7b.json", lambda d: "Held-out evaluation: " + heldout(d)),
         Image("results/2026-11-30_heldout_eval_qwen3_1p7b.png", "held-out evaluation"),
     ]),
