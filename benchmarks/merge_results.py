@@ -29,16 +29,32 @@ SHARED = ("revision", "seq_length")
 RATIOS = {"ours_vs_hf_compile": "hf_compile", "ours_vs_megatron_local": "megatron_local"}
 
 
+DERIVED = ("row_files", "ratios_not_computed")  # what a merge writes beside the rows
+
+
 def _rows(rows: dict) -> dict:
-    """A model's measured rows, without the ratios train_throughput derives from them."""
-    return {name: row for name, row in rows.items() if isinstance(row, dict)}
+    """A model's measured rows, without what is derived from them (ratios, row files)."""
+    return {name: row for name, row in rows.items() if isinstance(row, dict) and name not in DERIVED}
 
 
-def with_ratios(rows: dict) -> dict:
+def with_ratios(rows: dict, files: dict[str, str] | None = None) -> dict:
+    """The ours / baseline ratios, each only between rows of one run (`files`: the file each row came from)
+    that both finished; otherwise the reason is kept under ratios_not_computed."""
+    refused = {}
     for ratio, baseline in RATIOS.items():
-        ours, base = rows.get("ours", {}).get("tokens_per_s"), rows.get(baseline, {}).get("tokens_per_s")
-        if ours and base:
-            rows[ratio] = ours / base
+        ours, base = rows.get("ours", {}), rows.get(baseline, {})
+        if not (ours.get("tokens_per_s") and base.get("tokens_per_s")):
+            continue
+        if files and files.get("ours") != files.get(baseline):
+            refused[ratio] = f"ours and {baseline} were measured in different runs ({files.get('ours')}, " \
+                             f"{files.get(baseline)})"
+        elif incomplete := [name for name, row in (("ours", ours), (baseline, base)) if "incomplete" in row]:
+            refused[ratio] = (f"{' and '.join(incomplete)} did not finish "
+                              f"{'its' if len(incomplete) == 1 else 'their'} steps")
+        else:
+            rows[ratio] = ours["tokens_per_s"] / base["tokens_per_s"]
+    if refused:
+        rows["ratios_not_computed"] = refused
     return rows
 
 
@@ -63,7 +79,7 @@ def merge(paths: list[Path], replace: bool = False) -> dict:
         merged["runs"].append({"file": path.name, "models": sorted(data["results"]), "command": data.get("command"),
                                "host": data.get("host"), "date": data.get("date")})
     for model, rows in merged["results"].items():
-        with_ratios(rows)
+        with_ratios(rows, row_files[model])
         if replace:
             rows["row_files"] = row_files[model]
     return {key: files[0][1].get(key) for key in SHARED} | merged

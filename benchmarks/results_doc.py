@@ -217,9 +217,15 @@ def throughput_rows(d: Data) -> list[list[str]]:
         rows.append([label, *cells])
     rows.append(["fast spec ÷ transformers + compile",
                  *(f"**{ratio(d['results'][m]['ours_vs_hf_compile'])}**" for m in models)])
-    rows.append(["fast spec ÷ Megatron local spec (rows of two device calls for qwen3_1p7b)",
-                 *(ratio(d["results"][m]["ours_vs_megatron_local"]) for m in models)])
+    rows.append(["fast spec ÷ Megatron local spec", *(_ratio_or_reason(d["results"][m], "ours_vs_megatron_local")
+                                                       for m in models)])
     return rows
+
+
+def _ratio_or_reason(rows: Data, name: str) -> str:
+    if name in rows:
+        return ratio(rows[name])
+    return f"not computed: {rows.get('ratios_not_computed', {}).get(name, 'no figure')}"
 
 
 def profile_graph(d: Data) -> str:
@@ -456,7 +462,8 @@ def zero_rows(d: Data) -> list[list[str]]:
             rows.append([label, row.get("error", "no figure"), "", ""])
             continue
         eff = row.get("scaling_efficiency")
-        effs = "" if eff is None else f"**{pct(eff)}**" if eff >= d["target_scaling_efficiency"] else pct(eff)
+        effs = (f"not computed: {row['scaling_efficiency_not_computed']}" if "scaling_efficiency_not_computed" in row
+                else "" if eff is None else f"**{pct(eff)}**" if eff >= d["target_scaling_efficiency"] else pct(eff))
         done = re.search(r"(\d+) of \d+ steps done", row.get("incomplete", ""))
         steady = f": {max(int(done.group(1)) - 3, 0)} steady" if done else ""
         note = f" ({row['incomplete']}{steady})" if row.get("incomplete") else ""

@@ -102,6 +102,7 @@ def megatron_run(model: str, layer_spec: str, mbs: int, micro: int, seq: int, st
     row = {"tokens_per_s": statistics.median(r["tokens_per_s_per_gpu"] for r in steady),
            "tflops": statistics.median(r["model_tflops_per_gpu"] or 0 for r in steady),
            "peak_mem_gb": max(r["peak_mem_gb"] or 0 for r in steady),
+           "timed_steps": len(steady),
            # every step's loss: same seed and mock data, so a variant (a CUDA graph) must train like `ours`
            "losses": [r.get("loss") for r in steps_done]}
     if code != 0:  # steady steps were measured before the run stopped: keep them, and say so

@@ -50,6 +50,21 @@ def plot(results: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def efficiency(row: dict, base: dict) -> None:
+    """Scaling efficiency against the 1-GPU row, only when both finished and timed as many steps."""
+    if not (row.get("tokens_per_s") and base.get("tokens_per_s")):
+        return
+    unfinished = [name for name, r in (("this row", row), ("the 1gpu row", base)) if "incomplete" in r]
+    if unfinished:
+        row["scaling_efficiency_not_computed"] = (f"{' and '.join(unfinished)} did not finish "
+                                                  f"{'its' if len(unfinished) == 1 else 'their'} steps")
+    elif row.get("timed_steps") != base.get("timed_steps"):
+        row["scaling_efficiency_not_computed"] = (f"timed steps differ: {row.get('timed_steps')} here, "
+                                                  f"{base.get('timed_steps')} on 1 GPU")
+    else:
+        row["scaling_efficiency"] = row["tokens_per_s"] / base["tokens_per_s"]
+
+
 def baseline_row(path: Path, settings: dict) -> dict:
     """The 1gpu row of an earlier run of this script, refused unless it ran the same step at the same revision."""
     earlier = json.loads(path.read_text())
@@ -120,10 +135,9 @@ def main() -> None:
         measured = megatron_run(**plans[name], timeout=args.run_timeout)
         results[name] = measured | {"gpus": gpus, "zero_stage": stage} | ({"overrides": list(extra)} if extra else {})
         print(name, results[name], flush=True)
-    base = results.get("1gpu", {}).get("tokens_per_s")
     for name in results:
-        if name != "1gpu" and base and results[name].get("tokens_per_s"):
-            results[name]["scaling_efficiency"] = results[name]["tokens_per_s"] / base
+        if name != "1gpu":
+            efficiency(results[name], results.get("1gpu", {}))
     write_json(args.out, {**provenance(" ".join(["python", *sys.argv])), **settings,
                           "target_scaling_efficiency": 0.95, "results": results})
     plot(results, args.out.with_suffix(".png"))

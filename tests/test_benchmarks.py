@@ -239,10 +239,43 @@ def test_merge_results_joins_models_measured_in_separate_runs(tmp_path, monkeypa
                "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(out.read_text())["results"]["gpt_smoke"]
-    assert rows["hf_eager"] == {"tokens_per_s": 150.0} and rows["ours_vs_hf_compile"] == 2.0
+    assert rows["hf_eager"] == {"tokens_per_s": 150.0}
     assert rows["row_files"] == {"ours": "again.json", "hf_compile": "first.json", "hf_eager": "again.json"}
+    # a ratio is measured in one run: ours (again.json) over hf_compile (first.json) is refused, with the reason
+    assert "ours_vs_hf_compile" not in rows
+    assert rows["ratios_not_computed"] == {
+        "ours_vs_hf_compile": "ours and hf_compile were measured in different runs (again.json, first.json)"}
+    # rows of one run give their ratio; an unfinished row does not
+    again.write_text(json.dumps(first | {"results": {"gpt_smoke": {"hf_compile": {"tokens_per_s": 50.0},
+                                                                   "ours": {"tokens_per_s": 200.0}}}}))
+    assert run("benchmarks/merge_results.py", str(tmp_path / "first.json"), str(again), "--replace",
+               "--out", str(out)).returncode == 0
+    assert json.loads(out.read_text())["results"]["gpt_smoke"]["ours_vs_hf_compile"] == 4.0
+    again.write_text(json.dumps(first | {"results": {"gpt_smoke": {
+        "hf_compile": {"tokens_per_s": 50.0, "incomplete": "timed out; 5 of 12 steps done"},
+        "ours": {"tokens_per_s": 200.0}}}}))
+    assert run("benchmarks/merge_results.py", str(tmp_path / "first.json"), str(again), "--replace",
+               "--out", str(out)).returncode == 0
+    rows = json.loads(out.read_text())["results"]["gpt_smoke"]
+    assert "ours_vs_hf_compile" not in rows and "did not finish" in rows["ratios_not_computed"]["ours_vs_hf_compile"]
     other = json.loads((tmp_path / "qwen3_1p7b.json").read_text()) | {"revision": "def5678"}
     (tmp_path / "other.json").write_text(json.dumps(other))
     proc = run("benchmarks/merge_results.py", str(tmp_path / "gpt_smoke.json"), str(tmp_path / "other.json"),
                "--out", str(tmp_path / "x.json"))
     assert proc.returncode != 0 and "revision differs" in proc.stderr and not (tmp_path / "x.json").exists()
+
+
+def test_zero_stages_scaling_efficiency_only_between_finished_rows_of_as_many_timed_steps():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from zero_stages import efficiency
+
+    base = {"tokens_per_s": 100.0, "timed_steps": 9}
+    row = {"tokens_per_s": 95.0, "timed_steps": 9}
+    efficiency(row, base)
+    assert row["scaling_efficiency"] == 0.95
+    short = {"tokens_per_s": 100.0, "timed_steps": 1, "incomplete": "timed out; 4 of 10 steps done"}
+    for baseline, reason in ((short, "the 1gpu row did not finish"), ({"tokens_per_s": 100.0, "timed_steps": 5},
+                                                                       "timed steps differ: 9 here, 5 on 1 GPU")):
+        row = {"tokens_per_s": 95.0, "timed_steps": 9}
+        efficiency(row, baseline)
+        assert "scaling_efficiency" not in row and reason in row["scaling_efficiency_not_computed"]
