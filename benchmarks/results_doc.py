@@ -818,7 +818,7 @@ def render(results_dir: Path = RESULTS_DIR) -> str:
 
 # ---------------------------------------------------------------------------------------------------- GPU proofs
 
-PROOF_HELPERS = {"env.sh", "flags.sh"}
+PROOF_HELPERS = {"env.sh", "flags.sh", "nemo2_env.sh"}  # sourced environments, not proofs
 PROOF_SCRIPT = re.compile(r"tests/gpu/([\w.-]+\.(?:sh|py))")
 
 

@@ -27,7 +27,8 @@ def test_factory_dryrun_with_overrides():
     out = probe.stdout + probe.stderr
     assert probe.returncode == 0, out[-3000:]
     for fragment in ("Dry run for pretrain", "Qwen3Config(", "num_layers=28", "max_steps=10", "global_batch_size=16",
-                     "PreTrainingDataModule(", "save_top_k=3", "WarmupHoldAnnealScheduler("):
+                     "PreTrainingDataModule(", "save_top_k=3", "monitor='step'", "mode='max'",
+                     "WarmupHoldAnnealScheduler("):
         assert fragment in out, fragment
 
 

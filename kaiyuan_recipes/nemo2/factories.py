@@ -86,7 +86,10 @@ def pretrain_partial(recipe: str, dir: Optional[str], name: str, num_nodes: int,
                             limit_val_batches=int(hp["validation"]["eval_iters"]),
                             log_every_n_steps=int(hp["logger"].get("log_interval", 10)))
     log = default_log(dir=dir, name=name, tensorboard_logger=tensorboard_logger(name=name))
-    log.ckpt.save_top_k = int(hp["checkpoint"]["most_recent_k"])  # keep K, as the Bridge recipes do
+    # Keep the K newest, as the Bridge recipes do (most_recent_k): NeMo's default monitor, val_loss, keeps the K
+    # best and saves none between validations.
+    log.ckpt.save_top_k = int(hp["checkpoint"]["most_recent_k"])
+    log.ckpt.monitor, log.ckpt.mode = "step", "max"
     log.ckpt.every_n_train_steps = int(hp["checkpoint"]["save_interval"])
     log.ckpt.train_time_interval = None
     return run.Partial(
