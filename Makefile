@@ -99,10 +99,11 @@ test-services:
 	else echo "the tests need:" $$missing "(apt-get install them, or run make test as root on Debian)" >&2; exit 1; fi
 
 # The Megatron-side tests that run again on the fw2606 stack: providers, config build for every recipe and knob,
-# model construction, compat workarounds, torch_dist save/resume on gloo, export both ways, doctor.
+# model construction, compat workarounds, torch_dist save/resume on gloo, export both ways, doctor, curricula.
 FW2606_TESTS := tests/test_providers.py tests/test_model_shape.py tests/test_recipes.py tests/test_knobs.py \
 	tests/test_compat.py tests/test_compat_adam_step.py tests/test_ckpt.py tests/test_keep_last_k.py \
-	tests/test_export_hf.py tests/test_export_knobs.py tests/test_doctor.py
+	tests/test_export_hf.py tests/test_export_knobs.py tests/test_doctor.py tests/test_blend.py \
+	tests/test_ordered_phase.py tests/test_phase_training.py
 
 # pytest exits 5 when it collected no test: that is a failure here, not a pass.
 test: env env-nemo2 env-fw2606 test-services lint

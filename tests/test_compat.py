@@ -2,6 +2,7 @@
 workaround can be deleted). Upstream behaviour is probed in fresh subprocesses, without compat."""
 
 import importlib.metadata
+import json
 import subprocess
 import sys
 import textwrap
@@ -82,6 +83,83 @@ def test_compile_helpers_skipped_when_prebuilt():
     )
     assert probe.returncode == 0, probe.stderr[-2000:]
     assert "ok True" in probe.stdout
+
+
+# Two phases of one curriculum as the phase module sets them (data/phase_module.py): each stops at its own
+# train_iters, both share the schedule of the curriculum's last iteration (100).
+_PHASE_ITERS = (60, 100)
+_CURRICULUM_SCHEDULE = {"lr_decay_style": "WSD", "max_steps": 100, "lr_decay_iters": 100, "lr_wsd_decay_iters": 40}
+_WEIGHT_DECAY_ROW = next(r for r in compat.WORKAROUNDS if r.function == "size_weight_decay_by_max_steps")
+
+
+def bridge_has_the_weight_decay_defect() -> bool:
+    """Where the table says megatron-bridge sizes weight decay by train_iters (its versions column)."""
+    return importlib.metadata.version("megatron-bridge") in _WEIGHT_DECAY_ROW.versions.split(", ")
+
+
+def test_upstream_weight_decay_schedule_still_ignores_max_steps():
+    """Upstream's ConfigContainer._calculate_scheduler_steps, without our patch, for two phases of one schedule:
+    megatron-bridge 0.5.0 has no scheduler.max_steps and sizes wd_incr_steps by each phase's train_iters (60 and
+    100 iterations of 16), so phase 2 cannot resume phase 1's scheduler; 0.6.2 sizes it by max_steps. Fails when
+    a version of the table gains max_steps (drop it from the row), or another version shows the defect (add it)."""
+    probe = run_python(f"""
+        import dataclasses, json, types
+        from kaiyuan_recipes import compat
+        compat.install_lora_placeholder()  # to import megatron.bridge; nothing else of compat
+        from megatron.bridge.training.config import ConfigContainer, SchedulerConfig, TrainingConfig
+        totals = []
+        for iters in {_PHASE_ITERS!r}:
+            probe = types.SimpleNamespace(
+                train=TrainingConfig(train_iters=iters, global_batch_size=16, micro_batch_size=4),
+                scheduler=SchedulerConfig(lr_warmup_iters=20))
+            for key, value in {_CURRICULUM_SCHEDULE!r}.items():
+                setattr(probe.scheduler, key, value)  # as the phase module does, field or not
+            ConfigContainer._calculate_scheduler_steps(probe)
+            totals.append([probe.scheduler.wd_incr_steps, probe.scheduler.lr_decay_steps])
+        fields = {{f.name for f in dataclasses.fields(SchedulerConfig)}}
+        print(json.dumps({{"max_steps_field": "max_steps" in fields, "totals": totals}}))
+        """)
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    seen = json.loads(probe.stdout.strip().splitlines()[-1])
+    version = importlib.metadata.version("megatron-bridge")
+    lr_decay_steps = [t[1] for t in seen["totals"]]
+    assert lr_decay_steps == [100 * 16] * 2, seen  # the decay follows lr_decay_iters on every version
+    if bridge_has_the_weight_decay_defect():
+        assert not seen["max_steps_field"] and [t[0] for t in seen["totals"]] == [60 * 16, 100 * 16], (
+            f"megatron-bridge {version} sizes weight decay by scheduler.max_steps now: drop {version} from "
+            f"compat.size_weight_decay_by_max_steps's versions {seen}")
+    else:
+        assert seen["max_steps_field"] and [t[0] for t in seen["totals"]] == [100 * 16] * 2, (
+            f"megatron-bridge {version} sizes weight decay by train_iters: add {version} to "
+            f"compat.size_weight_decay_by_max_steps's versions {seen}")
+
+
+def test_every_phase_gets_the_same_scheduler_totals_and_other_runs_keep_upstreams(tmp_path):
+    """With compat, the resolved totals Megatron checks on resume (runtime_config_update, as pretrain runs it) are
+    the same in both phases; a run without max_steps keeps upstream's weight decay (by its train_iters). On a
+    Bridge without the defect the workaround is not applied at all."""
+    from kaiyuan_recipes.training.config import build_config
+    from kaiyuan_recipes.training.summary import resolve_with_upstream
+
+    compat.apply()
+    from megatron.bridge.training.config import ConfigContainer
+
+    totals = ("wd_incr_steps", "lr_decay_steps", "wsd_decay_steps", "lr_warmup_steps")
+    resolved = []
+    for iters in _PHASE_ITERS:
+        cfg, _ = build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=mock"])
+        cfg.train.train_iters = iters
+        for key, value in _CURRICULUM_SCHEDULE.items():
+            setattr(cfg.scheduler, key, value)
+        scheduler = resolve_with_upstream(cfg, world_size=1).scheduler
+        resolved.append({key: getattr(scheduler, key) for key in totals})
+    assert resolved[0] == resolved[1] == {"wd_incr_steps": 100 * 16, "lr_decay_steps": 100 * 16,
+                                          "wsd_decay_steps": 40 * 16, "lr_warmup_steps": 20 * 16}, resolved
+    plain, _ = build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=mock",
+                                          "train.train_iters=60"])
+    assert resolve_with_upstream(plain, world_size=1).scheduler.wd_incr_steps == 60 * 16
+    patched = getattr(ConfigContainer._calculate_scheduler_steps, "_kaiyuan_patched", False)
+    assert compat.size_weight_decay_by_max_steps() is patched is bridge_has_the_weight_decay_defect()
 
 
 def test_upstream_distributed_optimizer_still_needs_state_before_load():

@@ -72,7 +72,9 @@ def test_a_phase_resuming_a_run_trained_on_another_schedule_adopts_the_curriculu
     plain, run = build_config("gpt_smoke", common)
     iteration = run.layout.checkpoints / "iter_0000200"
     iteration.mkdir(parents=True)
-    plain.to_yaml(str(iteration / "run_config.yaml"))  # as training writes it
+    # As training writes it: resolved (pretrain resolves the config in place before it saves). On megatron-bridge
+    # 0.5.0 the record has no max_steps (not a field there); its resolved wd_incr_steps says what sized the schedule.
+    resolve_with_upstream(plain, world_size=1).to_yaml(str(iteration / "run_config.yaml"))
     (run.layout.checkpoints / "latest_checkpointed_iteration.txt").write_text("200")
     phase = common + ["kaiyuan.data=curriculum", f"kaiyuan.curriculum={curriculum}"]
     cfg, _ = build_config("gpt_smoke", phase + ["kaiyuan.phase=2"])
@@ -80,7 +82,7 @@ def test_a_phase_resuming_a_run_trained_on_another_schedule_adopts_the_curriculu
     assert ("resumes a checkpoint trained on another schedule (max_steps 200 -> 100, lr_decay_iters 200 -> 100"
             in capsys.readouterr().err)
     phase1, _ = build_config("gpt_smoke", phase + ["kaiyuan.phase=1"])
-    phase1.to_yaml(str(iteration / "run_config.yaml"))
+    resolve_with_upstream(phase1, world_size=1).to_yaml(str(iteration / "run_config.yaml"))
     cfg, _ = build_config("gpt_smoke", phase + ["kaiyuan.phase=2"])
     assert not cfg.scheduler.override_opt_param_scheduler
 

@@ -15,6 +15,7 @@ from kaiyuan_recipes.compat.megatron_bridge import (
     LoRAUnavailableError,
     dataset_helpers_prebuilt,
     install_lora_placeholder,
+    size_weight_decay_by_max_steps,
     skip_prebuilt_helpers_build,
     te_importing_modules,
     transformer_engine_available,
@@ -48,6 +49,9 @@ WORKAROUNDS = (
     Workaround("skip_prebuilt_helpers_build", "megatron-bridge", "0.5.0, 0.6.2 (megatron-core 0.18.0, 0.19.2 wheels)",
                "every start runs `make` for dataset helpers the wheel ships prebuilt, without a Makefile",
                "test_compat.py::test_upstream_compile_helpers_still_fails_on_the_wheel"),
+    Workaround("size_weight_decay_by_max_steps", "megatron-bridge", "0.5.0",
+               "wd_incr_steps sized by train.train_iters (no scheduler.max_steps): a curriculum's phases differ",
+               "test_compat.py::test_upstream_weight_decay_schedule_still_ignores_max_steps"),
     Workaround("init_optimizer_state_before_load", "megatron-core", "0.18.0, 0.19.2, no Apex/TE",
                "DistributedOptimizer.state_dict asserts one Adam step on a fresh optimizer: resume fails",
                "test_compat.py::test_upstream_distributed_optimizer_still_needs_state_before_load"),
@@ -73,6 +77,7 @@ def apply() -> None:
     """Apply every workaround that this host needs. Call before importing megatron.bridge."""
     install_lora_placeholder()
     skip_prebuilt_helpers_build()
+    size_weight_decay_by_max_steps()
     init_optimizer_state_before_load()
     restore_adam_step_per_parameter()
     cpu_checkpoint_save()
@@ -96,5 +101,5 @@ __all__ = ["WORKAROUNDS", "LOCAL_SPEC_SETTINGS", "LoRAUnavailableError", "Workar
            "apply_local_spec_settings", "cpu_checkpoint_save", "cpu_cuda_arch_list", "dataset_helpers_prebuilt",
            "ensure_optimizer_state_for_load", "import_megatron_bridge", "init_optimizer_state_before_load",
            "install_lora_placeholder", "patch_method", "restore_adam_step_per_parameter",
-           "separate_full_graph_pools", "skip_prebuilt_helpers_build", "te_importing_modules",
-           "transformer_engine_available"]
+           "separate_full_graph_pools", "size_weight_decay_by_max_steps", "skip_prebuilt_helpers_build",
+           "te_importing_modules", "transformer_engine_available"]

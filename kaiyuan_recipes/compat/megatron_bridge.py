@@ -1,5 +1,5 @@
 """megatron-bridge defects (0.5.0, 0.6.2): a hard Transformer Engine import, a helpers build that cannot work on the
-PyPI megatron-core wheel."""
+PyPI megatron-core wheel, and (0.5.0) a weight-decay schedule sized by the run's own train_iters."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import sys
 import types
 from pathlib import Path
 from typing import Any
+
+from kaiyuan_recipes.compat.megatron_core import patch_method
 
 # The LoRA modules that megatron-bridge imports from `import megatron.bridge` (peft_bridge, recipes, flop_utils).
 # Which of them import Transformer Engine at module level depends on the version: 0.6.2 lora_layers only,
@@ -123,3 +125,40 @@ def skip_prebuilt_helpers_build() -> bool:
     if init_mod is not None:
         init_mod.compile_helpers = compile_helpers
     return True
+
+
+def _weight_decay_follows_max_steps() -> bool:
+    """Upstream's ConfigContainer._calculate_scheduler_steps, run on a two-step scheduler over a one-step run: does
+    the weight-decay increment span scheduler.max_steps (0.6.2) or only train.train_iters (0.5.0)?"""
+    from megatron.bridge.training.config import ConfigContainer, SchedulerConfig, TrainingConfig
+
+    probe = types.SimpleNamespace(train=TrainingConfig(train_iters=1, global_batch_size=1, micro_batch_size=1),
+                                  scheduler=SchedulerConfig(lr_decay_style="constant"))
+    probe.scheduler.max_steps = 2  # an attribute where SchedulerConfig has no such field
+    ConfigContainer._calculate_scheduler_steps(probe)
+    return probe.scheduler.wd_incr_steps == 2
+
+
+def size_weight_decay_by_max_steps() -> bool:
+    """A curriculum's phases each stop at their own train_iters and share one schedule sized by scheduler.max_steps
+    (data/phase_module.py); Megatron resumes a scheduler only with unchanged totals. megatron-bridge 0.5.0's
+    SchedulerConfig has no max_steps and its _calculate_scheduler_steps sizes the weight-decay increment by
+    train_iters, so wd_incr_steps differs from phase to phase and phase 2 cannot resume phase 1. Where upstream's
+    own computation shows that, size it as 0.6.2 does: by scheduler.max_steps when one is set (iteration-based
+    runs); otherwise upstream's result stands."""
+    from megatron.bridge.training.config import ConfigContainer
+
+    if getattr(ConfigContainer._calculate_scheduler_steps, "_kaiyuan_patched", False):
+        return True
+    if _weight_decay_follows_max_steps():
+        return False
+
+    def wrap(original):
+        def _calculate_scheduler_steps(self) -> None:
+            original(self)
+            max_steps = getattr(self.scheduler, "max_steps", None)
+            if max_steps is not None and self.train.train_samples is None:
+                self.scheduler.wd_incr_steps = max_steps * self.train.global_batch_size
+        return _calculate_scheduler_steps
+
+    return patch_method(ConfigContainer, "_calculate_scheduler_steps", wrap)

@@ -127,7 +127,19 @@ def _recorded_scheduler(checkpoint_dir: str | None) -> dict[str, Any]:
         return {}
     recorded = yaml.safe_load(config.read_text()) or {}
     scheduler = dict(recorded.get("scheduler") or {})
-    for key in ("max_steps", "lr_decay_iters"):  # unset: Megatron sizes the schedule by train_iters
-        if scheduler.get(key) is None:
-            scheduler[key] = (recorded.get("train") or {}).get("train_iters")
+    train = recorded.get("train") or {}
+    if scheduler.get("max_steps") is None:
+        scheduler["max_steps"] = _weight_decay_iters(scheduler, train)
+    if scheduler.get("lr_decay_iters") is None:  # unset: Megatron sizes the decay by train_iters
+        scheduler["lr_decay_iters"] = train.get("train_iters")
     return scheduler
+
+
+def _weight_decay_iters(scheduler: dict[str, Any], train: dict[str, Any]) -> Any:
+    """The iterations the recorded run sized its schedule by, where its record names no max_steps (unset, or a
+    Bridge without that field: 0.5.0, whose record drops the attribute): what its resolved weight-decay total
+    says (training records the config resolved), else train_iters (what Megatron falls back to)."""
+    steps, batch = scheduler.get("wd_incr_steps"), train.get("global_batch_size")
+    if steps and batch and train.get("train_samples") is None:
+        return steps // batch
+    return train.get("train_iters")
