@@ -37,6 +37,12 @@ def _rows(rows: dict) -> dict:
     return {name: row for name, row in rows.items() if isinstance(row, dict) and name not in DERIVED}
 
 
+def unfinished(rows: dict[str, dict]) -> str | None:
+    """Why rows cannot be compared (some did not finish their steps), or None."""
+    names = [name for name, row in rows.items() if "incomplete" in row]
+    return f"{' and '.join(names)} did not finish {'its' if len(names) == 1 else 'their'} steps" if names else None
+
+
 def with_ratios(rows: dict, files: dict[str, str] | None = None) -> dict:
     """The ours / baseline ratios, each only between rows of one run (`files`: the file each row came from)
     that both finished; otherwise the reason is kept under ratios_not_computed."""
@@ -48,9 +54,8 @@ def with_ratios(rows: dict, files: dict[str, str] | None = None) -> dict:
         if files and files.get("ours") != files.get(baseline):
             refused[ratio] = f"ours and {baseline} were measured in different runs ({files.get('ours')}, " \
                              f"{files.get(baseline)})"
-        elif incomplete := [name for name, row in (("ours", ours), (baseline, base)) if "incomplete" in row]:
-            refused[ratio] = (f"{' and '.join(incomplete)} did not finish "
-                              f"{'its' if len(incomplete) == 1 else 'their'} steps")
+        elif reason := unfinished({"ours": ours, baseline: base}):
+            refused[ratio] = reason
         else:
             rows[ratio] = ours["tokens_per_s"] / base["tokens_per_s"]
     if refused:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from merge_results import unfinished  # noqa: E402
 from provenance import provenance, revision, write_json  # noqa: E402
 from train_throughput import BATCH, megatron_command, megatron_run  # noqa: E402
 
@@ -54,10 +55,8 @@ def efficiency(row: dict, base: dict) -> None:
     """Scaling efficiency against the 1-GPU row, only when both finished and timed as many steps."""
     if not (row.get("tokens_per_s") and base.get("tokens_per_s")):
         return
-    unfinished = [name for name, r in (("this row", row), ("the 1gpu row", base)) if "incomplete" in r]
-    if unfinished:
-        row["scaling_efficiency_not_computed"] = (f"{' and '.join(unfinished)} did not finish "
-                                                  f"{'its' if len(unfinished) == 1 else 'their'} steps")
+    if reason := unfinished({"this row": row, "the 1gpu row": base}):
+        row["scaling_efficiency_not_computed"] = reason
     elif row.get("timed_steps") != base.get("timed_steps"):
         row["scaling_efficiency_not_computed"] = (f"timed steps differ: {row.get('timed_steps')} here, "
                                                   f"{base.get('timed_steps')} on 1 GPU")
