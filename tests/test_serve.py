@@ -72,6 +72,7 @@ def server_process(model_dir, *args: str, env: dict | None = None):
         if proc.poll() is None:
             proc.terminate()
         output = proc.communicate(timeout=30)[0]
+        proc.output = output  # the server's log, for the test after its `with`
     assert TOKEN not in output  # no secret in the logs
 
 

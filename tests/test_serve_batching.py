@@ -5,6 +5,7 @@ own settings and seed, the per-row sampler filters as transformers' warpers do, 
 served, /health says ready only after warm-up, and SIGTERM drains a real server process."""
 
 import json
+import re
 import signal
 import threading
 import time
@@ -296,6 +297,13 @@ def test_sigterm_lets_in_flight_requests_finish_refuses_new_ones_and_exits(tiny_
         assert time.monotonic() - t0 < 60 + 5  # the stated bound: --drain-timeout-s plus 5 s
     assert not any("error" in e for e in events)
     assert events[-1]["usage"]["completion_tokens"] == 200  # every row finished after the signal: 2 x 100
+
+
+def test_the_server_log_says_when_it_is_warmed_up(tiny_model):  # noqa: F811
+    """`kaiyuan serve` quiets upstream loggers to warnings; the engine's warm-up line still reaches the log."""
+    with server_process(tiny_model, "--max-batch", "2") as (_url, proc):
+        pass
+    assert re.search(r"warm-up: [0-9.]+ s, 0 CUDA graphs, KV cache [0-9.]+ GiB", proc.output), proc.output
 
 
 def test_sigterm_fails_what_is_left_after_the_drain_timeout(tiny_model):  # noqa: F811

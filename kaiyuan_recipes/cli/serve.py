@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -23,10 +24,10 @@ def add_parser(sub: Any) -> None:
                    help="the envelope: prompt + new tokens of one request, at most (default: the model's "
                         "positions, at most 4096); beyond it a request is a 400; the KV cache is sized by both")
     p.add_argument("--decode-mode", choices=DECODE_MODES,
-                   help="compiled (the CUDA default): the decode step's forward compiled (torch.compile) and "
-                        "every bucketed (batch, cache length) step captured into a CUDA graph at start-up, "
-                        "nothing compiled or captured while serving; graph: the eager forward captured the "
-                        "same way (a shorter start-up); eager (the CPU default)")
+                   help="graph (the CUDA default): every bucketed (batch, cache length) decode step captured "
+                        "into a CUDA graph at start-up, nothing captured while serving; compiled: the step's "
+                        "forward compiled (torch.compile) first, then captured the same way (a longer start-up); "
+                        "eager (the CPU default)")
     p.add_argument("--join-min-rows", type=int, default=0,
                    help="waiting requests join the decoding batch once this many wait (default: an eighth of "
                         "--max-batch), or once the oldest has waited --join-max-wait-s: each join is one prefill "
@@ -58,6 +59,7 @@ def serve(args: Any) -> int:
     from kaiyuan_exporters.serving.engine import DEFAULT_MAX_SEQ_LEN, GenerationEngine, JoinPolicy
     from transformers import AutoConfig
 
+    logging.getLogger("kaiyuan_exporters.serving").setLevel(logging.INFO)  # warm-up progress, the server's state
     token = None
     if args.api_token_env:
         token = os.environ.get(args.api_token_env)
@@ -66,7 +68,7 @@ def serve(args: Any) -> int:
     hf_dir = as_hf_dir(args.model)
     positions = getattr(AutoConfig.from_pretrained(str(hf_dir)), "max_position_embeddings", DEFAULT_MAX_SEQ_LEN)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    mode = args.decode_mode or ("compiled" if device.startswith("cuda") else "eager")
+    mode = args.decode_mode or ("graph" if device.startswith("cuda") else "eager")
     capture, compile_step = DECODE_MODES[mode]
     if capture and not device.startswith("cuda"):
         raise ValueError(f"--decode-mode {mode} needs a CUDA device (it captures CUDA graphs), got {device!r}")

@@ -1,11 +1,12 @@
 """The serving engine on a GPU (run through the device tool):
     python3 -m pytest -q -s tests/gpu/test_serve_gpu.py
-In the default decode mode (the step's forward compiled, every bucket's step captured) every CUDA graph is
-captured and every compilation made during warm-up and none after, whatever the load (batch sizes, prompt
-lengths, greedy and sampled rows, joins mid-batch); greedy rows of the captured steps (compiled or not)
-equal transformers' generate token for token in fp32 (a small random Qwen3 with a 512-token
-vocabulary, so greedy choices are not near-ties, TF32 off), and in bf16 the captured steps give exactly
-the eager steps' tokens (the same kernels, replayed)."""
+With the step's forward compiled and every bucket's step captured, every CUDA graph is captured and every
+compilation made during warm-up and none after, whatever the load (batch sizes, prompt lengths, greedy and
+sampled rows, joins mid-batch); greedy rows of the captured steps (compiled or not) equal transformers'
+generate token for token in fp32 (a small random Qwen3 with a 512-token vocabulary, so greedy choices are
+not near-ties, TF32 off); and the captured steps give the eager steps' tokens, greedy and sampled, in fp32.
+Not in bf16: there a captured step's logits differ from the eager step's in rare low bits (cuBLAS picks its
+kernels under capture), enough to flip a sampled near-tie (seen on the H200 at fdd4c50)"""
 
 import pytest
 import torch
@@ -96,16 +97,17 @@ def test_captured_greedy_equals_generate_in_fp32(model_dir, compile):
         assert tokens == ref
 
 
-def test_captured_steps_give_the_eager_steps_tokens_in_bf16(model_dir):
-    """Greedy and seeded sampled rows: the graphs replay the eager step's kernels, so the tokens are the
-    same (bf16 logits differ between batch shapes, not between a graph and its eager step)."""
+def test_captured_steps_give_the_eager_steps_tokens_in_fp32(model_dir):
+    """Greedy and seeded sampled rows (temperature, top-k, top-p): a replayed graph reads the rows' settings,
+    positions and tokens from the same buffers the eager step does, so the tokens are the same."""
     from kaiyuan_exporters.serving.engine import Request, Sampling
 
     batch = prompts(10, 11)
-    settings = [Sampling() if i % 2 else Sampling(1.1, top_p=0.9, seed=i) for i in range(len(batch))]
+    settings = [Sampling() if i % 2 else Sampling(1.1, top_k=100 if i % 4 else 0, top_p=0.9, seed=i)
+                for i in range(len(batch))]
     results = []
     for capture in (True, False):
-        engine = engine_for(model_dir, torch.bfloat16, capture, compile=False)
+        engine = engine_for(model_dir, torch.float32, capture, compile=False)
         assert bool(engine.decoder.graphs) == capture
         results.append([c.token_ids for c in engine.generate([Request(p, 48, s, ignore_eos=True)
                                                               for p, s in zip(batch, settings)])])

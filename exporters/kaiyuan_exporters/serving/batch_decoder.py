@@ -17,6 +17,7 @@ prefill exactly generate()'s), which also keeps greedy rows equal to generate() 
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ import torch.fx.experimental._config
 
 from .sampling import RowSettings, next_tokens
 
+log = logging.getLogger(__name__)
 MIN_LENGTH_BUCKET = 256
 # greedy: argmax only; sample: some row samples, none filters; filtered: some row has top-k or top-p (a sort)
 STEP_KINDS = ("greedy", "sample", "filtered")
@@ -252,12 +254,18 @@ class BatchDecoder:
         free_before = torch.cuda.mem_get_info()[0] if cuda else 0
         self.prefill([0], [[0]], [(True, 1.0, 0, 1.0, 0)])
         self.release(0)
+        total = len(self.envelope.batch_buckets) * len(self.envelope.length_buckets) * len(STEP_KINDS)
+        if self.envelope.compile:
+            log.info("warm-up: compiling the decode step (torch.compile), then %s",
+                     f"capturing {total} CUDA graphs" if self.capture else "running every bucket once")
         if self.capture:
             try:
                 for batch in reversed(self.envelope.batch_buckets):
                     for length in reversed(self.envelope.length_buckets):
                         for kind in STEP_KINDS:
                             self.graphs[(batch, length, kind)] = _Graph(self._capture(batch, length, kind), kind)
+                    log.info("warm-up: batch %d captured, %d of %d CUDA graphs, %.1f s", batch, len(self.graphs),
+                             total, time.perf_counter() - start)
             except Exception as err:  # noqa: BLE001  (a model whose step cannot be captured, e.g. a MoE's
                 # data-dependent expert loop: served eagerly, said once)
                 warnings.warn(f"decode step not captured ({type(err).__name__}: {str(err)[:200]}); decoding "
@@ -270,6 +278,7 @@ class BatchDecoder:
             for batch in self.envelope.batch_buckets:
                 for length in self.envelope.length_buckets:
                     self._step(batch, length, "filtered")
+                log.info("warm-up: batch %d compiled for, %.1f s", batch, time.perf_counter() - start)
         else:
             self._step(1, self.envelope.length_buckets[0], "filtered")
         self.tokens.zero_()
