@@ -732,6 +732,12 @@ SECTIONS = [
         Table("2026-11-30_generation_graph_decoder.json", lambda d: "Generation: " + generation_caption(d),
               lambda d: ["", *(b.replace("_", " ") for b in d["results"])], generation_rows, after=generation_after),
         Text("latest:*_serve_load*.json", serve_load),
+        Text("2026-12-01_serve_warmup_compiled.json",
+             lambda d: f"Start-up, `--decode-mode compiled` against the default `graph` ({d['envelope']['max_batch']} "
+             f"rows × {d['envelope']['max_seq_len']} positions, qwen3_1p7b shape): {d['warmup_s']:.0f} s warm-up "
+             f"({d['compile_and_first_bucket_s']:.0f} s compiling, {d['captures_s']:.0f} s for the rest of its "
+             f"{d['graphs']} captures) against {d['baseline']['warmup_s']:.0f} s, "
+             f"{d['ratio_warmup_compiled_vs_graph']:.0f}× longer; its load has not been measured yet."),
         Text("2026-11-30_heldout_eval_qwen3_1p7b.json", lambda d: "Held-out evaluation: " + heldout(d)),
         Image("results/2026-11-30_heldout_eval_qwen3_1p7b.png", "held-out evaluation"),
     ]),
