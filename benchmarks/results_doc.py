@@ -523,7 +523,8 @@ def serve_load(d: Data) -> str:
             continue
         side, w = d[name], d[name]["health"].get("warmup") or {}
         lat = side["load"]["latency_s"]
-        parts.append(f"{name}{' (' + d['decode_mode'] + ' decode)' if name == 'ours' and 'decode_mode' in d else ''}: "
+        mode = side["health"].get("envelope", {}).get("decode_mode") or (d.get("decode_mode") if name == "ours" else None)
+        parts.append(f"{name}{f' ({mode} decode)' if mode else ''}: "
                      f"{side['load']['errors']} errors, p50 {lat['p50']:.2f} s, p95 {lat['p95']:.2f} s, "
                      f"{n0(side['load']['tokens_per_s'])} new tokens/s, streamed first token p95 "
                      f"{side['load']['streamed_first_token_s']['p95']:.2f} s, batch-1 decode "

@@ -170,6 +170,7 @@ def test_a_compiled_step_compiles_at_warm_up_only_and_keeps_greedy_rows_equal_to
     # full-length window (256) apart from the shorter ones
     assert engine.envelope.batch_buckets == (2, 4, 8) and engine.envelope.length_buckets == (256,)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    assert engine.decoder.mode == "compiled, not captured"
     torch._dynamo.utils.counters.clear()
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(1, 5000, (int(n),), generator=gen).tolist()
@@ -299,10 +300,11 @@ def test_sigterm_lets_in_flight_requests_finish_refuses_new_ones_and_exits(tiny_
     assert events[-1]["usage"]["completion_tokens"] == 200  # every row finished after the signal: 2 x 100
 
 
-def test_the_server_log_says_when_it_is_warmed_up(tiny_model):  # noqa: F811
+def test_the_server_log_says_when_it_is_warmed_up_and_health_how_it_decodes(tiny_model):  # noqa: F811
     """`kaiyuan serve` quiets upstream loggers to warnings; the engine's warm-up line still reaches the log."""
-    with server_process(tiny_model, "--max-batch", "2") as (_url, proc):
-        pass
+    with server_process(tiny_model, "--max-batch", "2") as (url, proc):
+        envelope = httpx.get(url + "/health").json()["envelope"]
+    assert envelope == {"max_batch": 2, "max_seq_len": 256, "decode_mode": "eager"}  # the CPU default
     assert re.search(r"warm-up: [0-9.]+ s, 0 CUDA graphs, KV cache [0-9.]+ GiB", proc.output), proc.output
 
 

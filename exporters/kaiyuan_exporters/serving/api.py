@@ -82,7 +82,8 @@ def create_app(engine: GenerationEngine, api_token: str | None = None, max_body_
         status = ("failed" if engine.failure is not None else "draining" if engine.draining
                   else "ok" if engine.ready.is_set() else "warming_up")
         body = {"status": status, "model": model_name, "device": engine.device,
-                "envelope": {"max_batch": engine.envelope.max_batch, "max_seq_len": engine.envelope.max_seq_len},
+                "envelope": {"max_batch": engine.envelope.max_batch, "max_seq_len": engine.envelope.max_seq_len,
+                             "decode_mode": engine.decoder.mode},
                 "warmup": vars(engine.warmup) if engine.warmup is not None else None,
                 "graphs_captured": engine.decoder.captures, **engine.stats}
         return body if status == "ok" else JSONResponse(status_code=503, content=body)

@@ -172,6 +172,14 @@ class BatchDecoder:
         # share one or two compilations rather than one each
         self._forward = torch.compile(self._logits, dynamic=True) if self.envelope.compile else self._logits
 
+    @property
+    def mode(self) -> str:
+        """How steps run (`kaiyuan serve --decode-mode`'s names), as they do now: a step that could not be
+        captured at warm-up decodes eagerly."""
+        compiled = self._forward != self._logits  # bound methods: equal, never identical
+        return ("compiled" if compiled else "graph") if self.capture else \
+            ("compiled, not captured" if compiled else "eager")
+
     def _settings(self, rows: slice | torch.Tensor) -> RowSettings:
         s = self.settings
         return RowSettings(s.greedy[rows], s.temperature[rows], s.top_k[rows], s.top_p[rows], s.key[rows],
