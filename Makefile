@@ -17,7 +17,7 @@ LOCK3 := constraints/fw2606.txt
 # A TESTED_MATRIX row's pins, for `make lock` (doctor.py imports nothing beyond the standard library at load).
 pins = $(shell PYTHONPATH=. $(PY312) -c 'from kaiyuan_recipes.doctor import lock_pins; print(lock_pins("$(1)"))')
 
-.PHONY: env env-nemo2 env-fw2606 run test test-services lint lock clean gpu-wheels gpu-wheels-nemo2 te-wheels
+.PHONY: env env-nemo2 env-fw2606 run test test-services lint lock clean gpu-wheels gpu-wheels-nemo2 gpu-wheels-fw2606 te-wheels
 
 env: $(VENV)/.installed
 
@@ -99,11 +99,12 @@ test-services:
 	else echo "the tests need:" $$missing "(apt-get install them, or run make test as root on Debian)" >&2; exit 1; fi
 
 # The Megatron-side tests that run again on the fw2606 stack: providers, config build for every recipe and knob,
-# model construction, compat workarounds, torch_dist save/resume on gloo, export both ways, doctor, curricula.
+# model construction, compat workarounds, torch_dist save/resume on gloo, export both ways, doctor, curricula,
+# the serving engine.
 FW2606_TESTS := tests/test_providers.py tests/test_model_shape.py tests/test_recipes.py tests/test_knobs.py \
 	tests/test_compat.py tests/test_compat_adam_step.py tests/test_ckpt.py tests/test_keep_last_k.py \
 	tests/test_export_hf.py tests/test_export_knobs.py tests/test_doctor.py tests/test_blend.py \
-	tests/test_ordered_phase.py tests/test_phase_training.py
+	tests/test_ordered_phase.py tests/test_phase_training.py tests/test_serve_batching.py
 
 # pytest exits 5 when it collected no test: that is a failure here, not a pass.
 test: env env-nemo2 env-fw2606 test-services lint
@@ -136,6 +137,13 @@ gpu-wheels-nemo2:
 	@test -n "$(PY312)" || { echo "Python 3.12 not found (pyenv 3.12.1 or python3.12 on PATH)"; exit 1; }
 	$(PY312) tests/gpu/nemo2_wheels.py download .whl-nemo2
 	$(PY312) tests/gpu/stage.py pack nemo2 .whl-nemo2
+
+# NeMo Framework 26.06's Megatron side for the GPU host (tests/gpu/journey.sh --stack fw2606): the set above with
+# each package constraints/fw2606.txt pins at another version (megatron-bridge, megatron-core, transformers,
+# nvidia-modelopt) swapped for that version, into .whl-fw2606 (carried instead of .whl).
+gpu-wheels-fw2606:
+	@test -d .whl || { echo "no .whl: make gpu-wheels first"; exit 1; }
+	$(PY312) tests/gpu/fw2606_wheels.py .whl .whl-fw2606
 
 # Transformer Engine for the GPU host (docs/te.md, tests/gpu/te_env.sh): the core library wheel, the Python package,
 # the PyTorch extension's sdist (built there against the host's torch), its build tools and the packages its import

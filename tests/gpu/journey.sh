@@ -7,31 +7,57 @@
 #                                                 #   resumes, status finished (the original scripts' workflow)
 #   tar xzf journey_PART.tgz; python3 tests/gpu/journey_report.py logs_foreground logs_detached \
 #       --out benchmarks/results/DATE_journey.json                                        (on the CPU host)
-# --rev REV records the git revision the tree was at (the device has no .git).
+# --rev REV records the git revision the tree was at (the device has no .git). --stack fw2606: the same journey on
+# NeMo Framework 26.06's Megatron side (carry .whl-fw2606, `make gpu-wheels-fw2606`, instead of .whl).
 set -uo pipefail
 source tests/gpu/flags.sh
 flag part all "foreground, detached, or all (both, one after the other)"
 flag rev unknown "the git revision the tree was at, recorded in the results"
+flag stack bridge "the wheel set: bridge (.whl, make gpu-wheels) or fw2606 (.whl-fw2606, make gpu-wheels-fw2606)"
 parse_flags "$@"
-part=$opt_part rev=$opt_rev
+part=$opt_part rev=$opt_rev stack=$opt_stack
 case $part in foreground|detached|all) ;; *) echo "journey.sh: --part foreground|detached|all, not '$part'" >&2; exit 2 ;; esac
+case $stack in
+  bridge) ;;
+  fw2606) opt_wheels=.whl-fw2606 opt_site=/tmp/site-fw2606 ;;
+  *) echo "journey.sh: --stack bridge|fw2606, not '$stack'" >&2; exit 2 ;;
+esac
+if [ "${opt_wheels:-.whl}" != .whl ] && [ ! -d "$opt_wheels" ]; then
+  echo "journey.sh: --stack $stack needs $opt_wheels carried with the call (make gpu-wheels-$stack)" >&2; exit 2
+fi
 source tests/gpu/env.sh
 # Every log goes to $logs, packed into one $OUT/journey_PART.tgz at the end (the device returns at most 8 files).
 root=/tmp/journey; runs=$root/runs; logs=$root/logs_$part; steps=$logs/journey_steps_$part.jsonl
 rm -rf "$logs"; mkdir -p "$logs"; : > "$steps"
 trap 'tar czf "$out/journey_$part.tgz" -C "$root" "logs_$part"' EXIT
 trap 'exit 143' TERM  # (a timeout's SIGTERM still packs the logs)
-echo "{\"part\": \"$part\", \"rev\": \"$rev\", \"host\": \"$(hostname)\", \"gpu\": \"$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)\"}" > "$logs/journey_meta_$part.json"
+python3 - "$part" "$rev" "$stack" > "$logs/journey_meta_$part.json" <<'PY'
+import importlib.metadata as md, json, socket, subprocess, sys
+def version(dist):
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+print(json.dumps({"part": sys.argv[1], "rev": sys.argv[2], "stack": sys.argv[3], "host": socket.gethostname(),
+                  "gpu": (gpu.stdout.splitlines() or ["none"])[0],
+                  "versions": {d: version(d) for d in ("torch", "megatron-core", "megatron-bridge", "transformers",
+                                                       "nvidia-modelopt", "tokenizers")}}))
+PY
 
 # step NAME EXPECT CMD...: run CMD (its output to $out/NAME.log), record exit code and wall time.
-# EXPECT is the exit code the journey needs (0, or "nonzero" for a refusal).
+# EXPECT is the exit code the journey needs (0, or "nonzero" for a refusal, or "any": recorded only).
 step() {
   local name=$1 expect=$2; shift 2
   local t0=$SECONDS start; start=$(date +%s.%N)
   "$@" > "$logs/$name.log" 2>&1; local rc=$?
   local wall; wall=$(python3 -c "import time; print(round(time.time() - $start, 1))")
   local ok=false
-  if [ "$expect" = nonzero ]; then [ $rc -ne 0 ] && ok=true; else [ $rc -eq "$expect" ] && ok=true; fi
+  case $expect in
+    any) ok=true ;;  # recorded, not required (its exit code and log are the finding)
+    nonzero) [ $rc -ne 0 ] && ok=true ;;
+    *) [ $rc -eq "$expect" ] && ok=true ;;
+  esac
   echo "{\"step\": \"$name\", \"rc\": $rc, \"wall_s\": $wall, \"ok\": $ok, \"command\": $(python3 -c 'import json, shlex, sys; print(json.dumps(shlex.join(sys.argv[1:])))' "$@")}" >> "$steps"
   echo "[$name] rc=$rc ${wall}s ok=$ok"; tail -3 "$logs/$name.log"
   [ $ok = true ]
@@ -88,6 +114,7 @@ YAML
 }
 
 foreground() {
+  step doctor any kaiyuan doctor  # what this stack is and whether the matrix has it (the host's torch may be outside)
   step train 0 kaiyuan train gpt_smoke kaiyuan.run_root=$runs || return 1
   prepare_data & local data_prep=$!  # CPU work, beside the export and the server
   step status 0 expect_state gpt_smoke finished

@@ -44,6 +44,9 @@ def key_figure(name: str, log: str, folder: Path) -> dict[str, Any]:
         if steps:
             return {"first_iteration": min(s["iteration"] for s in steps if s["iteration"] > 200),
                     "final_iteration": steps[-1]["iteration"], "final_loss": steps[-1]["loss"]}
+    if name == "doctor":
+        verdict = next((line for line in log.splitlines() if line.startswith("stack:")), None)
+        return {"verdict": verdict} if verdict else {}
     if name.startswith("status") or name == "stop":
         record = _last_json(log) or {}
         keep = ("state", "iteration", "loss", "checkpoint_saved", "sigkill_after_grace", "last_checkpoint")
@@ -63,6 +66,12 @@ def key_figure(name: str, log: str, folder: Path) -> dict[str, Any]:
     if name.startswith("export") and (m := re.search(r"\(([\d.]+) s\)", log)):
         return {"export_s": float(m[1])}
     return {}
+
+
+def _one(values: list[Any]) -> Any:
+    """What every part recorded alike, else each part's (a journey's parts ran on one stack, or it says so)."""
+    distinct = [v for i, v in enumerate(values) if v not in values[:i]]
+    return distinct[0] if len(distinct) == 1 else distinct or None
 
 
 def main() -> int:
@@ -86,10 +95,13 @@ def main() -> int:
     revs = sorted({p["rev"] for p in parts})
     result = {
         "name": "journey", "date": time.strftime("%Y-%m-%d"),
-        "command": [f"bash tests/gpu/journey.sh --part {p['part']} --rev {p['rev']}" for p in parts],
+        "command": [f"bash tests/gpu/journey.sh --part {p['part']} --rev {p['rev']}"
+                    + (f" --stack {p['stack']}" if p.get("stack", "bridge") != "bridge" else "") for p in parts],
         "report_command": "python3 tests/gpu/journey_report.py " + " ".join(map(str, args.folders)),
         "rev": revs[0] if len(revs) == 1 else revs, "host": sorted({p["host"] for p in parts}),
         "gpu": sorted({p["gpu"] for p in parts}),
+        "stack": _one([p.get("stack", "bridge") for p in parts]),
+        "versions": _one([p["versions"] for p in parts if "versions" in p]),
         "overrides": "kaiyuan.run_root only (recipe defaults)",
         "all_ok": bool(steps) and all(s["ok"] for s in steps), "steps": steps,
     }
