@@ -1,0 +1,85 @@
+"""Export, serving and evaluation: logit parity, export time, generation, serving under load, held-out scores."""
+
+from __future__ import annotations
+
+from resultsdoc.entries import Data
+from resultsdoc.formatting import n0, pct, sci
+
+
+def export_parity(d: Data) -> str:
+    lines = []
+    for model, m in d["models"].items():
+        sdpa = m["by_setting"]["bf16_hf_sdpa"]  # what users get (older files' headline was the better setting)
+        lines.append(f"- {model} (rev {d['revision'][model]}, {sdpa['prompts']} prompts, {m['hf_class']}): fp32 "
+                     f"{sci(m['max_abs_logit_diff_fp32'])}, bf16 {sdpa['max_abs_logit_diff']} (the default HF "
+                     f"attention, SDPA; eager attention {m['by_setting']['bf16_hf_eager']['max_abs_logit_diff']}), "
+                     f"greedy next token agreement {pct(sdpa['greedy_next_token_agreement'], 0)}; export on the GPU "
+                     f"host {m['export_seconds_gpu_host_cli']} s.")
+    return "\n".join(lines)
+
+
+def export_time(d: Data) -> str:
+    return (f"{d['recipe']} ({d['parameters'] / 1e9:.2f}B parameters, {d['hf_bytes'] / 1e9:.2f} GB of HF files) in "
+            f"{d['export_s']:.1f} s (target {d['target_s']} s); writing its checkpoint took "
+            f"{d['checkpoint_write_s']:.1f} s.")
+
+
+def generation_caption(d: Data) -> str:
+    return (f"qwen3_1p7b with random weights, prompt {d['prompt_tokens']}, {d['new_tokens']} new tokens, "
+            f"{'greedy' if d['greedy'] else 'sampled'}. Baseline: {d['baseline']}.")
+
+
+def generation_rows(d: Data) -> list[list[str]]:
+    r = d["results"]
+    batches = list(r)
+    return [["transformers `generate` (dynamic cache, eager)",
+             *(f"{r[b]['hf_generate_tokens_per_s']:,.1f} tokens/s" if r[b]['hf_generate_tokens_per_s'] < 100
+               else f"{n0(r[b]['hf_generate_tokens_per_s'])} tokens/s" for b in batches)],
+            ["`kaiyuan serve` decoder (static cache, compiled step captured as one CUDA graph)",
+             *(f"**{n0(r[b]['graph']['tokens_per_s'])} tokens/s ({r[b]['graph']['speedup_vs_hf_generate']:.1f}×)**"
+               for b in batches)]]
+
+
+def generation_after(d: Data) -> str:
+    r, t, f = d["results"], d["targets_tokens_per_s"], d["fp32_agreement_with_hf_generate"]
+    return (f"Targets {' and '.join(n0(v) for v in t.values())}. In fp32 the decoder's tokens equal `generate`'s on "
+            f"{f['identical_rows']} of {f['rows']} rows; in bf16 on random weights they part after "
+            f"~{r['batch_1']['graph']['mean_tokens_before_first_difference_bf16']:.0f} tokens (batch 1) at near-ties "
+            f"of the flat logits. First call per batch size, compile and capture included: "
+            f"{' and '.join(f'{r[b]["graph"]["first_call_s_incl_compile"]:.0f} s' for b in r)}. "
+            "The transformers side is timed on its first call (issue 30, item 3).")
+
+
+def serve_load(d: Data) -> str:
+    load, t = d["load"], d["targets"]
+    parts = []
+    for name in ("ours", "baseline"):
+        if name not in d:
+            continue
+        side, w = d[name], d[name]["health"].get("warmup") or {}
+        lat = side["load"]["latency_s"]
+        # files from before /health reported the decode mode carry ours' at the top level
+        mode = side["health"].get("envelope", {}).get("decode_mode") \
+            or (d.get("decode_mode") if name == "ours" else None)
+        parts.append(f"{name}{f' ({mode} decode)' if mode else ''}: "
+                     f"{side['load']['errors']} errors, p50 {lat['p50']:.2f} s, p95 {lat['p95']:.2f} s, "
+                     f"{n0(side['load']['tokens_per_s'])} new tokens/s, streamed first token p95 "
+                     f"{side['load']['streamed_first_token_s']['p95']:.2f} s, batch-1 decode "
+                     f"{n0(side['batch_1']['decode_tokens_per_s'])} tokens/s, ready after {side['start_s']:.0f} s"
+                     + (f" ({w['seconds']:.0f} s warm-up, {w['graphs']} graphs)" if w else "")
+                     + (f", {side['gpu_memory_mib'] / 1024:.1f} GiB on the GPU" if side.get("gpu_memory_mib") else ""))
+    return (f"Serving under load (`benchmarks/serve_load.py`): {load['clients']} clients × "
+            f"{load['requests_per_client']} requests, prompts of {load['prompt_tokens']} tokens, "
+            f"{load['new_tokens']} new tokens, {load['mix']}; targets: {t['errors']} errors, p95 ≤ "
+            f"{t['p95_latency_s_at_most']} s, ≥ {n0(t['tokens_per_s_at_least'])} tokens/s, batch 1 ≥ "
+            f"{t['batch_1_tokens_per_s_at_least']} tokens/s. " + "; ".join(parts) + "."
+            + (f" Scope: {d['scope']}." if d.get("scope") else ""))
+
+
+def heldout(d: Data) -> str:
+    r = d["results"]["qwen3_1p7b"]
+    o = r["overall"]
+    dims = [k for k in r if k != "overall"]
+    return (f"{d['model']}, on {len(dims)} dimensions × {r[dims[0]]['samples']} samples: overall "
+            f"{o['nll_per_token']:.2f} NLL/token, perplexity {n0(o['ppl'])}, {o['bits_per_byte']:.2f} bits per byte, "
+            f"multiple-choice accuracy {o['mcq_acc_avg_norm']:.2f} — the pipeline, not the model.")

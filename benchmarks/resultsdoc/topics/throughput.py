@@ -1,0 +1,62 @@
+"""Training throughput: the fast spec against Megatron's local spec and transformers, and the default step's profile."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from resultsdoc.entries import Data
+from resultsdoc.formatting import GB, mem, n0, ratio
+
+THROUGHPUT_ROWS = (("ours", "fast spec, recipe defaults"), ("megatron_local", "Megatron local spec"),
+                   ("hf_eager", "transformers loop, eager SDPA"), ("hf_compile", "transformers + torch.compile"))
+
+
+def batch_of(d: Data, model: str) -> str:
+    b = d["batch"][model]
+    return f"micro batch {b['micro_batch']} × {b['micro_batches']}"
+
+
+def throughput_caption(d: Data) -> str:
+    steps = len(d["results"]["qwen3_1p7b"]["ours"]["losses"])
+    return (f"seq {d['seq_length']}, {steps} steps, median of steps 4–{steps}. Fast spec with the recipe defaults "
+            "(whole-step CUDA graph, fused weight-gradient accumulation, chunked loss). A step is timed from the "
+            "previous step's end, as the transformers loop is. Peak memory in GB (10⁹ bytes). The qwen3_1p7b fast "
+            "spec and transformers + compile rows ran in one process (the row_files field); compare rows of one "
+            "file only.")
+
+
+def throughput_header(models: tuple[str, ...]) -> Callable[[Data], list[str]]:
+    return lambda d: ["tokens/s/GPU (peak memory)", *(f"{m}, {batch_of(d, m)}" for m in models)]
+
+
+def throughput_rows(d: Data) -> list[list[str]]:
+    models = ("qwen3_1p7b", "gpt_smoke")
+    rows = []
+    for impl, label in THROUGHPUT_ROWS:
+        cells = []
+        for model in models:
+            row = d["results"][model][impl]
+            if impl == "ours":
+                cells.append(f"**{n0(row['tokens_per_s'])}** ({row['tflops']:.0f} TFLOP/s; "
+                             f"{mem(row['peak_mem_gb'], GB)})")
+            else:
+                cells.append(f"{n0(row['tokens_per_s'])} ({mem(row['peak_mem_gb'], GB)})")
+        rows.append([label, *cells])
+    rows.append(["fast spec ÷ transformers + compile",
+                 *(f"**{ratio(d['results'][m]['ours_vs_hf_compile'])}**" for m in models)])
+    rows.append(["fast spec ÷ Megatron local spec", *(_ratio_or_reason(d["results"][m], "ours_vs_megatron_local")
+                                                       for m in models)])
+    return rows
+
+
+def _ratio_or_reason(rows: Data, name: str) -> str:
+    if name in rows:
+        return ratio(rows[name])
+    return f"not computed: {rows.get('ratios_not_computed', {}).get(name, 'no figure')}"
+
+
+def profile_graph(d: Data) -> str:
+    tokens = d["micro_batch"] * d["micro_batches"] * d["seq_length"]
+    return (f"{d['step']}: one graphed step of {n0(tokens)} tokens is {n0(d['kernels'])} kernels, "
+            f"{d['kernel_ms']} ms of kernel time in a {d['kernel_span_ms']:.0f} ms span, gaps over 0.2 ms adding to "
+            f"{d['gaps_over_0p2ms_total_ms']:.1f} ms; {d['step_ms_without_profiler']:.0f} ms without the profiler.")

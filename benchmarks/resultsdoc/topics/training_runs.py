@@ -1,0 +1,66 @@
+"""Whole runs of the kaiyuan CLI: the user journey, stop and resume, curriculum phases, the training proofs."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from resultsdoc.entries import Data
+from resultsdoc.formatting import GIB, k1, mem, n0
+
+
+def _steps(data: Data) -> dict[str, Data]:
+    return {s["step"]: s.get("figure") or {} for s in data["steps"]}
+
+
+def journey(d: Data) -> str:
+    s = _steps(d)
+    train, ok = s["train"], [step for step in d["steps"] if step["ok"]]
+    eval_rows = [r.split("|") for r in s["eval"].get("table", [])[2:]]
+    samples = next(int(r[3]) for r in eval_rows if len(r) > 3 and r[1].strip() == "overall")
+    stop, restart = s["stop"], s["restart"]
+    return (f"Overrides: {d.get('overrides', 'none recorded')}. {len(ok)} of {len(d['steps'])} steps ok"
+            f"{'' if d['all_ok'] else ' (NOT all ok)'}. gpt_smoke trains {train['final_iteration']} steps "
+            f"(loss {train['first_loss']:.2f} → {train['final_loss']:.2f}, {n0(train['tokens_per_s_last10'])} "
+            f"tokens/s over the last 10), `status` says {s['status']['state']}, `export hf` takes "
+            f"{s['export']['export_s']} s, `serve` answers the original `PUT /api` curl and an OpenAI completion "
+            f"({s['openai_completion']['usage']['completion_tokens']} tokens), `eval heldout` scores {samples} "
+            f"samples, `--phase 2` resumes at iteration {s['phase2']['first_iteration']} and ends at "
+            f"{s['phase2']['final_iteration']}, and the phase-2 export takes {s['export_phase2']['export_s']} s. "
+            f"Detached: `start`, a second `start` refused, `stop` with its checkpoint at iteration "
+            f"{stop['last_checkpoint']} ({'a' if stop['sigkill_after_grace'] else 'no'} SIGKILL), `status` "
+            f"{s['status_stopped']['state']} at {s['status_stopped']['iteration']}, a restart resumes at "
+            f"{restart['train_starts_at'][-1]} and finishes at {s['status_finished']['iteration']}.")
+
+
+def stop_resume(d: Data) -> str:
+    stop = d["stop"]
+    return (f"stopped with `kaiyuan stop` at a random step ({d['stop_requested_at_iteration']}), it saved its "
+            f"checkpoint ({stop['last_checkpoint']}) with {'a' if stop['sigkill_after_grace'] else 'no'} SIGKILL; "
+            f"restarted at {d['resumed_at_iteration']}, its next {len(d['compared_iterations'])} losses "
+            f"{'equal' if d['identical_after_resume'] else 'differ from'} an uninterrupted same-seed run's (max "
+            f"|Δ| {d['max_abs_loss_diff_after_resume']}; the control pair "
+            f"{'identical' if d['control_identical'] else 'not identical'}).")
+
+
+def phase(d: Data) -> str:
+    one, two = d["launches"]
+    return (f"gpt_smoke, phase 1 (English) steps {one['first_step']}–{one['last_step']} with its checkpoint at "
+            f"{one['checkpoints_saved'][-1]}, phase 2 (Chinese) resumed at {two['started_at_iteration']} and ran to "
+            f"{two['last_step']}; loss {d['first_loss']:.2f} → {d['last_loss']:.2f}, "
+            f"{k1(d['tokens_per_s_per_gpu'])} tokens/s, {mem(d['peak_mem_gb'], GIB)}.")
+
+
+def train_proof(what: str) -> Callable[[Data], str]:
+    def text(d: Data) -> str:
+        resumed = {True: "stop + resume at the right iteration", None: "one launch",
+                   False: "resumed at the WRONG iteration"}[d["resumed_at_right_iteration"]]
+        return (f"{what}{d['steps']} steps, {resumed}; loss {d['first_loss']:.2f} → {d['last_loss']:.2f}; "
+                f"{k1(d['tokens_per_s_per_gpu'])} tokens/s/GPU, {d['model_tflops_per_gpu']:.1f} TFLOP/s, "
+                f"{mem(d['peak_mem_gb'], GIB)}.")
+    return text
+
+
+def local_baseline(d: Data) -> str:
+    b = d["baseline"]
+    return (f" Baseline on the same GPU (`{b['source']}`): Megatron-Bridge's local spec, "
+            f"{k1(b['megatron_bridge_local_spec_tokens_per_s'])} tokens/s.")
