@@ -163,6 +163,7 @@ def test_a_compiled_step_compiles_at_warm_up_only_and_keeps_greedy_rows_equal_to
     from kaiyuan_exporters.serving.batch_decoder import Envelope
     from kaiyuan_exporters.serving.engine import GenerationEngine, Request, Sampling
 
+    torch._dynamo.reset()  # a compiled layer of the same shape from another test would serve this engine
     torch._dynamo.utils.counters.clear()
     engine = GenerationEngine(tiny_model, "cpu", Envelope(max_batch=8, max_seq_len=256, capture=False, compile=True))
     assert engine.ready.wait(600) and engine.failure is None
@@ -185,6 +186,41 @@ def test_a_compiled_step_compiles_at_warm_up_only_and_keeps_greedy_rows_equal_to
         assert len(completion.token_ids) == n
         if i % 2:
             assert completion.token_ids == reference(prompt, n)
+
+
+def test_a_compiled_step_compiles_one_decoder_layer_for_all_and_prefills_compile_nothing():
+    """Regional compilation: the step's warm-up compiles exactly what it compiles for a model of one layer
+    (one graph, the layer's; no recompilation per layer for its cache index); a prefill after it, of a new
+    prompt length, runs the layers eagerly (nothing compiles on the request path), and the steps' greedy
+    rows are generate()'s."""
+    from kaiyuan_exporters.serving.batch_decoder import BatchDecoder, Envelope
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    def warmed_up(layers: int) -> tuple[BatchDecoder, dict]:
+        torch.manual_seed(0)
+        config = Qwen3Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+                             tie_word_embeddings=False, eos_token_id=0, pad_token_id=0)
+        decoder = BatchDecoder(Qwen3ForCausalLM(config).eval(), Envelope(4, 64, capture=False, compile=True), "cpu")
+        torch._dynamo.reset()  # each its own compilation (the compiled layer of another test would serve these)
+        torch._dynamo.utils.counters.clear()
+        decoder.warm_up()
+        # what Dynamo compiled (not how: inductor's and AOTAutograd's counters tell on-disk cache hits too)
+        return decoder, {k: dict(torch._dynamo.utils.counters[k]) for k in ("frames", "stats")}
+
+    _, one = warmed_up(1)
+    decoder, three = warmed_up(3)
+    assert [index for index, _ in decoder._layers] == [0, 1, 2]
+    assert three == one and one["stats"]["unique_graphs"] == 1, (one, three)
+    torch._dynamo.utils.counters.clear()
+    prompt = [5, 7, 9, 11, 13]
+    first = decoder.prefill([0, 1], [prompt, prompt[::-1]], [(True, 1.0, 0, 1.0, 0)] * 2)
+    assert not any(torch._dynamo.utils.counters.values()), dict(torch._dynamo.utils.counters)
+    tokens = [first.tolist()] + [decoder.step(2, len(prompt) + n, "greedy").tolist() for n in range(1, 8)]
+    assert not any(torch._dynamo.utils.counters.values()), dict(torch._dynamo.utils.counters)
+    for row, p in enumerate((prompt, prompt[::-1])):
+        reference = decoder.model.generate(torch.tensor([p]), max_new_tokens=8, min_new_tokens=8, do_sample=False)
+        assert [t[row] for t in tokens] == reference[0, len(p):].tolist()
 
 
 def test_the_envelope_buckets_and_bounds_requests(engine):

@@ -5,9 +5,13 @@ joins a free row at any step and leaves when done. A decode step runs the first 
 into a CUDA graph at start-up (warm_up), one per kind (STEP_KINDS), so serving never compiles or captures.
 With `compile`, the step's forward goes through torch.compile first (dynamic shapes: one compilation serves
 every bucket, made at warm-up before the captures), so each replayed graph runs inductor's fused kernels
-instead of the eager forward's many small ones.
-Prefill is eager (a new prompt: its own shape, no graph). Per-row settings, positions and tokens live in
-static device buffers the graphs read.
+instead of the eager forward's many small ones. What is compiled is one decoder layer, reused for every layer
+(PyTorch's regional compilation): the whole forward as one graph is a compilation that grows with the depth,
+a layer's is the same at any depth. The layers differ only in their cache index, which a compiled layer
+would specialise on, so in a decode step each layer gets its own cache tensors (LayerRows) and never sees
+the index; the rest of the step (embedding, rotary tables, final norm, head) runs eagerly, in the same CUDA
+graph. Prefill is eager, its layers too (a new prompt: its own shape, no graph, nothing compiled). Per-row
+settings, positions and tokens live in static device buffers the graphs read.
 
 Why not transformers' continuous batching (generate_batch / ContinuousBatchingManager, what `transformers
 serve` runs): in 5.x it takes do_sample and the seed per manager, not per request, and captures its CUDA
@@ -17,6 +21,7 @@ prefill exactly generate()'s), which also keeps greedy rows equal to generate() 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 import warnings
@@ -104,15 +109,15 @@ class RowKVCache:
             shape = (self.max_batch, key.shape[1], self.max_seq_len, key.shape[3])
             self.keys.append(torch.zeros(shape, dtype=key.dtype, device=key.device))
             self.values.append(torch.zeros(shape, dtype=value.dtype, device=value.device))
-        keys, values = self.keys[layer_idx], self.values[layer_idx]
-        if self.columns is None:
-            keys[self.rows, :, : key.shape[2]] = key
-            values[self.rows, :, : value.shape[2]] = value
-            return key, value
-        keys[self.rows, :, self.columns] = key[:, :, 0]
-        values[self.rows, :, self.columns] = value[:, :, 0]
-        rows, length = key.shape[0], self.window.shape[0]
-        return keys[:rows, :, :length], values[:rows, :, :length]
+        if self.columns is not None:
+            return self.layer(layer_idx).update(key, value, layer_idx)
+        self.keys[layer_idx][self.rows, :, : key.shape[2]] = key
+        self.values[layer_idx][self.rows, :, : value.shape[2]] = value
+        return key, value
+
+    def layer(self, index: int) -> "LayerRows":
+        """Layer `index`'s cache in the current decode step (what a regionally compiled layer is given)."""
+        return LayerRows(self.keys[index], self.values[index], self.rows, self.columns, self.window)
 
     # what transformers' mask creation asks of a cache (prefill only: decode passes its own 4D mask)
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -124,6 +129,46 @@ class RowKVCache:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
+
+@dataclass
+class LayerRows:
+    """One layer's keys and values in a decode step, as its update() sees them: the tensors themselves, not
+    an index into the cache's lists (a compiled layer would specialise on the index and compile again for
+    every layer); the layer_idx that the layer passes is ignored."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    rows: torch.Tensor
+    columns: torch.Tensor
+    window: torch.Tensor
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        self.keys[self.rows, :, self.columns] = key[:, :, 0]
+        self.values[self.rows, :, self.columns] = value[:, :, 0]
+        rows, length = key.shape[0], self.window.shape[0]
+        return self.keys[:rows, :, :length], self.values[:rows, :, :length]
+
+
+def decoder_layers(model: Any) -> list[tuple[int, torch.nn.Module]] | None:
+    """The model's decoder layers, the blocks that regional compilation compiles once for all: modules of the
+    classes transformers keeps whole (_no_split_modules) that carry a cache index (a submodule's layer_idx),
+    each with that index. None unless they are of one class, each with one index of its own."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    layers = []
+    for layer in (m for m in model.modules() if type(m).__name__ in names):
+        indices = {m.layer_idx for m in layer.modules() if isinstance(getattr(m, "layer_idx", None), int)}
+        if len(indices) > 1:
+            return None
+        if indices:
+            layers.append((indices.pop(), layer))
+    distinct = len({i for i, _ in layers}) == len(layers) and len({type(m) for _, m in layers}) == 1
+    return layers if layers and distinct else None
+
+
+def _forward_of(layer: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    return type(layer).forward(layer, *args, **kwargs)
 
 
 @dataclass
@@ -147,6 +192,7 @@ class BatchDecoder:
     device: str
     graphs: dict[tuple[int, int, str], _Graph] = field(default_factory=dict)
     captures: int = 0  # CUDA graphs captured: all at warm-up; a GPU test checks it never grows after
+    regional: bool = True  # compile: one decoder layer, reused for every layer; False: the whole step's forward
 
     def __post_init__(self) -> None:
         config = self.model.config
@@ -169,8 +215,13 @@ class BatchDecoder:
         self.capture = self.envelope.capture and dev.startswith("cuda")
         self._pool = torch.cuda.graph_pool_handle() if self.capture else None
         # dynamic: batch and window sizes symbolic (a batch of 1 is its own specialisation), so the buckets
-        # share one or two compilations rather than one each
-        self._forward = torch.compile(self._logits, dynamic=True) if self.envelope.compile else self._logits
+        # share one compilation rather than one each
+        self._layers = decoder_layers(self.model) if self.envelope.compile and self.regional else None
+        if self._layers:
+            self._layer = torch.compile(_forward_of, dynamic=True)
+            self._forward = self._regional_logits
+        else:
+            self._forward = torch.compile(self._logits, dynamic=True) if self.envelope.compile else self._logits
 
     @property
     def mode(self) -> str:
@@ -217,6 +268,22 @@ class BatchDecoder:
         mask = (window[None, :] <= positions)[:, None, None, :]  # [batch, 1, 1, length]
         return self.model(input_ids=tokens, position_ids=positions, attention_mask=mask, past_key_values=self.cache,
                           use_cache=True, logits_to_keep=1).logits[:, -1]
+
+    def _regional_logits(self, tokens: torch.Tensor, positions: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
+        """_logits with every decoder layer through the one compiled layer, each given its own cache view
+        (LayerRows), the rest of the forward (embedding, rotary, final norm, head) eager. The layers are
+        redirected for this forward only: the prefill runs them eagerly and compiles nothing."""
+        for index, layer in self._layers:
+            layer.forward = functools.partial(self._compiled_layer, index, layer)
+        try:
+            return self._logits(tokens, positions, window)
+        finally:
+            for _, layer in self._layers:
+                del layer.forward
+
+    def _compiled_layer(self, index: int, layer: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        kwargs["past_key_values"] = self.cache.layer(index)
+        return self._layer(layer, *args, **kwargs)
 
     def _step(self, batch: int, length: int, kind: str) -> None:
         positions, window = self.positions[:batch], self.columns[:length]
