@@ -25,6 +25,10 @@ from provenance import provenance, write_json  # noqa: E402
 
 from kaiyuan_recipes.cli.serve import DECODE_MODES  # noqa: E402
 
+# kaiyuan serve's decode modes as (capture, compile, regional), and the whole-forward compilation that compiled mode
+# replaced (one decoder layer compiled for all), to compare
+MODES = {**{mode: (*flags, True) for mode, flags in DECODE_MODES.items()}, "compiled_whole": (True, True, False)}
+
 
 def prompts(tokenizer, count: int, length: int) -> list[list[int]]:
     from kaiyuan_recipes.data.sample_corpus import SOURCES, sample_texts
@@ -111,8 +115,8 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
-    ap.add_argument("--modes", nargs="+", default=["compiled", "graph"], choices=list(DECODE_MODES),
-                    help="kaiyuan serve's decode modes")
+    ap.add_argument("--modes", nargs="+", default=["compiled", "graph"], choices=list(MODES),
+                    help="kaiyuan serve's decode modes, and compiled_whole (the whole forward compiled)")
     ap.add_argument("--sampled", action="store_true", help="sample on both sides (throughput; no fp32 check)")
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per side after the untimed one")
     ap.add_argument("--baselines", nargs="+", default=list(HF_BASELINES), choices=list(HF_BASELINES))
@@ -124,7 +128,7 @@ def main() -> None:
     hf_dir = write_random_qwen3(args.random_qwen3) if args.random_qwen3 else args.hf_dir
     envelope = Envelope(max(args.batch_sizes), -(-(args.prompt_len + args.new_tokens) // 256) * 256)
     engines = {mode: GenerationEngine(hf_dir, "cuda", Envelope(envelope.max_batch, envelope.max_seq_len,
-                                                                *DECODE_MODES[mode])) for mode in args.modes}
+                                                                *MODES[mode])) for mode in args.modes}
     for engine in engines.values():
         engine.ready.wait()
     engine = engines[args.modes[0]]
@@ -171,10 +175,11 @@ def main() -> None:
     write_json(args.out, {**provenance(" ".join(["python", *sys.argv])), "model": str(hf_dir),
                           "prompt_tokens": args.prompt_len, "new_tokens": args.new_tokens,
                           "greedy": not args.sampled, "sampling": SAMPLED if args.sampled else None,
-                          "ours": "kaiyuan_exporters.serving.engine (batch_decoder.py) per mode: compiled = the "
-                                  "step's forward through torch.compile, then captured into a CUDA graph per "
-                                  "bucketed (batch, cache length) at warm-up; graph = the eager step captured "
-                                  "the same way; eager = no graphs",
+                          "ours": "kaiyuan_exporters.serving.engine (batch_decoder.py) per mode: compiled = one "
+                                  "decoder layer through torch.compile for all layers, the step then captured "
+                                  "into a CUDA graph per bucketed (batch, cache length) at warm-up; "
+                                  "compiled_whole = the whole forward compiled instead; graph = the eager step "
+                                  "captured the same way; eager = no graphs",
                           "baselines": {"hf_generate": "transformers generate, dynamic cache, eager, SDPA",
                                         "hf_static_compiled": "transformers generate, static cache, its own "
                                                               "torch.compile of the decode step"},

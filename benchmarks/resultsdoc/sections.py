@@ -121,7 +121,8 @@ SECTIONS = [
              f"rows × {d['envelope']['max_seq_len']} positions, qwen3_1p7b shape): {d['warmup_s']:.0f} s warm-up "
              f"({d['compile_and_first_bucket_s']:.0f} s compiling, {d['captures_s']:.0f} s for the rest of its "
              f"{d['graphs']} captures) against {d['baseline']['warmup_s']:.0f} s, "
-             f"{d['ratio_warmup_compiled_vs_graph']:.0f}× longer; its load has not been measured yet."),
+             f"{d['ratio_warmup_compiled_vs_graph']:.0f}× longer, compiling {d['compiled']}; its load has not "
+             "been measured yet."),
         Text("2026-11-30_heldout_eval_qwen3_1p7b.json", lambda d: "Held-out evaluation: " + heldout(d)),
         Image("results/2026-11-30_heldout_eval_qwen3_1p7b.png", "held-out evaluation"),
     ]),

@@ -56,12 +56,14 @@ def bucket_for(sizes: tuple[int, ...], n: int) -> int:
 class Envelope:
     """What the server prepares for at start-up and refuses beyond (a 400): at most max_batch rows decoding
     at once, prompt + new tokens within max_seq_len. capture: CUDA graphs per bucket (CUDA only); compile:
-    the decode step's forward through torch.compile, at warm-up."""
+    the decode step's forward through torch.compile, at warm-up; regional (with compile): one decoder layer
+    compiled for all, else the whole forward (a compilation that grows with the depth; kept to compare)."""
 
     max_batch: int = 32
     max_seq_len: int = 4096
     capture: bool = True
     compile: bool = False
+    regional: bool = True
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_seq_len < 2:
@@ -192,7 +194,6 @@ class BatchDecoder:
     device: str
     graphs: dict[tuple[int, int, str], _Graph] = field(default_factory=dict)
     captures: int = 0  # CUDA graphs captured: all at warm-up; a GPU test checks it never grows after
-    regional: bool = True  # compile: one decoder layer, reused for every layer; False: the whole step's forward
 
     def __post_init__(self) -> None:
         config = self.model.config
@@ -216,7 +217,7 @@ class BatchDecoder:
         self._pool = torch.cuda.graph_pool_handle() if self.capture else None
         # dynamic: batch and window sizes symbolic (a batch of 1 is its own specialisation), so the buckets
         # share one compilation rather than one each
-        self._layers = decoder_layers(self.model) if self.envelope.compile and self.regional else None
+        self._layers = decoder_layers(self.model) if self.envelope.compile and self.envelope.regional else None
         if self._layers:
             self._layer = torch.compile(_forward_of, dynamic=True)
             self._forward = self._regional_logits
