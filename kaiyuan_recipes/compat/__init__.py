@@ -66,7 +66,7 @@ WORKAROUNDS = (
                "test_compat.py::test_upstream_torch_dist_save_still_needs_cuda"),
     Workaround("separate_full_graph_pools", "megatron-core + megatron-bridge", "0.18.0, 0.19.2 / 0.5.0, 0.6.2",
                "the final evaluation captures into the released training graph's pool (allocator assert)",
-               "test_compat.py::test_upstream_still_captures_the_final_evaluation_in_the_deleted_training_graphs_pool"),
+               "gpu/test_compat_gpu.py::test_upstream_final_evaluation_capture_still_fails_in_the_deleted_training_graphs_pool"),
     Workaround("cpu_cuda_arch_list", "megatron-core", "0.15.3 (NeMo 2 environment), no GPU",
                "`import megatron.core` JIT-builds a CUDA allocator; IndexError uncaught without a GPU",
                "test_nemo2.py::test_upstream_megatron_core_0_15_import_still_breaks_without_a_gpu_arch"),
