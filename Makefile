@@ -140,7 +140,8 @@ gpu-wheels-nemo2:
 
 # NeMo Framework 26.06's Megatron side for the GPU host (tests/gpu/journey.sh --stack fw2606): the set above with
 # each package constraints/fw2606.txt pins at another version (megatron-bridge, megatron-core, transformers,
-# nvidia-modelopt) swapped for that version, into .whl-fw2606 (carried instead of .whl).
+# nvidia-modelopt; omegaconf, which the GPU-host list has at 2.3.0) swapped for that version, into .whl-fw2606
+# (carried instead of .whl).
 gpu-wheels-fw2606:
 	@test -d .whl || { echo "no .whl: make gpu-wheels first"; exit 1; }
 	$(PY312) tests/gpu/fw2606_wheels.py .whl .whl-fw2606

@@ -4,6 +4,7 @@ rows equal transformers' generate token for token in fp32 whoever else decodes, 
 own settings and seed, the per-row sampler filters as transformers' warpers do, the envelope bounds what is
 served, /health says ready only after warm-up, and SIGTERM drains a real server process."""
 
+import functools
 import json
 import re
 import signal
@@ -211,7 +212,12 @@ def test_a_compiled_step_compiles_one_decoder_layer_for_all_and_prefills_compile
     _, one = warmed_up(1)
     decoder, three = warmed_up(3)
     assert [index for index, _ in decoder._layers] == [0, 1, 2]
+    assert decoder.compiled == "one Qwen3DecoderLayer for its 3 layers" and decoder.mode == "compiled, not captured"
     assert three == one and one["stats"]["unique_graphs"] == 1, (one, three)
+    hooked = decoder._layers[1][1]
+    hooked.forward = hook = functools.partial(type(hooked).forward, hooked)  # an instance forward (e.g. a hook's)
+    decoder.step(2, 8, "greedy")
+    assert hooked.__dict__["forward"] is hook and "forward" not in decoder._layers[0][1].__dict__
     torch._dynamo.utils.counters.clear()
     prompt = [5, 7, 9, 11, 13]
     first = decoder.prefill([0, 1], [prompt, prompt[::-1]], [(True, 1.0, 0, 1.0, 0)] * 2)

@@ -25,9 +25,10 @@ def add_parser(sub: Any) -> None:
                         "positions, at most 4096); beyond it a request is a 400; the KV cache is sized by both")
     p.add_argument("--decode-mode", choices=DECODE_MODES,
                    help="graph (the CUDA default): every bucketed (batch, cache length) decode step captured "
-                        "into a CUDA graph at start-up, nothing captured while serving; compiled: the step's "
-                        "forward compiled (torch.compile) first, then captured the same way (a longer start-up); "
-                        "eager (the CPU default)")
+                        "into a CUDA graph at start-up, nothing captured while serving; compiled: one decoder "
+                        "layer compiled (torch.compile) for all layers first, then captured the same way (a "
+                        "longer start-up); eager (the CPU default). A step that cannot be captured (a MoE's "
+                        "expert loop) decodes eagerly, said in the log and in /health")
     p.add_argument("--join-min-rows", type=int, default=0,
                    help="waiting requests join the decoding batch once this many wait (default: an eighth of "
                         "--max-batch), or once the oldest has waited --join-max-wait-s: each join is one prefill "

@@ -19,11 +19,11 @@ part=$opt_part rev=$opt_rev stack=$opt_stack
 case $part in foreground|detached|all) ;; *) echo "journey.sh: --part foreground|detached|all, not '$part'" >&2; exit 2 ;; esac
 case $stack in
   bridge) ;;
-  fw2606) opt_wheels=.whl-fw2606 opt_site=/tmp/site-fw2606 ;;
+  fw2606) env_wheels=.whl-fw2606 env_site=/tmp/site-fw2606 ;;
   *) echo "journey.sh: --stack bridge|fw2606, not '$stack'" >&2; exit 2 ;;
 esac
-if [ "${opt_wheels:-.whl}" != .whl ] && [ ! -d "$opt_wheels" ]; then
-  echo "journey.sh: --stack $stack needs $opt_wheels carried with the call (make gpu-wheels-$stack)" >&2; exit 2
+if [ "${env_wheels:-.whl}" != .whl ] && [ ! -d "$env_wheels" ]; then
+  echo "journey.sh: --stack $stack needs $env_wheels carried with the call (make gpu-wheels-$stack)" >&2; exit 2
 fi
 source tests/gpu/env.sh
 # Every log goes to $logs, packed into one $OUT/journey_PART.tgz at the end (the device returns at most 8 files).
@@ -38,9 +38,13 @@ def version(dist):
         return md.version(dist)
     except md.PackageNotFoundError:
         return None
-gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+try:
+    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                         text=True).stdout
+except OSError:
+    gpu = ""
 print(json.dumps({"part": sys.argv[1], "rev": sys.argv[2], "stack": sys.argv[3], "host": socket.gethostname(),
-                  "gpu": (gpu.stdout.splitlines() or ["none"])[0],
+                  "gpu": (gpu.splitlines() or ["none"])[0],
                   "versions": {d: version(d) for d in ("torch", "megatron-core", "megatron-bridge", "transformers",
                                                        "nvidia-modelopt", "tokenizers")}}))
 PY
@@ -114,7 +118,7 @@ YAML
 }
 
 foreground() {
-  step doctor any kaiyuan doctor  # what this stack is and whether the matrix has it (the host's torch may be outside)
+  step doctor any kaiyuan doctor --json  # the stack and whether the matrix has it (the host's torch may be outside)
   step train 0 kaiyuan train gpt_smoke kaiyuan.run_root=$runs || return 1
   prepare_data & local data_prep=$!  # CPU work, beside the export and the server
   step status 0 expect_state gpt_smoke finished

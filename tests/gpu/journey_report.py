@@ -44,9 +44,13 @@ def key_figure(name: str, log: str, folder: Path) -> dict[str, Any]:
         if steps:
             return {"first_iteration": min(s["iteration"] for s in steps if s["iteration"] > 200),
                     "final_iteration": steps[-1]["iteration"], "final_loss": steps[-1]["loss"]}
-    if name == "doctor":
-        verdict = next((line for line in log.splitlines() if line.startswith("stack:")), None)
-        return {"verdict": verdict} if verdict else {}
+    if name == "doctor":  # `kaiyuan doctor --json`: one JSON document, after whatever upstream printed
+        start = log.find("{\n")
+        try:  # raw_decode: what stderr printed after the document is not part of it
+            report = json.JSONDecoder().raw_decode(log[start:])[0] if start >= 0 else {}
+        except ValueError:
+            return {}
+        return {"verdict": report.get("verdict"), "exit_code": report.get("exit_code")}
     if name.startswith("status") or name == "stop":
         record = _last_json(log) or {}
         keep = ("state", "iteration", "loss", "checkpoint_saved", "sigkill_after_grace", "last_checkpoint")

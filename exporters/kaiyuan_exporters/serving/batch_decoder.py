@@ -221,13 +221,17 @@ class BatchDecoder:
         if self._layers:
             self._layer = torch.compile(_forward_of, dynamic=True)
             self._forward = self._regional_logits
+            self.compiled = f"one {type(self._layers[0][1]).__name__} for its {len(self._layers)} layers"
         else:
             self._forward = torch.compile(self._logits, dynamic=True) if self.envelope.compile else self._logits
+            self.compiled = ("the whole forward" + ("" if not self.envelope.regional else
+                                                    " (no repeated decoder layers found)")
+                             if self.envelope.compile else "nothing")
 
     @property
     def mode(self) -> str:
-        """How steps run (`kaiyuan serve --decode-mode`'s names), as they do now: a step that could not be
-        captured at warm-up decodes eagerly."""
+        """How steps run, in `kaiyuan serve --decode-mode`'s names (and "compiled, not captured" on a CPU), as
+        they do now: a step that could not be captured at warm-up decodes eagerly."""
         compiled = self._forward != self._logits  # bound methods: equal, never identical
         return ("compiled" if compiled else "graph") if self.capture else \
             ("compiled, not captured" if compiled else "eager")
@@ -274,13 +278,17 @@ class BatchDecoder:
         """_logits with every decoder layer through the one compiled layer, each given its own cache view
         (LayerRows), the rest of the forward (embedding, rotary, final norm, head) eager. The layers are
         redirected for this forward only: the prefill runs them eagerly and compiles nothing."""
+        before = [layer.__dict__.get("forward") for _, layer in self._layers]  # e.g. a hook's, kept
         for index, layer in self._layers:
             layer.forward = functools.partial(self._compiled_layer, index, layer)
         try:
             return self._logits(tokens, positions, window)
         finally:
-            for _, layer in self._layers:
-                del layer.forward
+            for (_, layer), forward in zip(self._layers, before):
+                if forward is None:
+                    del layer.forward
+                else:
+                    layer.forward = forward
 
     def _compiled_layer(self, index: int, layer: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         kwargs["past_key_values"] = self.cache.layer(index)
@@ -332,7 +340,7 @@ class BatchDecoder:
         self.release(0)
         total = len(self.envelope.batch_buckets) * len(self.envelope.length_buckets) * len(STEP_KINDS)
         if self.envelope.compile:
-            log.info("warm-up: compiling the decode step (torch.compile), then %s",
+            log.info("warm-up: compiling the decode step (torch.compile: %s), then %s", self.compiled,
                      f"capturing {total} CUDA graphs" if self.capture else "running every bucket once")
         if self.capture:
             try:

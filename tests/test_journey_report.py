@@ -1,0 +1,52 @@
+"""tests/gpu/journey_report.py on folders shaped as journey.sh leaves them: the stack and versions the parts
+recorded, each step's figure read from its own log (here the doctor's JSON verdict, upstream noise around it)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VERSIONS = {"torch": "2.11.0+cu130", "megatron-core": "0.18.0", "megatron-bridge": "0.5.0", "transformers": "5.8.1"}
+
+
+def part(folder: Path, name: str, stack: str, steps: list[dict], logs: dict[str, str]) -> Path:
+    folder.mkdir()
+    (folder / f"journey_meta_{name}.json").write_text(json.dumps(
+        {"part": name, "rev": "abc1234", "stack": stack, "host": "vm", "gpu": "NVIDIA H200", "versions": VERSIONS}))
+    (folder / f"journey_steps_{name}.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+    for step, text in logs.items():
+        (folder / f"{step}.log").write_text(text)
+    return folder
+
+
+def report(tmp_path: Path, *folders: Path) -> tuple[int, dict]:
+    out = tmp_path / "journey.json"
+    done = subprocess.run([sys.executable, "tests/gpu/journey_report.py", *map(str, folders), "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    return done.returncode, json.loads(out.read_text())
+
+
+def test_a_fw2606_part_reports_its_stack_versions_and_the_doctor_verdict(tmp_path):
+    doctor = {"verdict": {"tested": False, "message": "untested megatron-bridge stack: torch 2.11.0"}, "exit_code": 1}
+    noisy = "UserWarning: transformers>=5.0 support is experimental\n" + json.dumps(doctor, indent=2) + "\nW1201 x\n"
+    folder = part(tmp_path / "logs_foreground", "foreground", "fw2606",
+                  [{"step": "doctor", "rc": 1, "wall_s": 3.0, "ok": True, "command": "kaiyuan doctor --json"},
+                   {"step": "status", "rc": 0, "wall_s": 0.5, "ok": True, "command": "expect_state"}],
+                  {"doctor": noisy, "status": '{"state": "finished", "iteration": 200, "loss": 2.7}\n'})
+    rc, result = report(tmp_path, folder)
+    assert rc == 0 and result["all_ok"]
+    assert result["stack"] == "fw2606" and result["versions"] == VERSIONS
+    assert result["command"] == ["bash tests/gpu/journey.sh --part foreground --rev abc1234 --stack fw2606"]
+    figures = {s["step"]: s["figure"] for s in result["steps"]}
+    assert figures["doctor"] == doctor and figures["status"]["iteration"] == 200
+
+
+def test_parts_on_different_stacks_are_reported_each_and_a_failed_step_fails_the_report(tmp_path):
+    fg = part(tmp_path / "a", "foreground", "bridge", [{"step": "train", "rc": 0, "wall_s": 1, "ok": True,
+                                                       "command": "kaiyuan train"}], {})
+    dt = part(tmp_path / "b", "detached", "fw2606", [{"step": "start", "rc": 1, "wall_s": 1, "ok": False,
+                                                     "command": "kaiyuan start"}], {})
+    rc, result = report(tmp_path, fg, dt)
+    assert rc == 1 and not result["all_ok"]
+    assert result["stack"] == ["bridge", "fw2606"] and result["versions"] == VERSIONS  # the same versions: one
