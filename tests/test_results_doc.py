@@ -102,6 +102,20 @@ def test_the_proof_record_follows_the_result_files(results_copy, tmp_path):
     assert readme.startswith(head) and readme.count(proofs.PROOFS_BEGIN) == 1
 
 
+def test_a_pytest_record_file_is_the_proof_of_the_test_files_it_ran(results_copy):
+    """tests/gpu/pytest_record.py's result file: its proof rows are the test files it ran (not the runner), and a
+    failed case reads failed."""
+    (results_copy / "2026-12-02_compat_gpu.json").write_text(json.dumps({
+        "what": "probes", "command": "python3 tests/gpu/pytest_record.py --what probes --rev abc1234 --out x.json "
+                                     "tests/gpu/test_compat_gpu.py", "revision": "abc1234",
+        "host": {"gpu": "NVIDIA H200", "gpus": 1}, "date": "2026-12-02", "result": "1 failed, 1 passed in 9.1s",
+        "tests": [{"test": "test_compat_gpu::test_a", "status": "passed"},
+                  {"test": "test_compat_gpu::test_b", "status": "failed", "message": "assert 3 == 0"}]}))
+    rows = [line for line in proofs.render_proofs(results_copy).splitlines() if "2026-12-02_compat_gpu.json" in line]
+    assert rows == ["| `test_compat_gpu.py` | `2026-12-02_compat_gpu.json` | abc1234 | 2026-12-02 | "
+                    "failed: test_compat_gpu::test_b |"]
+
+
 def test_provenance_in_each_form_the_files_use():
     assert provenance.revision_of({"revision": "abc"}) == "abc"
     assert provenance.revision_of({"rev": "def"}) == "def"

@@ -1,0 +1,71 @@
+"""Run GPU test files and write their result file, so no result of a GPU test is written by hand: pytest's own
+JUnit XML read back into benchmarks/results' shape (what, command, revision, host, date, the summary line, each
+test's status and, for a failure, its message), written atomically.
+    python3 tests/gpu/pytest_record.py --what "..." --rev REV --out $OUT/DATE_NAME.json tests/gpu/test_x.py [...]
+Arguments after `--` go to pytest. The exit code is pytest's, except that no test collected (pytest's 5) is 1."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from provenance import provenance, write_json  # noqa: E402
+
+NO_TESTS_COLLECTED = 5
+
+
+def cases(junit: Path) -> list[dict[str, str]]:
+    """Each test case of a JUnit XML file: `module::name`, passed / failed / skipped, and why when not passed."""
+    out = []
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        module = case.get("classname", "").rsplit(".", 1)[-1]
+        record = {"test": f"{module}::{case.get('name')}", "status": "passed"}
+        for tag, status in (("failure", "failed"), ("error", "failed"), ("skipped", "skipped")):
+            found = case.find(tag)
+            if found is not None:
+                record |= {"status": status, "message": (found.get("message") or "")[:500]}
+                break
+        out.append(record)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    pytest_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("files", nargs="+", help="the test files (tests/gpu/test_*.py)")
+    ap.add_argument("--what", required=True, help="what the run shows, in a sentence")
+    ap.add_argument("--rev", help="the git revision of the tree (the GPU host has no .git)")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    if args.rev:
+        os.environ["KAIYUAN_REVISION"] = args.rev
+    with tempfile.TemporaryDirectory() as tmp:
+        junit = Path(tmp) / "junit.xml"
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
+                               *args.files, *pytest_args], capture_output=True, text=True)
+        tests = cases(junit) if junit.is_file() else []
+    sys.stdout.write(done.stdout[-20000:])
+    sys.stderr.write(done.stderr[-5000:])
+    lines = [line.strip("= ") for line in done.stdout.splitlines() if line.strip()]
+    summary = lines[-1] if lines else f"pytest exited {done.returncode} with no output"
+    record = {"what": args.what, **provenance(shlex.join(["python3", "tests/gpu/pytest_record.py", *argv])),
+              "result": summary, "pytest_exit_code": done.returncode, "tests": tests}
+    if done.returncode != 0 and not tests:
+        record["log_tail"] = (done.stdout + done.stderr)[-3000:]
+    write_json(args.out, record)
+    print("wrote", args.out)
+    return 1 if done.returncode == NO_TESTS_COLLECTED else done.returncode
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
