@@ -32,12 +32,8 @@ rm -rf "$logs"; mkdir -p "$logs"; : > "$steps"
 trap 'tar czf "$out/journey_$part.tgz" -C "$root" "logs_$part"' EXIT
 trap 'exit 143' TERM  # (a timeout's SIGTERM still packs the logs)
 python3 - "$part" "$rev" "$stack" > "$logs/journey_meta_$part.json" <<'PY'
-import importlib.metadata as md, json, socket, subprocess, sys
-def version(dist):
-    try:
-        return md.version(dist)
-    except md.PackageNotFoundError:
-        return None
+import json, socket, subprocess, sys
+from kaiyuan_recipes.doctor import installed_versions  # the versions doctor judges, read the same way
 try:
     gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
                          text=True).stdout
@@ -45,8 +41,7 @@ except OSError:
     gpu = ""
 print(json.dumps({"part": sys.argv[1], "rev": sys.argv[2], "stack": sys.argv[3], "host": socket.gethostname(),
                   "gpu": (gpu.splitlines() or ["none"])[0],
-                  "versions": {d: version(d) for d in ("torch", "megatron-core", "megatron-bridge", "transformers",
-                                                       "nvidia-modelopt", "tokenizers")}}))
+                  "versions": {d: v for d, v in installed_versions().items() if v}}))
 PY
 
 # step NAME EXPECT CMD...: run CMD (its output to $out/NAME.log), record exit code and wall time.

@@ -232,7 +232,7 @@ class BatchDecoder:
     def mode(self) -> str:
         """How steps run, in `kaiyuan serve --decode-mode`'s names (and "compiled, not captured" on a CPU), as
         they do now: a step that could not be captured at warm-up decodes eagerly."""
-        compiled = self._forward != self._logits  # bound methods: equal, never identical
+        compiled = self.compiled != "nothing"
         return ("compiled" if compiled else "graph") if self.capture else \
             ("compiled, not captured" if compiled else "eager")
 
@@ -356,7 +356,7 @@ class BatchDecoder:
                               "eagerly", stacklevel=2)
                 self.graphs.clear()
                 self.capture = False
-                self._forward = self._logits
+                self._forward, self.compiled = self._logits, "nothing"
                 torch.cuda.synchronize()
         elif self.envelope.compile:  # every bucket once: the compilations happen here, not on the request path
             for batch in self.envelope.batch_buckets:
