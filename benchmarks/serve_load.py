@@ -192,6 +192,7 @@ def run_side(name: str, source: Path, model: Path, server_args: list[str], a: ar
             side.load = result if index == 0 else side.load
             side.load.setdefault("passes", []).append({k: result[k] for k in ("tokens_per_s", "latency_s", "errors")})
             print(name, "pass", index, json.dumps(result), flush=True)
+        side.load["health_after"] = httpx.get(url + "/health", timeout=10).json()  # e.g. decode_s: the GPU's share
         side.batch_1 = asyncio.run(batch_1(url, prompts[0], a.batch_1_tokens))
         side.gpu_memory_mib = gpu_memory_mib(proc.pid)
         side.health = httpx.get(url + "/health", timeout=10).json()

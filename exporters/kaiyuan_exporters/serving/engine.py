@@ -150,8 +150,11 @@ class GenerationEngine:
         self._intake = threading.Lock()  # held while a submit_all queues its requests, and while _admit takes them
         self._waiting: collections.deque[Request] = collections.deque()  # taken off the queue, not yet joined
         self._rng = random.Random()  # noise keys of unseeded sampled rows
-        # rows admitted, most rows in one step, new tokens, rows ended because their caller left (a client gone)
-        self.stats = {"requests": 0, "steps": 0, "max_batch": 0, "tokens": 0, "cancelled": 0, "rows": 0}
+        # rows admitted, most rows in one step, new tokens, rows ended because their caller left (a client gone);
+        # seconds in decode steps (each until its tokens reach the host) and in prefills: with the wall time, where
+        # a loaded server's time goes
+        self.stats = {"requests": 0, "steps": 0, "max_batch": 0, "tokens": 0, "cancelled": 0, "rows": 0,
+                      "decode_s": 0.0, "prefill_s": 0.0}
         self._worker = threading.Thread(target=self._serve, name="generation", daemon=True)
         self._worker.start()
 
@@ -265,9 +268,11 @@ class GenerationEngine:
             by_length.setdefault(len(req.prompt_ids), []).append(req)
         for group in by_length.values():
             slots = [free.pop(0) for _ in group]
+            start = time.perf_counter()
             try:
                 first = self.decoder.prefill(slots, [r.prompt_ids for r in group],
                                              [self._row_settings(r) for r in group]).tolist()
+                self.stats["prefill_s"] += time.perf_counter() - start
             except Exception as err:  # noqa: BLE001  (delivered to the group's callers)
                 log.exception("prefill failed: %s", err)
                 for slot, req in zip(slots, group):
@@ -289,7 +294,9 @@ class GenerationEngine:
         length = max(len(r.request.prompt_ids) + len(r.tokens) for r in rows.values())  # columns to attend
         sampled = [r.request.sampling for r in rows.values() if not r.request.sampling.greedy]
         kind = ("filtered" if any(s.top_k > 0 or s.top_p < 1 for s in sampled) else "sample") if sampled else "greedy"
+        start = time.perf_counter()
         new = self.decoder.step(max(rows) + 1, length, kind).tolist()
+        self.stats["decode_s"] += time.perf_counter() - start
         self.stats["steps"] += 1
         self.stats["max_batch"] = max(self.stats["max_batch"], len(rows))
         for slot, row in rows.items():
