@@ -24,11 +24,11 @@ def add_parser(sub: Any) -> None:
                    help="the envelope: prompt + new tokens of one request, at most (default: the model's "
                         "positions, at most 4096); beyond it a request is a 400; the KV cache is sized by both")
     p.add_argument("--decode-mode", choices=DECODE_MODES,
-                   help="graph (the CUDA default): every bucketed (batch, cache length) decode step captured "
-                        "into a CUDA graph at start-up, nothing captured while serving; compiled: one decoder "
-                        "layer compiled (torch.compile) for all layers first, then captured the same way (a "
-                        "longer start-up); eager (the CPU default). A step that cannot be captured (a MoE's "
-                        "expert loop) decodes eagerly, said in the log and in /health")
+                   help="compiled (the CUDA default): one decoder layer compiled (torch.compile) for all "
+                        "layers, then every bucketed (batch, cache length) decode step captured into a CUDA graph "
+                        "at start-up, nothing compiled or captured while serving; graph: the eager step captured "
+                        "the same way (a shorter start-up, a slower step); eager (the CPU default). A step that "
+                        "cannot be captured (a MoE's expert loop) decodes eagerly, said in the log and in /health")
     p.add_argument("--join-min-rows", type=int, default=0,
                    help="waiting requests join the decoding batch once this many wait (default: an eighth of "
                         "--max-batch), or once the oldest has waited --join-max-wait-s: each join is one prefill "
@@ -69,7 +69,7 @@ def serve(args: Any) -> int:
     hf_dir = as_hf_dir(args.model)
     positions = getattr(AutoConfig.from_pretrained(str(hf_dir)), "max_position_embeddings", DEFAULT_MAX_SEQ_LEN)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    mode = args.decode_mode or ("graph" if device.startswith("cuda") else "eager")
+    mode = args.decode_mode or ("compiled" if device.startswith("cuda") else "eager")
     capture, compile_step = DECODE_MODES[mode]
     if capture and not device.startswith("cuda"):
         raise ValueError(f"--decode-mode {mode} needs a CUDA device (it captures CUDA graphs), got {device!r}")

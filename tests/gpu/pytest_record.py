@@ -51,20 +51,27 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["KAIYUAN_REVISION"] = args.rev
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "junit.xml"
-        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
-                               *args.files, *pytest_args], capture_output=True, text=True)
+        # pytest's output passed through as it comes (a run cut short by a time limit still leaves its log)
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
+                   *args.files, *pytest_args]
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        output = []
+        for line in proc.stdout:  # bounded: ends when pytest exits
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            output.append(line)
+        returncode = proc.wait()
         tests = cases(junit) if junit.is_file() else []
-    sys.stdout.write(done.stdout[-20000:])
-    sys.stderr.write(done.stderr[-5000:])
-    lines = [line.strip("= ") for line in done.stdout.splitlines() if line.strip()]
-    summary = lines[-1] if lines else f"pytest exited {done.returncode} with no output"
+    text = "".join(output)
+    lines = [line.strip("= ") for line in text.splitlines() if line.strip()]
+    summary = lines[-1] if lines else f"pytest exited {returncode} with no output"
     record = {"what": args.what, **provenance(shlex.join(["python3", "tests/gpu/pytest_record.py", *argv])),
-              "result": summary, "pytest_exit_code": done.returncode, "tests": tests}
-    if done.returncode != 0 and not tests:
-        record["log_tail"] = (done.stdout + done.stderr)[-3000:]
+              "result": summary, "pytest_exit_code": returncode, "tests": tests}
+    if returncode != 0 and not tests:
+        record["log_tail"] = text[-3000:]
     write_json(args.out, record)
     print("wrote", args.out)
-    return 1 if done.returncode == NO_TESTS_COLLECTED else done.returncode
+    return 1 if returncode == NO_TESTS_COLLECTED else returncode
 
 
 if __name__ == "__main__":
