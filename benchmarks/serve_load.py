@@ -254,7 +254,10 @@ def main() -> None:
     ap.add_argument("--drain-timeout-s", type=float, default=30)
     ap.add_argument("--ours-args", default="", help="more `kaiyuan serve` options for our side, e.g. "
                                                     "'--join-min-rows 4 --join-max-wait-s 0.1'")
+    ap.add_argument("--rev", help="the git revision of the tree, recorded in the result (the GPU host has no .git)")
     a = ap.parse_args()
+    if a.rev:
+        os.environ["KAIYUAN_REVISION"] = a.rev
     from generation import prompts as corpus_prompts
     from generation import write_random_qwen3
     from transformers import AutoTokenizer

@@ -42,14 +42,15 @@ class MatrixStack:
 
 
 # The tested version matrix. bridge-pypi: `make env` on the CPU host (torch 2.14.1) and the H200 (torch 2.11.0+cu130);
-# fw2606-pypi: NeMo Framework 26.06's Megatron side as PyPI has it, `make env-fw2606` (CPU, torch 2.14.1; the
-# container has torch 2.12.0a0 and TE 2.16); nemo2: `make env-nemo2` (CPU, torch 2.14.1). A stack that passes the
-# suite elsewhere gets a row here; `make lock` resolves each row's environment from its pins (lock_pins).
+# fw2606-pypi: NeMo Framework 26.06's Megatron side as PyPI has it, `make env-fw2606` (CPU, torch 2.14.1) and the
+# H200's journey (tests/gpu/journey.sh --stack fw2606, torch 2.11.0+cu130; the container has torch 2.12.0a0, TE
+# 2.16); nemo2: `make env-nemo2` (CPU, torch 2.14.1). A stack that passes the suite elsewhere gets a row here;
+# `make lock` resolves each row's environment from its pins (lock_pins).
 TESTED_MATRIX: tuple[MatrixStack, ...] = (
     MatrixStack("bridge-pypi", "constraints/bridge.txt", megatron_bridge="0.6.2", megatron_core="0.19.2",
                 transformers="5.12.1", torch=">=2.11,<2.15", nvidia_modelopt="0.47.0"),
     MatrixStack("fw2606-pypi", "constraints/fw2606.txt", megatron_bridge="0.5.0", megatron_core="0.18.0",
-                transformers="5.8.1", torch=">=2.14,<2.15", nvidia_modelopt="0.44.0", make_target="env-fw2606"),
+                transformers="5.8.1", torch=">=2.11,<2.15", nvidia_modelopt="0.44.0", make_target="env-fw2606"),
     MatrixStack("nemo2", "constraints/nemo2.txt", nemo_toolkit="2.7.3", megatron_core="0.15.3",
                 transformers="4.57.6", torch=">=2.14,<2.15", make_target="env-nemo2"),
 )

@@ -93,7 +93,7 @@ def test_the_proof_record_follows_the_result_files(results_copy, tmp_path):
     edit(newer, failed_run)
     readme = proofs.with_proofs(paths.PROOFS_README.read_text(), proofs.render_proofs(results_copy))
     generated = readme.split(proofs.PROOFS_BEGIN)[1]
-    rows = [line for line in generated.splitlines() if line.startswith("| `journey.sh`")]
+    rows = [line for line in generated.splitlines() if line.startswith("| `journey.sh`") and "_journey.json`" in line]
     assert rows == ["| `journey.sh` | `2026-12-02_journey.json` | abc1234 | 2026-12-02 | failed |",
                     f"| `journey.sh` | `2026-12-01_journey.json` | {current} | 2026-12-01 | passed |"]
     assert "`results/2026-12-02_journey.json` (rev abc1234" in document.render(results_copy)

@@ -31,7 +31,9 @@ H200, no Transformer Engine, bf16. Peak memory carries its unit: GB (10⁹ bytes
 
 SECTIONS = [
     Section("The user journey", [
+        Text("latest:*_journey_foreground.json", journey),
         Text("latest:*_journey.json", journey),
+        Text("latest:*_journey_fw2606.json", journey),
     ]),
     Section("Training throughput", [
         Table("2026-12-01_train_throughput.json", throughput_caption, throughput_header(("qwen3_1p7b", "gpt_smoke")),
@@ -115,14 +117,17 @@ SECTIONS = [
         Text("2026-11-30_export_time_cpu.json", lambda d: "Export time on the CPU host: " + export_time(d)),
         Table("2026-11-30_generation_graph_decoder.json", lambda d: "Generation: " + generation_caption(d),
               lambda d: ["", *(b.replace("_", " ") for b in d["results"])], generation_rows, after=generation_after),
-        Text("latest:*_serve_load*.json", serve_load),
+        Text("latest:*_serve_load.json", serve_load),
+        Text("2026-12-01_serve_load_graph_ours_only.json",
+             lambda d: "The same load in an earlier call, graph decode (the CUDA default before 77fbf8f): "
+             + serve_load(d).split("tokens/s. ", 1)[1]),
         Text("2026-12-01_serve_warmup_compiled.json",
-             lambda d: f"Start-up, `--decode-mode compiled` against the default `graph` ({d['envelope']['max_batch']} "
+             lambda d: f"Start-up, `--decode-mode compiled` against `graph` ({d['envelope']['max_batch']} "
              f"rows × {d['envelope']['max_seq_len']} positions, qwen3_1p7b shape): {d['warmup_s']:.0f} s warm-up "
              f"({d['compile_and_first_bucket_s']:.0f} s compiling, {d['captures_s']:.0f} s for the rest of its "
              f"{d['graphs']} captures) against {d['baseline']['warmup_s']:.0f} s, "
-             f"{d['ratio_warmup_compiled_vs_graph']:.0f}× longer, compiling {d['compiled']}; its load has not "
-             "been measured yet."),
+             f"{d['ratio_warmup_compiled_vs_graph']:.0f}× longer, compiling {d['compiled']} (from 25dc7a0 it "
+             "compiles one decoder layer for all: the load entry above has its warm-up)."),
         Text("2026-11-30_heldout_eval_qwen3_1p7b.json", lambda d: "Held-out evaluation: " + heldout(d)),
         Image("results/2026-11-30_heldout_eval_qwen3_1p7b.png", "held-out evaluation"),
     ]),

@@ -61,19 +61,33 @@ def serve_load(d: Data) -> str:
         # files from before /health reported the decode mode carry ours' at the top level
         mode = side["health"].get("envelope", {}).get("decode_mode") \
             or (d.get("decode_mode") if name == "ours" else None)
+        batch_1 = side["batch_1"].get("decode_tokens_per_s")
+        failed = side["load"]["requests_sent"] - side["load"]["completed"]
         parts.append(f"{name}{f' ({mode} decode)' if mode else ''}: "
-                     f"{side['load']['errors']} errors, p50 {lat['p50']:.2f} s, p95 {lat['p95']:.2f} s, "
-                     f"{n0(side['load']['tokens_per_s'])} new tokens/s, streamed first token p95 "
-                     f"{side['load']['streamed_first_token_s']['p95']:.2f} s, batch-1 decode "
-                     f"{n0(side['batch_1']['decode_tokens_per_s'])} tokens/s, ready after {side['start_s']:.0f} s"
+                     f"{side['load']['errors']} errors, {side['load']['completed']} of {side['load']['requests_sent']} "
+                     f"requests sent completed, p50 {lat['p50']:.2f} s, p95 {lat['p95']:.2f} s"
+                     + (" (of the completed ones)" if failed else "") +
+                     f", {n0(side['load']['tokens_per_s'])} new tokens/s, streamed first token p95 "
+                     f"{side['load']['streamed_first_token_s']['p95']:.2f} s"
+                     + (f", batch-1 decode {n0(batch_1)} tokens/s" if batch_1 else ", no batch-1 figure")
+                     + (f", ready after {side['start_s']:.0f} s" if side.get("start_s") else "")
                      + (f" ({w['seconds']:.0f} s warm-up, {w['graphs']} graphs)" if w else "")
-                     + (f", {side['gpu_memory_mib'] / 1024:.1f} GiB on the GPU" if side.get("gpu_memory_mib") else ""))
+                     + (f", {side['gpu_memory_mib'] / 1024:.1f} GiB on the GPU" if side.get("gpu_memory_mib") else "")
+                     + _time_split(side["load"].get("health_after")))
     return (f"Serving under load (`benchmarks/serve_load.py`): {load['clients']} clients × "
             f"{load['requests_per_client']} requests, prompts of {load['prompt_tokens']} tokens, "
             f"{load['new_tokens']} new tokens, {load['mix']}; targets: {t['errors']} errors, p95 ≤ "
             f"{t['p95_latency_s_at_most']} s, ≥ {n0(t['tokens_per_s_at_least'])} tokens/s, batch 1 ≥ "
             f"{t['batch_1_tokens_per_s_at_least']} tokens/s. " + "; ".join(parts) + "."
             + (f" Scope: {d['scope']}." if d.get("scope") else ""))
+
+
+def _time_split(health: Data | None) -> str:
+    """Where the server's time went over the load, from its own counters (files from 5e99546 on)."""
+    if not health or "decode_s" not in health:
+        return ""
+    return (f"; the server spent {health['decode_s']:.2f} s in {health['steps']} decode steps and "
+            f"{health['prefill_s']:.2f} s in prefills")
 
 
 def heldout(d: Data) -> str:

@@ -13,20 +13,40 @@ def _steps(data: Data) -> dict[str, Data]:
 
 
 def journey(d: Data) -> str:
+    """Both parts, or the one the file holds (journey.sh runs one part per device call)."""
     s = _steps(d)
-    train, ok = s["train"], [step for step in d["steps"] if step["ok"]]
+    ok = [step for step in d["steps"] if step["ok"]]
+    versions = d.get("versions") or {}
+    stack = (f"Stack {d['stack']}: megatron-bridge {versions.get('megatron-bridge')}, megatron-core "
+             f"{versions.get('megatron-core')}, transformers {versions.get('transformers')}, torch "
+             f"{versions.get('torch')}. " if d.get("stack") and d["stack"] != "bridge" else "")
+    verdict = s.get("doctor", {}).get("verdict")
+    doctor = "" if not verdict else (
+        f"`kaiyuan doctor` exits {s['doctor']['exit_code']}: " +
+        (f"in the tested matrix ({verdict['stack']}). " if verdict["tested"] else
+         f"not in the tested matrix ({verdict['stack']} but {'; '.join(verdict['mismatches'])}). "))
+    parts = [_foreground(s) if "train" in s else "The foreground part is not in this file.",
+             _detached(s) if "stop" in s else "The detached part is not in this file."]
+    return (f"{stack}Overrides: {d.get('overrides', 'none recorded')}. {len(ok)} of {len(d['steps'])} steps ok"
+            f"{'' if d['all_ok'] else ' (NOT all ok)'}. {doctor}" + " ".join(parts))
+
+
+def _foreground(s: dict[str, Data]) -> str:
+    train = s["train"]
     eval_rows = [r.split("|") for r in s["eval"].get("table", [])[2:]]
     samples = next(int(r[3]) for r in eval_rows if len(r) > 3 and r[1].strip() == "overall")
+    return (f"gpt_smoke trains {train['final_iteration']} steps (loss {train['first_loss']:.2f} → "
+            f"{train['final_loss']:.2f}, {n0(train['tokens_per_s_last10'])} tokens/s over the last 10), `status` "
+            f"says {s['status']['state']}, `export hf` takes {s['export']['export_s']} s, `serve` answers the "
+            f"original `PUT /api` curl and an OpenAI completion ({s['openai_completion']['usage']['completion_tokens']}"
+            f" tokens), `eval heldout` scores {samples} samples, `--phase 2` resumes at iteration "
+            f"{s['phase2']['first_iteration']} and ends at {s['phase2']['final_iteration']}, and the phase-2 export "
+            f"takes {s['export_phase2']['export_s']} s.")
+
+
+def _detached(s: dict[str, Data]) -> str:
     stop, restart = s["stop"], s["restart"]
-    return (f"Overrides: {d.get('overrides', 'none recorded')}. {len(ok)} of {len(d['steps'])} steps ok"
-            f"{'' if d['all_ok'] else ' (NOT all ok)'}. gpt_smoke trains {train['final_iteration']} steps "
-            f"(loss {train['first_loss']:.2f} → {train['final_loss']:.2f}, {n0(train['tokens_per_s_last10'])} "
-            f"tokens/s over the last 10), `status` says {s['status']['state']}, `export hf` takes "
-            f"{s['export']['export_s']} s, `serve` answers the original `PUT /api` curl and an OpenAI completion "
-            f"({s['openai_completion']['usage']['completion_tokens']} tokens), `eval heldout` scores {samples} "
-            f"samples, `--phase 2` resumes at iteration {s['phase2']['first_iteration']} and ends at "
-            f"{s['phase2']['final_iteration']}, and the phase-2 export takes {s['export_phase2']['export_s']} s. "
-            f"Detached: `start`, a second `start` refused, `stop` with its checkpoint at iteration "
+    return (f"Detached: `start`, a second `start` refused, `stop` with its checkpoint at iteration "
             f"{stop['last_checkpoint']} ({'a' if stop['sigkill_after_grace'] else 'no'} SIGKILL), `status` "
             f"{s['status_stopped']['state']} at {s['status_stopped']['iteration']}, a restart resumes at "
             f"{restart['train_starts_at'][-1]} and finishes at {s['status_finished']['iteration']}.")
