@@ -254,6 +254,8 @@ def main() -> None:
     ap.add_argument("--drain-timeout-s", type=float, default=30)
     ap.add_argument("--ours-args", default="", help="more `kaiyuan serve` options for our side, e.g. "
                                                     "'--join-min-rows 4 --join-max-wait-s 0.1'")
+    ap.add_argument("--baseline-args", help="the baseline server's options (default: --max-batch-size MAX_BATCH, "
+                                            "418de9a's); e.g. '--max-batch 64 --max-seq-len 4096' for a later one")
     ap.add_argument("--rev", help="the git revision of the tree, recorded in the result (the GPU host has no .git)")
     a = ap.parse_args()
     if a.rev:
@@ -285,8 +287,10 @@ def main() -> None:
     elif "baseline" in a.sides:
         if not a.baseline_src:
             ap.error("--baseline-src DIR (or --baseline-json FILE, or --sides ours)")
-        sides["baseline"] = asdict(run_side("baseline", a.baseline_src.resolve(), model,
-                                            [*device, "--max-batch-size", str(a.max_batch)], a, prompts))
+        # the 418de9a server's option by default; a later revision's as given
+        base_args = a.baseline_args.split() if a.baseline_args is not None else ["--max-batch-size", str(a.max_batch)]
+        sides["baseline"] = asdict(run_side("baseline", a.baseline_src.resolve(), model, [*device, *base_args], a,
+                                            prompts))
     write_json(a.out, {**provenance(" ".join(["python", *sys.argv])), "model": str(model),
                        "load": {"clients": a.clients, "requests_per_client": a.requests_per_client,
                                 "prompt_tokens": a.prompt_len, "new_tokens": a.new_tokens, "passes": a.passes,

@@ -4,6 +4,7 @@ rows equal transformers' generate token for token in fp32 whoever else decodes, 
 own settings and seed, the per-row sampler filters as transformers' warpers do, the envelope bounds what is
 served, /health says ready only after warm-up, and SIGTERM drains a real server process."""
 
+import asyncio
 import functools
 import json
 import re
@@ -389,3 +390,34 @@ def test_an_envelope_the_model_or_host_cannot_serve_is_refused_at_start(tiny_mod
     done = subprocess.run([sys.executable, "-m", "kaiyuan_recipes.cli.main", "serve", str(tiny_model), "--device",
                            "cpu", *args], capture_output=True, text=True, timeout=300)
     assert done.returncode != 0 and message in done.stderr, done.stderr[-2000:]
+
+
+def test_a_stream_that_lags_takes_every_new_token_at_once(engine, reference):
+    """A stream whose consumer is slower than the decoder gets the text of every token since its last turn in
+    one event (not one event-loop callback and one event per token), and its text is still the greedy
+    completion's."""
+    from kaiyuan_exporters.serving.completions import _Detokenizer, prepare, requests_for, stream
+    from kaiyuan_exporters.serving.openai_schema import CompletionRequest
+
+    body = CompletionRequest(prompt="The quick brown fox", max_tokens=200, temperature=0, stream=True)
+    prompts = prepare(engine, body, 256)
+    requests = requests_for(body, prompts)
+    for req in requests:
+        req.ignore_eos = True
+
+    async def consume() -> list[dict]:
+        events = []
+        async for line in stream(engine, body, prompts, requests, "cmpl-test", 0, "tiny"):
+            if line.startswith("data: {"):
+                events.append(json.loads(line[6:]))
+                await asyncio.sleep(0.05)  # the consumer lags: tokens pile up meanwhile
+        return events
+
+    events = asyncio.run(consume())
+    expected = reference(prompts[0].ids, 200)
+    text = "".join(c["text"] for e in events for c in e["choices"])
+    assert text == engine.decode(expected)
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
+    detokenizer = _Detokenizer(engine)
+    visible = sum(bool(detokenizer.add(t)) for t in expected)  # tokens completing some text: uncoalesced, an event each
+    assert len(events) < visible / 2, (len(events), visible)

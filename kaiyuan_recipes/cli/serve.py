@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 # --decode-mode: (capture CUDA graphs, compile the step) at warm-up
 DECODE_MODES = {"compiled": (True, True), "graph": (True, False), "eager": (False, False)}
+# How long a thread may hold the GIL while another waits for it (Python's default: 5 ms). The decode worker gives
+# the GIL up in every torch call (a step's wait for the GPU, each eager op of a prefill) and takes it back after:
+# with the HTTP event loop busy, each take-back could wait the whole interval, in a step of a few ms.
+GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 def add_parser(sub: Any) -> None:
@@ -61,6 +66,7 @@ def serve(args: Any) -> int:
     from transformers import AutoConfig
 
     logging.getLogger("kaiyuan_exporters.serving").setLevel(logging.INFO)  # warm-up progress, the server's state
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     token = None
     if args.api_token_env:
         token = os.environ.get(args.api_token_env)

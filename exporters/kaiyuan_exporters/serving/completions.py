@@ -6,6 +6,8 @@ n choices per prompt, usage. Tokenizing and detokenizing whole texts run off the
 from __future__ import annotations
 
 import asyncio
+import collections
+import functools
 import json
 import logging
 import time
@@ -146,6 +148,32 @@ class EngineStream(StreamingResponse):
                 req.cancelled.set()
 
 
+class _Arrivals:
+    """New tokens from the engine's worker thread to one stream: the worker appends (a deque's append is
+    thread-safe) and wakes the event loop only when the stream is not already due to wake, so a stream that
+    lags takes every token since its last turn at once, not one event-loop callback per token."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop, self.wake = loop, asyncio.Event()
+        self.tokens: collections.deque[tuple[int, int]] = collections.deque()
+        self.due = False  # a wake-up is on its way to the loop
+
+    def put(self, index: int, token: int) -> None:  # the worker thread
+        self.tokens.append((index, token))
+        if not self.due:
+            self.due = True
+            self.loop.call_soon_threadsafe(self.wake.set)
+
+    async def wait(self) -> None:
+        """Until a token arrives (or the engine is done with the stream's requests: `wake` set)."""
+        await self.wake.wait()
+        self.wake.clear()
+        self.due = False  # before take(): a token appended from here on wakes the loop again
+
+    def take(self) -> list[tuple[int, int]]:
+        return [self.tokens.popleft() for _ in range(len(self.tokens))]  # bounded: what is there now
+
+
 class _Detokenizer:
     """Incremental detokenizing of one row (a window of tokens, not the whole text, per token)."""
 
@@ -175,30 +203,34 @@ async def stream(engine: GenerationEngine, body: CompletionRequest, prompts: lis
         return "data: " + data.model_dump_json() + "\n\n"
 
     try:
-        loop = asyncio.get_running_loop()
-        tokens: asyncio.Queue = asyncio.Queue()
+        arrivals = _Arrivals(asyncio.get_running_loop())
         for index, req in enumerate(requests):
-            req.on_token = lambda t, i=index: loop.call_soon_threadsafe(tokens.put_nowait, (i, t))
+            req.on_token = functools.partial(arrivals.put, index)
         done = asyncio.gather(*map(asyncio.wrap_future, engine.submit_all(requests)))
+        done.add_done_callback(lambda _: arrivals.wake.set())
         rows = [_Detokenizer(engine) for _ in requests]
         texts, sent, ended = ["" for _ in requests], [0] * len(requests), [False] * len(requests)
         if body.echo:
             yield event([{"index": i, "text": prompts[i // body.n].text, "finish_reason": None}
                          for i in range(len(requests))])
-        while not (done.done() and tokens.empty()):
-            try:
-                index, token = await asyncio.wait_for(tokens.get(), timeout=0.05)
-            except TimeoutError:
-                continue
-            if ended[index]:
-                continue
-            texts[index] += rows[index].add(token)
-            cut = find_stop(texts[index], body.stops) if body.stops else None
-            ended[index] = cut is not None
-            upto = cut if cut is not None else len(texts[index]) - held_back(texts[index], body.stops)
-            if upto > sent[index]:
-                yield event([{"index": index, "text": texts[index][sent[index]:upto], "finish_reason": None}])
-                sent[index] = upto
+        while True:  # bounded: ends when the engine has finished (or failed) every request
+            finished = done.done()  # before taking the tokens: every token comes before its request's end
+            if not finished:
+                await arrivals.wait()
+            changed = set()
+            for index, token in arrivals.take():
+                if not ended[index]:
+                    texts[index] += rows[index].add(token)
+                    changed.add(index)
+            for index in sorted(changed):  # every token since the last wake-up in one event per row
+                cut = find_stop(texts[index], body.stops) if body.stops else None
+                ended[index] = cut is not None
+                upto = cut if cut is not None else len(texts[index]) - held_back(texts[index], body.stops)
+                if upto > sent[index]:
+                    yield event([{"index": index, "text": texts[index][sent[index]:upto], "finish_reason": None}])
+                    sent[index] = upto
+            if finished:
+                break
         results = await done
         final = await run_in_threadpool(lambda: [completion_text(engine, r, body.stops) for r in results])
         for index, (text, finish) in enumerate(final):

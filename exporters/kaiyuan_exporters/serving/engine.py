@@ -154,7 +154,7 @@ class GenerationEngine:
         # seconds in decode steps (each until its tokens reach the host) and in prefills: with the wall time, where
         # a loaded server's time goes
         self.stats = {"requests": 0, "steps": 0, "max_batch": 0, "tokens": 0, "cancelled": 0, "rows": 0,
-                      "decode_s": 0.0, "prefill_s": 0.0}
+                      "decode_s": 0.0, "prefills": 0, "prefill_s": 0.0}
         self._worker = threading.Thread(target=self._serve, name="generation", daemon=True)
         self._worker.start()
 
@@ -273,6 +273,7 @@ class GenerationEngine:
                 first = self.decoder.prefill(slots, [r.prompt_ids for r in group],
                                              [self._row_settings(r) for r in group]).tolist()
                 self.stats["prefill_s"] += time.perf_counter() - start
+                self.stats["prefills"] += 1
             except Exception as err:  # noqa: BLE001  (delivered to the group's callers)
                 log.exception("prefill failed: %s", err)
                 for slot, req in zip(slots, group):
