@@ -25,6 +25,7 @@ from typing import Callable
 
 import torch
 
+from . import attention
 from .batch_decoder import BatchDecoder, Envelope, WarmUp
 from .sampling import seed_key
 
@@ -128,9 +129,11 @@ class GenerationEngine:
         cuda = self.device.startswith("cuda")
         dtype = dtype or (torch.bfloat16 if cuda else torch.float32)
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-        # SDPA: the decoder's masks are its boolean 4D masks, and the prefill its causal path
+        # SDPA (attention.py: a decode step's grouped-query heads without copying the keys and values): the
+        # decoder's masks are its boolean 4D masks, and the prefill SDPA's causal path
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype,
-                                                          attn_implementation="sdpa").to(self.device).eval()
+                                                          attn_implementation=attention.register()
+                                                          ).to(self.device).eval()
         positions = int(getattr(self.model.config, "max_position_embeddings", DEFAULT_MAX_SEQ_LEN))
         self.envelope = envelope or Envelope(max_seq_len=min(positions, DEFAULT_MAX_SEQ_LEN), capture=cuda)
         if self.envelope.max_seq_len > positions:
