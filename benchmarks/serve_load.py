@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from provenance import provenance, write_json  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLED = dict(temperature=0.8, top_p=0.95)
+SERVER_COUNTERS = ("requests", "steps", "tokens", "decode_s", "prefills", "prefill_s")
 TARGETS = {"errors": 0, "p95_latency_s_at_most": 3.0, "tokens_per_s_at_least": 5000,
            "batch_1_tokens_per_s_at_least": 300}
 
@@ -187,12 +189,16 @@ def run_side(name: str, source: Path, model: Path, server_args: list[str], a: ar
     url = f"http://127.0.0.1:{port}"
     try:
         for index in range(a.passes):
+            before = httpx.get(url + "/health", timeout=10).json()
             result = asyncio.run(drive(url, prompts, a.clients, a.requests_per_client, a.new_tokens,
                                        a.request_timeout_s, a.load_deadline_s))
+            after = httpx.get(url + "/health", timeout=10).json()
+            # the server's own counters over this pass (e.g. decode_s: its time in decode steps)
+            result["server"] = {k: after[k] - before[k] for k in SERVER_COUNTERS if k in after and k in before}
             side.load = result if index == 0 else side.load
-            side.load.setdefault("passes", []).append({k: result[k] for k in ("tokens_per_s", "latency_s", "errors")})
+            side.load.setdefault("passes", []).append({k: result[k] for k in ("tokens_per_s", "latency_s", "errors",
+                                                                                "server")})
             print(name, "pass", index, json.dumps(result), flush=True)
-        side.load["health_after"] = httpx.get(url + "/health", timeout=10).json()  # e.g. decode_s: the GPU's share
         side.batch_1 = asyncio.run(batch_1(url, prompts[0], a.batch_1_tokens))
         side.gpu_memory_mib = gpu_memory_mib(proc.pid)
         side.health = httpx.get(url + "/health", timeout=10).json()
@@ -280,7 +286,7 @@ def main() -> None:
     elif "ours" in a.sides:
         sides["ours"] = asdict(run_side("ours", REPO, model, [*device, "--max-batch", str(a.max_batch), "--max-seq-len",
                                                                 str(a.max_seq_len), "--drain-timeout-s",
-                                                                str(a.drain_timeout_s), *a.ours_args.split()], a,
+                                                                str(a.drain_timeout_s), *shlex.split(a.ours_args)], a,
                                          prompts))
     if a.baseline_json:
         sides["baseline"] = json.loads(a.baseline_json.read_text())["baseline"]
@@ -288,7 +294,8 @@ def main() -> None:
         if not a.baseline_src:
             ap.error("--baseline-src DIR (or --baseline-json FILE, or --sides ours)")
         # the 418de9a server's option by default; a later revision's as given
-        base_args = a.baseline_args.split() if a.baseline_args is not None else ["--max-batch-size", str(a.max_batch)]
+        base_args = shlex.split(a.baseline_args) if a.baseline_args is not None else ["--max-batch-size",
+                                                                                      str(a.max_batch)]
         sides["baseline"] = asdict(run_side("baseline", a.baseline_src.resolve(), model, [*device, *base_args], a,
                                             prompts))
     write_json(a.out, {**provenance(" ".join(["python", *sys.argv])), "model": str(model),

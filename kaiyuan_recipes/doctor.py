@@ -24,7 +24,7 @@ class MatrixStack:
     lock: str
     megatron_core: str
     transformers: str
-    torch: str  # a PEP 440 specifier set
+    torch: str  # a PEP 440 specifier set, or several joined by " || " (any of them: the versions actually run)
     megatron_bridge: str | None = None
     nemo_toolkit: str | None = None
     nvidia_modelopt: str | None = None  # megatron-bridge imports it; pinned where a stack differs in it
@@ -38,7 +38,7 @@ class MatrixStack:
 
     def describe(self) -> str:
         pins = ", ".join(f"{d} {v}" for d, v in self.pins().items())
-        return f"{self.name}: {pins}, torch {self.torch} ({self.lock})"
+        return f"{self.name}: {pins}, torch {self.torch.replace(' || ', ' or ')} ({self.lock})"
 
 
 # The tested version matrix. bridge-pypi: `make env` on the CPU host (torch 2.14.1) and the H200 (torch 2.11.0+cu130);
@@ -50,7 +50,7 @@ TESTED_MATRIX: tuple[MatrixStack, ...] = (
     MatrixStack("bridge-pypi", "constraints/bridge.txt", megatron_bridge="0.6.2", megatron_core="0.19.2",
                 transformers="5.12.1", torch=">=2.11,<2.15", nvidia_modelopt="0.47.0"),
     MatrixStack("fw2606-pypi", "constraints/fw2606.txt", megatron_bridge="0.5.0", megatron_core="0.18.0",
-                transformers="5.8.1", torch=">=2.11,<2.15", nvidia_modelopt="0.44.0", make_target="env-fw2606"),
+                transformers="5.8.1", torch="==2.11.* || ==2.14.*", nvidia_modelopt="0.44.0", make_target="env-fw2606"),
     MatrixStack("nemo2", "constraints/nemo2.txt", nemo_toolkit="2.7.3", megatron_core="0.15.3",
                 transformers="4.57.6", torch=">=2.14,<2.15", make_target="env-nemo2"),
 )
@@ -145,7 +145,8 @@ def _matches(have: str | None, spec: str) -> bool:
     from packaging.version import InvalidVersion, Version
 
     try:
-        return have is not None and SpecifierSet(spec).contains(Version(have), prereleases=True)
+        return have is not None and any(SpecifierSet(one).contains(Version(have), prereleases=True)
+                                        for one in spec.split("||"))
     except InvalidVersion:
         return False
 
@@ -153,7 +154,8 @@ def _matches(have: str | None, spec: str) -> bool:
 def mismatches(stack: MatrixStack, versions: dict[str, str | None]) -> list[str]:
     """What differs from `stack`: one "package installed (tested: version)" per difference."""
     wanted = {**{d: f"=={v}" for d, v in stack.pins().items()}, "torch": stack.torch}
-    return [f"{dist} {versions.get(dist) or 'not installed'} (tested: {spec.removeprefix('==')})"
+    return [f"{dist} {versions.get(dist) or 'not installed'} (tested: "
+            f"{spec.replace(' || ', ' or ') if dist == 'torch' else spec.removeprefix('==')})"
             for dist, spec in wanted.items() if not _matches(versions.get(dist), spec)]
 
 

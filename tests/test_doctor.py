@@ -99,6 +99,19 @@ def test_an_untested_stack_exits_1_and_names_the_tested_versions():
     assert doctor.judge({**installed, "megatron-bridge": installed["megatron-bridge"] + "+nv"}, (other, here)).tested
 
 
+@pytest.mark.parametrize("torch_version, tested", [("2.11.0+cu130", True), ("2.14.1", True),
+                                                   ("2.12.0a0+nv26.06", False), ("2.13.0", False)])
+def test_the_fw2606_row_holds_the_torch_versions_it_ran_on_and_no_others(torch_version, tested):
+    """fw2606-pypi ran on the H200's torch 2.11 (the journey) and the CPU host's 2.14: the NeMo FW container's
+    own 2.12.0a0, between them, was never run and is not taken for tested."""
+    row = next(s for s in doctor.TESTED_MATRIX if s.name == "fw2606-pypi")
+    versions = {"megatron-bridge": row.megatron_bridge, "megatron-core": row.megatron_core,
+                "transformers": row.transformers, "nvidia-modelopt": row.nvidia_modelopt, "torch": torch_version}
+    verdict = doctor.judge(versions)
+    assert verdict.stack == "fw2606-pypi" and verdict.tested is tested
+    assert verdict.mismatches == ([] if tested else [f"torch {torch_version} (tested: ==2.11.* or ==2.14.*)"])
+
+
 def test_no_megatron_at_all_exits_1_and_says_what_to_install(tmp_path):
     """The base package alone (its own dependencies, no Megatron, no packaging): an interpreter without
     site-packages, given only those on its path."""

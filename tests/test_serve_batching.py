@@ -421,3 +421,21 @@ def test_a_stream_that_lags_takes_every_new_token_at_once(engine, reference):
     detokenizer = _Detokenizer(engine)
     visible = sum(bool(detokenizer.add(t)) for t in expected)  # tokens completing some text: uncoalesced, an event each
     assert len(events) < visible / 2, (len(events), visible)
+
+
+def test_without_repeated_decoder_layers_the_step_is_not_compiled(monkeypatch, caplog):
+    """A model whose decoder layers are not found (decoder_layers() None) is not compiled whole, which would take
+    minutes at start-up: its step runs as in graph mode, and the log says so."""
+    from kaiyuan_exporters.serving import batch_decoder
+    from kaiyuan_exporters.serving.batch_decoder import BatchDecoder, Envelope
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64)
+    model = Qwen3ForCausalLM(config).eval()
+    assert batch_decoder.decoder_layers(model)  # the control: found without the patch
+    monkeypatch.setattr(batch_decoder, "decoder_layers", lambda m: None)
+    with caplog.at_level("WARNING", logger="kaiyuan_exporters.serving.batch_decoder"):
+        decoder = BatchDecoder(model, Envelope(4, 64, capture=False, compile=True), "cpu")
+    assert decoder.compiled == "nothing" and decoder.mode == "eager"
+    assert "no repeated decoder layers found" in caplog.text

@@ -120,7 +120,7 @@ SECTIONS = [
         Text("latest:*_serve_load.json", serve_load),
         Text("2026-12-01_serve_load_graph_ours_only.json",
              lambda d: "The same load in an earlier call, graph decode (the CUDA default before 77fbf8f): "
-             + serve_load(d).split("tokens/s. ", 1)[1]),
+             + serve_load(d, with_load=False)),
         Text("2026-12-01_serve_warmup_compiled.json",
              lambda d: f"Start-up, `--decode-mode compiled` against `graph` ({d['envelope']['max_batch']} "
              f"rows × {d['envelope']['max_seq_len']} positions, qwen3_1p7b shape): {d['warmup_s']:.0f} s warm-up "

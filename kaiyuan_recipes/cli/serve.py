@@ -32,8 +32,9 @@ def add_parser(sub: Any) -> None:
                    help="compiled (the CUDA default): one decoder layer compiled (torch.compile) for all "
                         "layers, then every bucketed (batch, cache length) decode step captured into a CUDA graph "
                         "at start-up, nothing compiled or captured while serving; graph: the eager step captured "
-                        "the same way (a shorter start-up, a slower step); eager (the CPU default). A step that "
-                        "cannot be captured (a MoE's expert loop) decodes eagerly, said in the log and in /health")
+                        "the same way (a shorter start-up, slower at batch 1); eager (the CPU default). A compiled "
+                        "step that fails is captured eagerly instead; a step that cannot be captured (a MoE's "
+                        "expert loop) decodes eagerly; both said in the log and in /health")
     p.add_argument("--join-min-rows", type=int, default=0,
                    help="waiting requests join the decoding batch once this many wait (default: an eighth of "
                         "--max-batch), or once the oldest has waited --join-max-wait-s: each join is one prefill "

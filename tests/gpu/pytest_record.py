@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -21,6 +22,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from provenance import provenance, write_json  # noqa: E402
 
 NO_TESTS_COLLECTED = 5
+SUMMARY = re.compile(r"\b(passed|failed|errors?|skipped|no tests ran)\b.* in [0-9.]+s\b")
 
 
 def cases(junit: Path) -> list[dict[str, str]]:
@@ -63,8 +65,9 @@ def main(argv: list[str] | None = None) -> int:
         returncode = proc.wait()
         tests = cases(junit) if junit.is_file() else []
     text = "".join(output)
-    lines = [line.strip("= ") for line in text.splitlines() if line.strip()]
-    summary = lines[-1] if lines else f"pytest exited {returncode} with no output"
+    # pytest's own summary line, not whatever was printed last (a warning at interpreter exit, on the same pipe)
+    lines = [line.strip("= ") for line in text.splitlines() if SUMMARY.search(line)]
+    summary = lines[-1] if lines else f"pytest exited {returncode} with no summary line"
     record = {"what": args.what, **provenance(shlex.join(["python3", "tests/gpu/pytest_record.py", *argv])),
               "result": summary, "pytest_exit_code": returncode, "tests": tests}
     if returncode != 0 and not tests:

@@ -113,3 +113,28 @@ def test_captured_steps_give_the_eager_steps_tokens_in_fp32(model_dir):
                                                               for p, s in zip(batch, settings)])])
         engine.close()
     assert results[0] == results[1]
+
+
+def test_a_compiled_step_that_fails_is_captured_eagerly_instead(model_dir, monkeypatch):
+    """An inductor (or Triton) failure at warm-up leaves graph mode, not eager decoding: the eager step is
+    captured in its place, and greedy rows still equal generate in fp32."""
+    from kaiyuan_exporters.serving.engine import Request
+    from transformers import AutoModelForCausalLM
+
+    def failing_compile(fn, **kwargs):
+        def compiled(*args, **kw):
+            raise RuntimeError("inductor failed (this test's stand-in)")
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", failing_compile)
+    engine = engine_for(model_dir, torch.float32, compile=True)
+    try:
+        assert engine.decoder.mode == "graph" and engine.decoder.graphs and engine.decoder.compiled == "nothing"
+        prompt = prompts(1, seed=3)[0]
+        ours = engine.generate([Request(prompt, 24, ignore_eos=True)])[0].token_ids
+    finally:
+        engine.close()
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).cuda().eval()
+    expected = model.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=24, min_new_tokens=24,
+                              do_sample=False, pad_token_id=151643, disable_compile=True)[0, len(prompt):].tolist()
+    assert ours == expected

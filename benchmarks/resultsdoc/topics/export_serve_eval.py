@@ -50,7 +50,8 @@ def generation_after(d: Data) -> str:
             "The transformers side is timed on its first call (issue 30, item 3).")
 
 
-def serve_load(d: Data) -> str:
+def serve_load(d: Data, with_load: bool = True) -> str:
+    """The load and targets (with_load), then each side's figures."""
     load, t = d["load"], d["targets"]
     parts = []
     for name in ("ours", "baseline"):
@@ -73,17 +74,20 @@ def serve_load(d: Data) -> str:
                      + (f", ready after {side['start_s']:.0f} s" if side.get("start_s") else "")
                      + (f" ({w['seconds']:.0f} s warm-up, {w['graphs']} graphs)" if w else "")
                      + (f", {side['gpu_memory_mib'] / 1024:.1f} GiB on the GPU" if side.get("gpu_memory_mib") else "")
-                     + _time_split(side["load"].get("health_after")))
+                     + _time_split(side["load"].get("server") or side["load"].get("health_after")))
+    sides = "; ".join(parts) + "." + (f" Scope: {d['scope']}." if d.get("scope") else "")
+    if not with_load:
+        return sides
     return (f"Serving under load (`benchmarks/serve_load.py`): {load['clients']} clients × "
             f"{load['requests_per_client']} requests, prompts of {load['prompt_tokens']} tokens, "
             f"{load['new_tokens']} new tokens, {load['mix']}; targets: {t['errors']} errors, p95 ≤ "
             f"{t['p95_latency_s_at_most']} s, ≥ {n0(t['tokens_per_s_at_least'])} tokens/s, batch 1 ≥ "
-            f"{t['batch_1_tokens_per_s_at_least']} tokens/s. " + "; ".join(parts) + "."
-            + (f" Scope: {d['scope']}." if d.get("scope") else ""))
+            f"{t['batch_1_tokens_per_s_at_least']} tokens/s. " + sides)
 
 
 def _time_split(health: Data | None) -> str:
-    """Where the server's time went over the load, from its own counters (files from 5e99546 on)."""
+    """Where the server's time went over the (first) pass, from its own counters: `server`, the pass's deltas;
+    `health_after`, /health after a one-pass load (the files of 2026-12-02)."""
     if not health or "decode_s" not in health:
         return ""
     return (f"; the server spent {health['decode_s']:.2f} s in {health['steps']} decode steps and "

@@ -222,11 +222,12 @@ class BatchDecoder:
             self._layer = torch.compile(_forward_of, dynamic=True)
             self._forward = self._regional_logits
             self.compiled = f"one {type(self._layers[0][1]).__name__} for its {len(self._layers)} layers"
-        else:
-            self._forward = torch.compile(self._logits, dynamic=True) if self.envelope.compile else self._logits
-            self.compiled = ("the whole forward" + ("" if not self.envelope.regional else
-                                                    " (no repeated decoder layers found)")
-                             if self.envelope.compile else "nothing")
+        elif self.envelope.compile and not self.envelope.regional:
+            self._forward, self.compiled = torch.compile(self._logits, dynamic=True), "the whole forward"
+        else:  # not compiled; or no repeated decoder layers, whose whole forward would compile for minutes
+            if self.envelope.compile:
+                log.warning("no repeated decoder layers found: the decode step is not compiled (graph mode)")
+            self._forward, self.compiled = self._logits, "nothing"
 
     @property
     def mode(self) -> str:
@@ -344,20 +345,19 @@ class BatchDecoder:
                      f"capturing {total} CUDA graphs" if self.capture else "running every bucket once")
         if self.capture:
             try:
-                for batch in reversed(self.envelope.batch_buckets):
-                    for length in reversed(self.envelope.length_buckets):
-                        for kind in STEP_KINDS:
-                            self.graphs[(batch, length, kind)] = _Graph(self._capture(batch, length, kind), kind)
-                    log.info("warm-up: batch %d captured, %d of %d CUDA graphs, %.1f s", batch, len(self.graphs),
-                             total, time.perf_counter() - start)
-            except Exception as err:  # noqa: BLE001  (a model whose step cannot be captured, e.g. a MoE's
-                # data-dependent expert loop: served eagerly, said once)
-                warnings.warn(f"decode step not captured ({type(err).__name__}: {str(err)[:200]}); decoding "
-                              "eagerly", stacklevel=2)
-                self.graphs.clear()
-                self.capture = False
-                self._forward, self.compiled = self._logits, "nothing"
-                torch.cuda.synchronize()
+                self._capture_all(start, total)
+            except Exception as err:  # noqa: BLE001  (said, then the next best: the eager step captured)
+                if self.compiled == "nothing":
+                    self._decode_eagerly(err)
+                else:  # the compiled step failed (an inductor or Triton failure): graph mode, as without compile
+                    warnings.warn(f"compiled decode step not captured ({type(err).__name__}: {str(err)[:200]}); "
+                                  "capturing the eager step instead", stacklevel=2)
+                    self.graphs.clear()
+                    self._forward, self.compiled = self._logits, "nothing"
+                    try:
+                        self._capture_all(start, total)
+                    except Exception as again:  # noqa: BLE001
+                        self._decode_eagerly(again)
         elif self.envelope.compile:  # every bucket once: the compilations happen here, not on the request path
             for batch in self.envelope.batch_buckets:
                 for length in self.envelope.length_buckets:
@@ -372,6 +372,23 @@ class BatchDecoder:
             torch.cuda.synchronize()
         used = free_before - torch.cuda.mem_get_info()[0] if cuda else self.cache.nbytes
         return WarmUp(time.perf_counter() - start, len(self.graphs), self.cache.nbytes, used)
+
+    def _capture_all(self, start: float, total: int) -> None:
+        for batch in reversed(self.envelope.batch_buckets):
+            for length in reversed(self.envelope.length_buckets):
+                for kind in STEP_KINDS:
+                    self.graphs[(batch, length, kind)] = _Graph(self._capture(batch, length, kind), kind)
+            log.info("warm-up: batch %d captured, %d of %d CUDA graphs, %.1f s", batch, len(self.graphs), total,
+                     time.perf_counter() - start)
+
+    def _decode_eagerly(self, err: Exception) -> None:
+        """A step that cannot be captured (e.g. a MoE's data-dependent expert loop): served eagerly, said once."""
+        warnings.warn(f"decode step not captured ({type(err).__name__}: {str(err)[:200]}); decoding eagerly",
+                      stacklevel=3)
+        self.graphs.clear()
+        self.capture = False
+        self._forward, self.compiled = self._logits, "nothing"
+        torch.cuda.synchronize()
 
     def _capture(self, batch: int, length: int, kind: str) -> torch.cuda.CUDAGraph:
         """No row is active during warm-up: the steps write only the rows' column 0 and move nothing on."""
