@@ -61,7 +61,7 @@ def test_no_capture_or_compilation_after_warm_up(model_dir, monkeypatch):
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1  # the step, compiled once, at warm-up
     from kaiyuan_exporters.serving.batch_decoder import STEP_KINDS
 
-    graphs = len(engine.envelope.batch_buckets) * len(engine.envelope.length_buckets) * len(STEP_KINDS)
+    graphs = len(engine.decoder.batch_buckets) * len(engine.envelope.length_buckets) * len(STEP_KINDS)
     assert engine.decoder.captures == len(engine.decoder.graphs) == graphs == 4 * 3 * 3  # batch 2..16, 256..1024
     captures = []
     original = torch.cuda.CUDAGraph.capture_begin
@@ -115,21 +115,32 @@ def test_captured_steps_give_the_eager_steps_tokens_in_fp32(model_dir):
     assert results[0] == results[1]
 
 
-def test_a_compiled_step_that_fails_is_captured_eagerly_instead(model_dir, monkeypatch):
+@pytest.mark.parametrize("where", ["before", "inside"])
+def test_a_compiled_step_that_fails_is_captured_eagerly_instead(model_dir, monkeypatch, where):
     """An inductor (or Triton) failure at warm-up leaves graph mode, not eager decoding: the eager step is
-    captured in its place, and greedy rows still equal generate in fp32."""
+    captured in its place (bucket of 1 again, the count of graphs its own), and greedy rows still equal generate
+    in fp32. Before: the compiled layer fails on its first, uncaptured run. Inside: it fails only under capture,
+    with a host sync that CUDA refuses there, so the capture is invalidated and torch.cuda.graph's exit fails."""
+    from kaiyuan_exporters.serving.batch_decoder import STEP_KINDS
     from kaiyuan_exporters.serving.engine import Request
     from transformers import AutoModelForCausalLM
 
     def failing_compile(fn, **kwargs):
-        def compiled(*args, **kw):
-            raise RuntimeError("inductor failed (this test's stand-in)")
+        def compiled(layer, *args, **kw):
+            if where == "before":
+                raise RuntimeError("inductor failed (this test's stand-in)")
+            if torch.cuda.is_current_stream_capturing():
+                args[0].sum().item()  # a sync under capture: CUDA invalidates the capture
+            return fn(layer, *args, **kw)
         return compiled
 
     monkeypatch.setattr(torch, "compile", failing_compile)
     engine = engine_for(model_dir, torch.float32, compile=True)
     try:
-        assert engine.decoder.mode == "graph" and engine.decoder.graphs and engine.decoder.compiled == "nothing"
+        decoder = engine.decoder
+        assert decoder.mode == "graph" and decoder.compiled == "nothing" and decoder.batch_buckets[0] == 1
+        graphs = len(decoder.batch_buckets) * len(engine.envelope.length_buckets) * len(STEP_KINDS)
+        assert len(decoder.graphs) == decoder.captures == graphs
         prompt = prompts(1, seed=3)[0]
         ours = engine.generate([Request(prompt, 24, ignore_eos=True)])[0].token_ids
     finally:

@@ -17,6 +17,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+# "sdpa" in the name: transformers checks a model's SDPA support for names holding it, so a model without (e.g.
+# one with attention sinks) is still refused at load rather than served without what SDPA cannot do
 ATTENTION = "kaiyuan_grouped_sdpa"
 
 
@@ -25,7 +27,8 @@ def grouped_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: to
                            **kwargs: Any) -> tuple[torch.Tensor, None]:
     groups = getattr(module, "num_key_value_groups", 1)
     batch, heads, positions, dim = query.shape
-    if positions != 1 or groups == 1 or attention_mask is None or dropout:
+    if (positions != 1 or groups == 1 or attention_mask is None or dropout or key.shape[1] * groups != heads
+            or attention_mask.shape[1] != 1):  # one position, one mask for all heads: else SDPA as transformers
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     # query head h reads KV head h // groups (repeat_kv's order): a KV head's query heads are consecutive

@@ -48,6 +48,12 @@ def buckets(limit: int, smallest: int = 1) -> tuple[int, ...]:
     return (*out, limit)
 
 
+def batch_sizes(max_batch: int, compiled: bool) -> tuple[int, ...]:
+    """The batch buckets. Compiled: no bucket of 1 (a batch of 1 would be a compilation of its own, as
+    torch.compile specialises sizes 0 and 1), one request decodes in a bucket of 2."""
+    return buckets(max_batch, 2 if compiled else 1)
+
+
 def bucket_for(sizes: tuple[int, ...], n: int) -> int:
     return next(s for s in sizes if s >= n)
 
@@ -71,9 +77,7 @@ class Envelope:
 
     @property
     def batch_buckets(self) -> tuple[int, ...]:
-        # compiled: no bucket of 1 (a batch of 1 would be a compilation of its own, as torch.compile
-        # specialises sizes 0 and 1), one request decodes in a bucket of 2
-        return buckets(self.max_batch, 2 if self.compile else 1)
+        return batch_sizes(self.max_batch, self.compile)
 
     @property
     def length_buckets(self) -> tuple[int, ...]:
@@ -230,6 +234,12 @@ class BatchDecoder:
             self._forward, self.compiled = self._logits, "nothing"
 
     @property
+    def batch_buckets(self) -> tuple[int, ...]:
+        """The batch buckets of the step as it runs now (a step that failed to compile is captured eagerly,
+        with the bucket of 1 again)."""
+        return batch_sizes(self.envelope.max_batch, self.compiled != "nothing")
+
+    @property
     def mode(self) -> str:
         """How steps run, in `kaiyuan serve --decode-mode`'s names (and "compiled, not captured" on a CPU), as
         they do now: a step that could not be captured at warm-up decodes eagerly."""
@@ -311,7 +321,7 @@ class BatchDecoder:
         """One token for each of the first `rows` rows (bucketed up), attending to `length` columns (bucketed
         up); kind: one of STEP_KINDS. The new tokens, [bucketed rows]: a view of the token buffer, valid until
         the next step."""
-        batch = bucket_for(self.envelope.batch_buckets, rows)
+        batch = bucket_for(self.batch_buckets, rows)
         length = bucket_for(self.envelope.length_buckets, length)
         graph = self.graphs.get((batch, length, kind))
         if graph is not None:
@@ -339,27 +349,23 @@ class BatchDecoder:
         free_before = torch.cuda.mem_get_info()[0] if cuda else 0
         self.prefill([0], [[0]], [(True, 1.0, 0, 1.0, 0)])
         self.release(0)
-        total = len(self.envelope.batch_buckets) * len(self.envelope.length_buckets) * len(STEP_KINDS)
-        if self.envelope.compile:
+        if self.compiled != "nothing":
             log.info("warm-up: compiling the decode step (torch.compile: %s), then %s", self.compiled,
-                     f"capturing {total} CUDA graphs" if self.capture else "running every bucket once")
+                     f"capturing {self._graph_count()} CUDA graphs" if self.capture else "running every bucket once")
         if self.capture:
-            try:
-                self._capture_all(start, total)
-            except Exception as err:  # noqa: BLE001  (said, then the next best: the eager step captured)
-                if self.compiled == "nothing":
-                    self._decode_eagerly(err)
-                else:  # the compiled step failed (an inductor or Triton failure): graph mode, as without compile
-                    warnings.warn(f"compiled decode step not captured ({type(err).__name__}: {str(err)[:200]}); "
-                                  "capturing the eager step instead", stacklevel=2)
-                    self.graphs.clear()
-                    self._forward, self.compiled = self._logits, "nothing"
-                    try:
-                        self._capture_all(start, total)
-                    except Exception as again:  # noqa: BLE001
-                        self._decode_eagerly(again)
-        elif self.envelope.compile:  # every bucket once: the compilations happen here, not on the request path
-            for batch in self.envelope.batch_buckets:
+            failure = self._capture_all(start)
+            if failure and self.compiled != "nothing":  # the compiled step failed (an inductor or Triton failure)
+                warnings.warn(f"compiled decode step not captured ({failure}); capturing the eager step instead "
+                              "(graph mode)", stacklevel=2)
+                self._forward, self.compiled = self._logits, "nothing"
+                self._pool = torch.cuda.graph_pool_handle()  # not the failed capture's
+                failure = self._capture_all(start)
+            if failure:  # e.g. a MoE's data-dependent expert loop: served eagerly, said once
+                warnings.warn(f"decode step not captured ({failure}); decoding eagerly", stacklevel=2)
+                self.capture = False
+                self._forward, self.compiled = self._logits, "nothing"
+        elif self.compiled != "nothing":  # every bucket once: the compilations happen here, not when serving
+            for batch in self.batch_buckets:
                 for length in self.envelope.length_buckets:
                     self._step(batch, length, "filtered")
                 log.info("warm-up: batch %d compiled for, %.1f s", batch, time.perf_counter() - start)
@@ -373,22 +379,26 @@ class BatchDecoder:
         used = free_before - torch.cuda.mem_get_info()[0] if cuda else self.cache.nbytes
         return WarmUp(time.perf_counter() - start, len(self.graphs), self.cache.nbytes, used)
 
-    def _capture_all(self, start: float, total: int) -> None:
-        for batch in reversed(self.envelope.batch_buckets):
-            for length in reversed(self.envelope.length_buckets):
-                for kind in STEP_KINDS:
-                    self.graphs[(batch, length, kind)] = _Graph(self._capture(batch, length, kind), kind)
-            log.info("warm-up: batch %d captured, %d of %d CUDA graphs, %.1f s", batch, len(self.graphs), total,
-                     time.perf_counter() - start)
+    def _graph_count(self) -> int:
+        return len(self.batch_buckets) * len(self.envelope.length_buckets) * len(STEP_KINDS)
 
-    def _decode_eagerly(self, err: Exception) -> None:
-        """A step that cannot be captured (e.g. a MoE's data-dependent expert loop): served eagerly, said once."""
-        warnings.warn(f"decode step not captured ({type(err).__name__}: {str(err)[:200]}); decoding eagerly",
-                      stacklevel=3)
+    def _capture_all(self, start: float) -> str | None:
+        """Every bucket's steps captured, largest first; on a failure, none kept and what failed (returned, not
+        raised: nothing of the failed step stays referenced by a traceback while the caller tries again)."""
+        try:
+            for batch in reversed(self.batch_buckets):
+                for length in reversed(self.envelope.length_buckets):
+                    for kind in STEP_KINDS:
+                        self.graphs[(batch, length, kind)] = _Graph(self._capture(batch, length, kind), kind)
+                log.info("warm-up: batch %d captured, %d of %d CUDA graphs, %.1f s", batch, len(self.graphs),
+                         self._graph_count(), time.perf_counter() - start)
+            return None
+        except Exception as err:  # noqa: BLE001  (the caller says it and falls back)
+            failure = f"{type(err).__name__}: {str(err)[:200]}"
         self.graphs.clear()
-        self.capture = False
-        self._forward, self.compiled = self._logits, "nothing"
+        self.captures = 0
         torch.cuda.synchronize()
+        return failure
 
     def _capture(self, batch: int, length: int, kind: str) -> torch.cuda.CUDAGraph:
         """No row is active during warm-up: the steps write only the rows' column 0 and move nothing on."""
@@ -397,9 +407,15 @@ class BatchDecoder:
         with torch.cuda.stream(side):  # cuBLAS / SDPA workspaces are allocated outside the capture
             self._step(batch, length, kind)
         torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: a CUDA call from another thread (the HTTP side) cannot invalidate this capture
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            self._step(batch, length, kind)
+        graph, stream = torch.cuda.CUDAGraph(), torch.cuda.current_stream()
+        try:
+            # thread_local: a CUDA call from another thread (the HTTP side) cannot invalidate this capture
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                self._step(batch, length, kind)
+        except BaseException:
+            # a capture that CUDA invalidated fails in capture_end, and torch.cuda.graph then leaves its capture
+            # stream current: back to the one before
+            torch.cuda.set_stream(stream)
+            raise
         self.captures += 1
         return graph
