@@ -31,6 +31,7 @@ from kaiyuan_recipes.compat.megatron_core import (
     restore_adam_step_per_parameter,
     separate_full_graph_pools,
 )
+from kaiyuan_recipes.compat.torch_cuda import graph_capture
 
 
 class Workaround(NamedTuple):
@@ -67,6 +68,9 @@ WORKAROUNDS = (
     Workaround("separate_full_graph_pools", "megatron-core + megatron-bridge", "0.18.0, 0.19.2 / 0.5.0, 0.6.2",
                "the final evaluation captures into the released training graph's pool (allocator assert)",
                "gpu/test_compat_gpu.py::test_upstream_final_evaluation_capture_still_fails_in_the_deleted_training_graphs_pool"),
+    Workaround("graph_capture", "torch", "2.11.0, 2.14.1 (read in their torch/cuda/graphs.py)",
+               "an invalidated CUDA-graph capture leaves torch.cuda.graph's capture stream current",
+               "gpu/test_compat_gpu.py::test_upstream_failed_capture_still_leaves_its_capture_stream_current"),
     Workaround("cpu_cuda_arch_list", "megatron-core", "0.15.3 (NeMo 2 environment), no GPU",
                "`import megatron.core` JIT-builds a CUDA allocator; IndexError uncaught without a GPU",
                "test_nemo2.py::test_upstream_megatron_core_0_15_import_still_breaks_without_a_gpu_arch"),
@@ -97,7 +101,7 @@ def import_megatron_bridge() -> types.ModuleType:
     return bridge
 
 
-__all__ = ["WORKAROUNDS", "LOCAL_SPEC_SETTINGS", "LoRAUnavailableError", "Workaround", "apply",
+__all__ = ["WORKAROUNDS", "LOCAL_SPEC_SETTINGS", "LoRAUnavailableError", "Workaround", "apply", "graph_capture",
            "apply_local_spec_settings", "cpu_checkpoint_save", "cpu_cuda_arch_list", "dataset_helpers_prebuilt",
            "ensure_optimizer_state_for_load", "import_megatron_bridge", "init_optimizer_state_before_load",
            "install_lora_placeholder", "patch_method", "restore_adam_step_per_parameter",

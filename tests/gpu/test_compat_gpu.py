@@ -71,3 +71,42 @@ def test_with_a_pool_per_capture_the_final_evaluation_captures_and_replays():
     ours = _end_of_training("own")
     assert ours.returncode == 0, ours.stdout + ours.stderr[-3000:]
     assert "captured and replayed: True" in ours.stdout
+
+
+# A capture that CUDA invalidates (a host sync inside it), in a fresh process: is the stream current before it
+# current again after the failure?
+FAILED_CAPTURE = textwrap.dedent("""
+    import sys, torch
+    from kaiyuan_recipes import compat
+
+    capture = torch.cuda.graph if sys.argv[1] == "upstream" else compat.graph_capture
+    x = torch.ones(4, device="cuda")
+    before = torch.cuda.current_stream()
+    try:
+        with capture(torch.cuda.CUDAGraph()):
+            x.sum().item()  # a sync: not permitted while the stream captures
+    except RuntimeError as err:
+        print("capture failed:", str(err).splitlines()[0])
+    else:
+        sys.exit("the capture did not fail")
+    print("stream restored" if torch.cuda.current_stream() == before else "capture stream left current")
+""")
+
+
+def _failed_capture(which: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", FAILED_CAPTURE, which], capture_output=True, text=True, timeout=300)
+
+
+def test_upstream_failed_capture_still_leaves_its_capture_stream_current():
+    """compat.graph_capture: without it, torch.cuda.graph's exit fails in capture_end before it leaves its stream
+    context, so its capture stream stays the current one."""
+    upstream = _failed_capture("upstream")
+    assert upstream.returncode == 0, upstream.stdout + upstream.stderr[-3000:]
+    assert "capture stream left current" in upstream.stdout, upstream.stdout
+
+
+def test_with_compat_graph_capture_a_failed_capture_restores_the_stream():
+    """The control: the same failed capture through compat.graph_capture leaves the stream it found."""
+    ours = _failed_capture("ours")
+    assert ours.returncode == 0, ours.stdout + ours.stderr[-3000:]
+    assert "stream restored" in ours.stdout, ours.stdout

@@ -31,6 +31,8 @@ from typing import Any
 import torch
 import torch.fx.experimental._config
 
+from kaiyuan_recipes.compat import graph_capture
+
 from .row_cache import RowKVCache
 from .sampling import RowSettings, next_tokens
 
@@ -335,15 +337,9 @@ class BatchDecoder:
         with torch.cuda.stream(side):  # cuBLAS / SDPA workspaces are allocated outside the capture
             self._step(batch, length, kind)
         torch.cuda.current_stream().wait_stream(side)
-        graph, stream = torch.cuda.CUDAGraph(), torch.cuda.current_stream()
-        try:
-            # thread_local: a CUDA call from another thread (the HTTP side) cannot invalidate this capture
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                self._step(batch, length, kind)
-        except BaseException:
-            # a capture that CUDA invalidated fails in capture_end, and torch.cuda.graph then leaves its capture
-            # stream current: back to the one before
-            torch.cuda.set_stream(stream)
-            raise
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: a CUDA call from another thread (the HTTP side) cannot invalidate this capture
+        with graph_capture(graph, pool=self._pool, capture_error_mode="thread_local"):
+            self._step(batch, length, kind)
         self.captures += 1
         return graph
