@@ -36,9 +36,14 @@ class MatrixStack:
                  ("nvidia-modelopt", self.nvidia_modelopt))
         return {dist: version for dist, version in named if version}
 
+    @property
+    def torch_tested(self) -> str:
+        """The torch range as people read it."""
+        return self.torch.replace(" || ", " or ")
+
     def describe(self) -> str:
         pins = ", ".join(f"{d} {v}" for d, v in self.pins().items())
-        return f"{self.name}: {pins}, torch {self.torch.replace(' || ', ' or ')} ({self.lock})"
+        return f"{self.name}: {pins}, torch {self.torch_tested} ({self.lock})"
 
 
 # The tested version matrix. bridge-pypi: `make env` on the CPU host (torch 2.14.1) and the H200 (torch 2.11.0+cu130);
@@ -153,10 +158,9 @@ def _matches(have: str | None, spec: str) -> bool:
 
 def mismatches(stack: MatrixStack, versions: dict[str, str | None]) -> list[str]:
     """What differs from `stack`: one "package installed (tested: version)" per difference."""
-    wanted = {**{d: f"=={v}" for d, v in stack.pins().items()}, "torch": stack.torch}
-    return [f"{dist} {versions.get(dist) or 'not installed'} (tested: "
-            f"{spec.replace(' || ', ' or ') if dist == 'torch' else spec.removeprefix('==')})"
-            for dist, spec in wanted.items() if not _matches(versions.get(dist), spec)]
+    wanted = {**{d: (f"=={v}", v) for d, v in stack.pins().items()}, "torch": (stack.torch, stack.torch_tested)}
+    return [f"{dist} {versions.get(dist) or 'not installed'} (tested: {shown})"
+            for dist, (spec, shown) in wanted.items() if not _matches(versions.get(dist), spec)]
 
 
 def judge(versions: dict[str, str | None], matrix: tuple[MatrixStack, ...] = TESTED_MATRIX) -> Verdict:
