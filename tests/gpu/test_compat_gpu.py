@@ -54,21 +54,21 @@ END_OF_TRAINING = textwrap.dedent("""
 """)
 
 
-def _end_of_training(pool: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", END_OF_TRAINING, pool], capture_output=True, text=True, timeout=300)
+def _in_a_fresh_process(script: str, which: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", script, which], capture_output=True, text=True, timeout=300)
 
 
 def test_upstream_final_evaluation_capture_still_fails_in_the_deleted_training_graphs_pool():
     """compat.separate_full_graph_pools (model.cuda_graph_use_single_mempool=False): without it the final
     evaluation's capture hits PyTorch's allocator assert on the released pool."""
-    upstream = _end_of_training("single")
+    upstream = _in_a_fresh_process(END_OF_TRAINING, "single")
     assert upstream.returncode == 3, upstream.stdout + upstream.stderr[-3000:]
     assert "use_count > 0" in upstream.stdout, upstream.stdout
 
 
 def test_with_a_pool_per_capture_the_final_evaluation_captures_and_replays():
     """The control: what compat sets (a new pool per capture) captures and replays the same sequence."""
-    ours = _end_of_training("own")
+    ours = _in_a_fresh_process(END_OF_TRAINING, "own")
     assert ours.returncode == 0, ours.stdout + ours.stderr[-3000:]
     assert "captured and replayed: True" in ours.stdout
 
@@ -93,20 +93,16 @@ FAILED_CAPTURE = textwrap.dedent("""
 """)
 
 
-def _failed_capture(which: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", FAILED_CAPTURE, which], capture_output=True, text=True, timeout=300)
-
-
 def test_upstream_failed_capture_still_leaves_its_capture_stream_current():
     """compat.graph_capture: without it, torch.cuda.graph's exit fails in capture_end before it leaves its stream
     context, so its capture stream stays the current one."""
-    upstream = _failed_capture("upstream")
+    upstream = _in_a_fresh_process(FAILED_CAPTURE, "upstream")
     assert upstream.returncode == 0, upstream.stdout + upstream.stderr[-3000:]
     assert "capture stream left current" in upstream.stdout, upstream.stdout
 
 
 def test_with_compat_graph_capture_a_failed_capture_restores_the_stream():
     """The control: the same failed capture through compat.graph_capture leaves the stream it found."""
-    ours = _failed_capture("ours")
+    ours = _in_a_fresh_process(FAILED_CAPTURE, "ours")
     assert ours.returncode == 0, ours.stdout + ours.stderr[-3000:]
     assert "stream restored" in ours.stdout, ours.stdout
