@@ -127,10 +127,11 @@ def main() -> None:
 
     hf_dir = write_random_qwen3(args.random_qwen3) if args.random_qwen3 else args.hf_dir
     envelope = Envelope(max(args.batch_sizes), -(-(args.prompt_len + args.new_tokens) // 256) * 256)
-    engines = {mode: GenerationEngine(hf_dir, "cuda", Envelope(envelope.max_batch, envelope.max_seq_len,
-                                                                *MODES[mode])) for mode in args.modes}
-    for engine in engines.values():
-        engine.ready.wait()
+    engines = {}
+    for mode in args.modes:  # one at a time: a warm-up's CUDA graph captures must not overlap another's
+        engines[mode] = GenerationEngine(hf_dir, "cuda", Envelope(envelope.max_batch, envelope.max_seq_len,
+                                                                  *MODES[mode]))
+        engines[mode].ready.wait()
     engine = engines[args.modes[0]]
     baseline = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.bfloat16).cuda().eval()
     all_prompts = prompts(engine.tokenizer, max(args.batch_sizes), args.prompt_len)
@@ -166,12 +167,17 @@ def main() -> None:
             }
         print(bs, row, flush=True)
         results[f"batch_{bs}"] = row
+        report(args, hf_dir, results, None, complete=False)  # a run cut short keeps its finished rows
     baseline = None  # frees the bf16 copies before the fp32 one is loaded
     for engine in engines.values():
         engine.close()
     engines = engine = None
     agreement = None if args.sampled else fp32_agreement(hf_dir, all_prompts[:4], 64)
     print("fp32", agreement, flush=True)
+    report(args, hf_dir, results, agreement, complete=True)
+
+
+def report(args, hf_dir, results: dict, agreement: dict | None, complete: bool) -> None:
     write_json(args.out, {**provenance(" ".join(["python", *sys.argv])), "model": str(hf_dir),
                           "prompt_tokens": args.prompt_len, "new_tokens": args.new_tokens,
                           "greedy": not args.sampled, "sampling": SAMPLED if args.sampled else None,
@@ -185,7 +191,8 @@ def main() -> None:
                                                               "torch.compile of the decode step"},
                           "statistic": f"median of {args.repeats} timed calls after one untimed call, every side",
                           "targets_tokens_per_s": {"batch_1": 300, "batch_32": 5000},
-                          "results": results, "fp32_agreement_with_hf_generate": agreement})
+                          "results": results, "fp32_agreement_with_hf_generate": agreement,
+                          "complete": complete})
 
 
 if __name__ == "__main__":

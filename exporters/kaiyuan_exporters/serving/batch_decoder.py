@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -40,6 +41,9 @@ log = logging.getLogger(__name__)
 MIN_LENGTH_BUCKET = 256
 # greedy: argmax only; sample: some row samples, none filters; filtered: some row has top-k or top-p (a sort)
 STEP_KINDS = ("greedy", "sample", "filtered")
+# one warm-up at a time in a process: another thread's device synchronize or allocation during a CUDA graph
+# capture invalidates it (two engines warming up at once in one process, e.g. a benchmark's)
+_WARM_UP = threading.Lock()
 
 
 def buckets(limit: int, smallest: int = 1) -> tuple[int, ...]:
@@ -265,7 +269,7 @@ class BatchDecoder:
     def warm_up(self) -> WarmUp:
         # compiling: no duck sizing, or a batch bucket equal to a model dimension (e.g. 8 rows and 8 KV heads)
         # would share its symbol, be specialised with it, and compile again at the next bucket
-        with torch.fx.experimental._config.patch(use_duck_shape=False) if self.envelope.compile else \
+        with _WARM_UP, torch.fx.experimental._config.patch(use_duck_shape=False) if self.envelope.compile else \
                 contextlib.nullcontext():
             return self._warm_up()
 
