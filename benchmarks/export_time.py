@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import provenance, write_json  # noqa: E402
+from provenance import provenance, this_command, write_json  # noqa: E402
 
 
 def main() -> None:
@@ -44,7 +44,7 @@ def main() -> None:
     out = export_hf(args.work / "megatron", args.work / "hf", None, default_tokenizer_dir(), show_progress=False)
     export_s = time.perf_counter() - start
     size = sum(f.stat().st_size for f in out.iterdir())
-    result = {**provenance(" ".join(["python", *sys.argv])), "recipe": args.recipe, "parameters": params,
+    result = {**provenance(this_command()), "recipe": args.recipe, "parameters": params,
               "checkpoint_write_s": write_s, "export_s": export_s, "hf_bytes": size, "target_s": 60,
               "within_target": export_s < 60}
     write_json(args.out, result)

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import provenance, write_json  # noqa: E402
+from provenance import provenance, this_command, write_json  # noqa: E402
 
 from kaiyuan_recipes.cli.serve import DECODE_MODES  # noqa: E402
 
@@ -178,7 +178,7 @@ def main() -> None:
 
 
 def report(args, hf_dir, results: dict, agreement: dict | None, complete: bool) -> None:
-    write_json(args.out, {**provenance(" ".join(["python", *sys.argv])), "model": str(hf_dir),
+    write_json(args.out, {**provenance(this_command()), "model": str(hf_dir),
                           "prompt_tokens": args.prompt_len, "new_tokens": args.new_tokens,
                           "greedy": not args.sampled, "sampling": SAMPLED if args.sampled else None,
                           "ours": "kaiyuan_exporters.serving.engine (batch_decoder.py) per mode: compiled = one "

@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from provenance import provenance, write_json  # noqa: E402
+from provenance import provenance, this_command, write_json  # noqa: E402
 
 # Fields that must agree across the files (the benchmark's settings); "batch" is merged per model.
 SHARED = ("revision", "seq_length")
@@ -107,7 +107,7 @@ def main() -> None:
     ap.add_argument("--replace", action="store_true", help="a row in several files: the last file's")
     args = ap.parse_args()
     merged = merge(args.files, args.replace)
-    record = provenance(" ".join(["python", *sys.argv]))
+    record = provenance(this_command())
     host = {json.dumps(run["host"], sort_keys=True) for run in merged["runs"]}
     write_json(args.out, {"command": measuring_command(merged["runs"]), "merged_by": record.pop("command"), **record,
                           "revision": merged.pop("revision"),

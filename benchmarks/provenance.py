@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,11 @@ def host() -> dict[str, Any]:
     except ImportError:
         info["gpu"] = None
     return info
+
+
+def this_command() -> str:
+    """How this script was invoked, as a shell would take it back (an argument with spaces stays one)."""
+    return shlex.join(["python", *sys.argv])
 
 
 def provenance(command: str) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import provenance, write_json  # noqa: E402
+from provenance import provenance, this_command, write_json  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLED = dict(temperature=0.8, top_p=0.95)
@@ -263,6 +263,8 @@ def main() -> None:
     ap.add_argument("--baseline-args", help="the baseline server's options (default: --max-batch-size MAX_BATCH, "
                                             "418de9a's); e.g. '--max-batch 64 --max-seq-len 4096' for a later one")
     ap.add_argument("--rev", help="the git revision of the tree, recorded in the result (the GPU host has no .git)")
+    ap.add_argument("--baseline-rev", help="the git revision --baseline-src holds (a `git archive` has no .git), "
+                                           "recorded as the baseline side's revision")
     a = ap.parse_args()
     if a.rev:
         os.environ["KAIYUAN_REVISION"] = a.rev
@@ -297,8 +299,8 @@ def main() -> None:
         base_args = shlex.split(a.baseline_args) if a.baseline_args is not None else ["--max-batch-size",
                                                                                       str(a.max_batch)]
         sides["baseline"] = asdict(run_side("baseline", a.baseline_src.resolve(), model, [*device, *base_args], a,
-                                            prompts))
-    write_json(a.out, {**provenance(" ".join(["python", *sys.argv])), "model": str(model),
+                                            prompts)) | {"revision": a.baseline_rev}
+    write_json(a.out, {**provenance(this_command()), "model": str(model),
                        "load": {"clients": a.clients, "requests_per_client": a.requests_per_client,
                                 "prompt_tokens": a.prompt_len, "new_tokens": a.new_tokens, "passes": a.passes,
                                 "mix": "a third greedy, a third sampled, a third streamed (greedy / sampled in turn)",

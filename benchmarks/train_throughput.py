@@ -26,7 +26,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from merge_results import with_ratios  # noqa: E402
-from provenance import provenance, write_json  # noqa: E402
+from provenance import provenance, this_command, write_json  # noqa: E402
 
 # The baseline settings of ../shared/gpu-host/README.md: micro batch and micro batches per step.
 BATCH = {"qwen3_1p7b": (2, 4), "gpt_smoke": (4, 4)}
@@ -171,7 +171,7 @@ def hf_run(model: str, compiled: bool, mbs: int, micro: int, seq: int, steps: in
 
 
 def write_results(args: argparse.Namespace, results: dict) -> None:
-    write_json(args.out, {**provenance(" ".join(["python", *sys.argv])), "seq_length": args.seq,
+    write_json(args.out, {**provenance(this_command()), "seq_length": args.seq,
                           "batch": {m: {"micro_batch": BATCH[m][0], "micro_batches": BATCH[m][1]} for m in args.models},
                           "results": results})
 

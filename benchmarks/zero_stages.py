@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from merge_results import unfinished  # noqa: E402
-from provenance import provenance, revision, write_json  # noqa: E402
+from provenance import provenance, revision, this_command, write_json  # noqa: E402
 from train_throughput import BATCH, megatron_command, megatron_run  # noqa: E402
 
 MODEL = "qwen3_1p7b"
@@ -137,7 +137,7 @@ def main() -> None:
     for name in results:
         if name != "1gpu":
             efficiency(results[name], results.get("1gpu", {}))
-    write_json(args.out, {**provenance(" ".join(["python", *sys.argv])), **settings,
+    write_json(args.out, {**provenance(this_command()), **settings,
                           "target_scaling_efficiency": 0.95, "results": results})
     plot(results, args.out.with_suffix(".png"))
 

@@ -279,3 +279,12 @@ def test_zero_stages_scaling_efficiency_only_between_finished_rows_of_as_many_ti
         row = {"tokens_per_s": 95.0, "timed_steps": 9}
         efficiency(row, baseline)
         assert "scaling_efficiency" not in row and reason in row["scaling_efficiency_not_computed"]
+
+
+def test_a_result_records_its_command_as_a_shell_would_take_it_back(monkeypatch):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from provenance import this_command
+
+    argv = ["benchmarks/serve_load.py", "--baseline-args", "--max-batch 64 --max-seq-len 4096", "--out", "o.json"]
+    monkeypatch.setattr(sys, "argv", argv)
+    assert shlex.split(this_command()) == ["python", *argv]  # the quoted option stays one argument

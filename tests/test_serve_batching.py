@@ -439,3 +439,31 @@ def test_without_repeated_decoder_layers_the_step_is_not_compiled(monkeypatch, c
         decoder = BatchDecoder(model, Envelope(4, 64, capture=False, compile=True), "cpu")
     assert decoder.compiled == "nothing" and decoder.mode == "eager"
     assert "no repeated decoder layers found" in caplog.text
+
+
+def test_two_engines_in_one_process_warm_up_one_at_a_time(tiny_model, monkeypatch):  # noqa: F811
+    """Another thread's device work during a CUDA graph capture invalidates it (seen on the H200 when a benchmark
+    warmed two engines at once): warm-ups in one process do not overlap."""
+    from kaiyuan_exporters.serving.batch_decoder import BatchDecoder, Envelope
+    from kaiyuan_exporters.serving.engine import GenerationEngine
+
+    spans, inner = [], BatchDecoder._warm_up
+
+    def timed(self):
+        start = time.monotonic()
+        time.sleep(0.5)
+        try:
+            return inner(self)
+        finally:
+            spans.append((start, time.monotonic()))
+
+    monkeypatch.setattr(BatchDecoder, "_warm_up", timed)
+    engines = [GenerationEngine(tiny_model, "cpu", Envelope(max_batch=2, max_seq_len=64, capture=False))
+               for _ in range(2)]
+    try:
+        assert all(e.ready.wait(60) for e in engines)
+    finally:
+        for e in engines:
+            e.close()
+    (a_start, a_end), (b_start, b_end) = sorted(spans)
+    assert b_start >= a_end, spans

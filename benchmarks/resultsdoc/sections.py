@@ -118,6 +118,9 @@ SECTIONS = [
         Table("2026-11-30_generation_graph_decoder.json", lambda d: "Generation: " + generation_caption(d),
               lambda d: ["", *(b.replace("_", " ") for b in d["results"])], generation_rows, after=generation_after),
         Text("latest:*_serve_load.json", serve_load),
+        Text("2026-12-02_serve_load_vs_418de9a.json",
+             lambda d: "Against the server this issue was filed at (418de9a), in one call with rev 5e99546's: "
+             + serve_load(d, with_load=False)),
         Text("2026-12-01_serve_load_graph_ours_only.json",
              lambda d: "The same load in an earlier call, graph decode (the CUDA default before 77fbf8f): "
              + serve_load(d, with_load=False)),

@@ -64,7 +64,8 @@ def serve_load(d: Data, with_load: bool = True) -> str:
             or (d.get("decode_mode") if name == "ours" else None)
         batch_1 = side["batch_1"].get("decode_tokens_per_s")
         failed = side["load"]["requests_sent"] - side["load"]["completed"]
-        parts.append(f"{name}{f' ({mode} decode)' if mode else ''}: "
+        rev = f"rev {side['revision']}, " if side.get("revision") else ""
+        parts.append(f"{name}{f' ({rev}{mode} decode)' if mode else ''}: "
                      f"{side['load']['errors']} errors, {side['load']['completed']} of {side['load']['requests_sent']} "
                      f"requests sent completed, p50 {lat['p50']:.2f} s, p95 {lat['p95']:.2f} s"
                      + (" (of the completed ones)" if failed else "") +
@@ -75,7 +76,10 @@ def serve_load(d: Data, with_load: bool = True) -> str:
                      + (f" ({w['seconds']:.0f} s warm-up, {w['graphs']} graphs)" if w else "")
                      + (f", {side['gpu_memory_mib'] / 1024:.1f} GiB on the GPU" if side.get("gpu_memory_mib") else "")
                      + _time_split(side["load"].get("server") or side["load"].get("health_after")))
-    sides = "; ".join(parts) + "." + (f" Scope: {d['scope']}." if d.get("scope") else "")
+    r = d.get("ratios") or {}
+    same_run = (f" Ours ÷ baseline in the same run: {r['tokens_per_s_ours_over_baseline']:.2f}× tokens/s, p95 "
+                f"{r['p95_latency_baseline_over_ours']:.2f}× shorter." if r.get("tokens_per_s_ours_over_baseline") else "")
+    sides = "; ".join(parts) + "." + same_run + (f" Scope: {d['scope']}." if d.get("scope") else "")
     if not with_load:
         return sides
     return (f"Serving under load (`benchmarks/serve_load.py`): {load['clients']} clients × "
