@@ -77,8 +77,9 @@ def serve_load(d: Data, with_load: bool = True) -> str:
                      + (f", {side['gpu_memory_mib'] / 1024:.1f} GiB on the GPU" if side.get("gpu_memory_mib") else "")
                      + _time_split(side["load"].get("server") or side["load"].get("health_after")))
     r = d.get("ratios") or {}
-    same_run = (f" Ours ÷ baseline in the same run: {r['tokens_per_s_ours_over_baseline']:.2f}× tokens/s, p95 "
-                f"{r['p95_latency_baseline_over_ours']:.2f}× shorter." if r.get("tokens_per_s_ours_over_baseline") else "")
+    same_run = "" if not r.get("tokens_per_s_ours_over_baseline") else (
+        f" Ours ÷ baseline in the same run: {r['tokens_per_s_ours_over_baseline']:.2f}× tokens/s, p95 "
+        f"{r['p95_latency_baseline_over_ours']:.2f}× shorter.")
     sides = "; ".join(parts) + "." + same_run + (f" Scope: {d['scope']}." if d.get("scope") else "")
     if not with_load:
         return sides
