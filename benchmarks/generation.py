@@ -121,6 +121,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per side after the untimed one")
     ap.add_argument("--baselines", nargs="+", default=list(HF_BASELINES), choices=list(HF_BASELINES))
     args = ap.parse_args()
+    began = time.perf_counter()  # progress lines: where a run cut short was
     from kaiyuan_exporters.serving.batch_decoder import Envelope
     from kaiyuan_exporters.serving.engine import GenerationEngine, Request, Sampling
     from transformers import AutoModelForCausalLM
@@ -142,6 +143,8 @@ def main() -> None:
         requests = lambda: [Request(p, args.new_tokens, sampling, ignore_eos=True) for p in batch]  # noqa: E731
         row, ref, peers = {}, None, {}
         for name in args.baselines:
+            print(f"batch {bs}: {name} (its first call compiles, if it does) at {time.perf_counter() - began:.0f} s",
+                  flush=True)
             with torch.inference_mode():
                 out, median_s, times = warm_median(
                     lambda: hf_generate(baseline, batch, args.new_tokens, args.sampled, name), args.repeats)
@@ -150,6 +153,7 @@ def main() -> None:
             row[name] = {"tokens_per_s": bs * args.new_tokens / median_s, "timings_s": times}
         ref = ref if ref is not None else out
         for mode, engine in engines.items():
+            print(f"batch {bs}: ours, {mode} at {time.perf_counter() - began:.0f} s", flush=True)
             _, first_s = timed(lambda: engine.generate(requests()))  # nothing compiles or captures: warmed up
             ours, ours_s, times = warm_median(lambda: engine.generate(requests()), args.repeats)
             ours = [c.token_ids for c in ours]
