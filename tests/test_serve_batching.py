@@ -467,3 +467,24 @@ def test_two_engines_in_one_process_warm_up_one_at_a_time(tiny_model, monkeypatc
             e.close()
     (a_start, a_end), (b_start, b_end) = sorted(spans)
     assert b_start >= a_end, spans
+
+
+@pytest.mark.parametrize("family, window, refused", [("mistral", 16, True), ("mistral", 64, False),
+                                                     ("mistral", None, False), ("qwen3_sliding", 16, True)])
+def test_a_sliding_window_the_decoder_would_not_apply_is_refused(family, window, refused):
+    """The decoder passes its own masks, so a window that a model's attention applies through its mask (every
+    layer of Mistral's, some layers of a config with layer_types) would be ignored beyond `window` positions."""
+    from kaiyuan_exporters.serving.batch_decoder import BatchDecoder, Envelope
+    from transformers import AutoModelForCausalLM, MistralConfig, Qwen3Config
+
+    small = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=8, max_position_embeddings=128)
+    config = MistralConfig(sliding_window=window, **small) if family == "mistral" else \
+        Qwen3Config(use_sliding_window=True, sliding_window=window, max_window_layers=1, **small)
+    model = AutoModelForCausalLM.from_config(config)
+    envelope = Envelope(max_batch=2, max_seq_len=64, capture=False)
+    if refused:
+        with pytest.raises(ValueError, match="sliding"):
+            BatchDecoder(model, envelope, "cpu")
+    else:
+        BatchDecoder(model, envelope, "cpu")

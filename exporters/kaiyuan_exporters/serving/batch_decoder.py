@@ -137,6 +137,11 @@ class BatchDecoder:
         config = self.model.config
         if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
             raise ValueError("serving: sliding-window attention layers are not supported by the batch decoder")
+        # a config without layer_types (Mistral's) windows every layer: the decoder's own masks would not
+        window = getattr(config, "sliding_window", None)
+        if window and not getattr(config, "layer_types", None) and window < self.envelope.max_seq_len:
+            raise ValueError(f"serving: the model attends within a sliding window of {window} positions, which the "
+                             f"batch decoder does not apply: serve it with --max-seq-len {window} at most")
         rows, dev = self.envelope.max_batch, self.device
         # the cache and the column index one longer than the envelope: every window is then a strict prefix of
         # both, so a compiled step does not tell the full-length window (a slice as long as what it slices)
