@@ -130,9 +130,12 @@ def main() -> None:
     envelope = Envelope(max(args.batch_sizes), -(-(args.prompt_len + args.new_tokens) // 256) * 256)
     engines = {}
     for mode in args.modes:  # one at a time: a warm-up's CUDA graph captures must not overlap another's
+        print(f"warming up ours, {mode} at {time.perf_counter() - began:.0f} s", flush=True)
         engines[mode] = GenerationEngine(hf_dir, "cuda", Envelope(envelope.max_batch, envelope.max_seq_len,
                                                                   *MODES[mode]))
-        engines[mode].ready.wait()
+        while not engines[mode].ready.wait(5):  # bounded by the engine: ready, or failed (its log says why)
+            if engines[mode].failure is not None:
+                raise SystemExit(f"{mode}: warm-up failed: {engines[mode].failure}")
     engine = engines[args.modes[0]]
     baseline = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.bfloat16).cuda().eval()
     all_prompts = prompts(engine.tokenizer, max(args.batch_sizes), args.prompt_len)

@@ -447,11 +447,12 @@ def test_two_engines_in_one_process_warm_up_one_at_a_time(tiny_model, monkeypatc
     from kaiyuan_exporters.serving.batch_decoder import BatchDecoder, Envelope
     from kaiyuan_exporters.serving.engine import GenerationEngine
 
-    spans, inner = [], BatchDecoder._warm_up
+    spans, inner, both = [], BatchDecoder._warm_up, threading.Event()
 
     def timed(self):
         start = time.monotonic()
-        time.sleep(0.5)
+        assert both.wait(60)  # until both engines exist: without the lock both warm-ups are under way by then
+        time.sleep(0.3)
         try:
             return inner(self)
         finally:
@@ -460,6 +461,7 @@ def test_two_engines_in_one_process_warm_up_one_at_a_time(tiny_model, monkeypatc
     monkeypatch.setattr(BatchDecoder, "_warm_up", timed)
     engines = [GenerationEngine(tiny_model, "cpu", Envelope(max_batch=2, max_seq_len=64, capture=False))
                for _ in range(2)]
+    both.set()
     try:
         assert all(e.ready.wait(60) for e in engines)
     finally:
@@ -469,18 +471,30 @@ def test_two_engines_in_one_process_warm_up_one_at_a_time(tiny_model, monkeypatc
     assert b_start >= a_end, spans
 
 
-@pytest.mark.parametrize("family, window, refused", [("mistral", 16, True), ("mistral", 64, False),
-                                                     ("mistral", None, False), ("qwen3_sliding", 16, True)])
+@pytest.mark.parametrize("family, window, refused", [
+    ("mistral", 16, True), ("mistral", 62, True), ("mistral", 63, False), ("mistral", None, False),
+    ("mistral_full_layer_types", 16, True), ("phi3", 16, True), ("llama_stray_key", 16, False),
+    ("qwen3", 16, False), ("qwen3_sliding", 16, True)])
 def test_a_sliding_window_the_decoder_would_not_apply_is_refused(family, window, refused):
     """The decoder passes its own masks, so a window that a model's attention applies through its mask (every
-    layer of Mistral's, some layers of a config with layer_types) would be ignored beyond `window` positions."""
+    layer of Mistral's or Phi-3's, the sliding layers of a config with layer_types) would be ignored beyond
+    `window` positions. A model whose modeling ignores the key (Llama's), or a config that turns the window off
+    (Qwen3's use_sliding_window=False), is served. Envelope: 64 positions, so a window of 63 is the whole sequence."""
     from kaiyuan_exporters.serving.batch_decoder import BatchDecoder, Envelope
-    from transformers import AutoModelForCausalLM, MistralConfig, Qwen3Config
+    from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Phi3Config, Qwen3Config
 
     small = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=8, max_position_embeddings=128)
-    config = MistralConfig(sliding_window=window, **small) if family == "mistral" else \
-        Qwen3Config(use_sliding_window=True, sliding_window=window, max_window_layers=1, **small)
+                 num_key_value_heads=2, max_position_embeddings=128)
+    config = {
+        "mistral": lambda: MistralConfig(sliding_window=window, head_dim=8, **small),
+        "mistral_full_layer_types": lambda: MistralConfig(sliding_window=window, head_dim=8,
+                                                          layer_types=["full_attention"] * 2, **small),
+        "phi3": lambda: Phi3Config(sliding_window=window, pad_token_id=0, **small),
+        "llama_stray_key": lambda: LlamaConfig(sliding_window=window, head_dim=8, **small),
+        "qwen3": lambda: Qwen3Config(use_sliding_window=False, sliding_window=window, head_dim=8, **small),
+        "qwen3_sliding": lambda: Qwen3Config(use_sliding_window=True, sliding_window=window, max_window_layers=1,
+                                             head_dim=8, **small),
+    }[family]()
     model = AutoModelForCausalLM.from_config(config)
     envelope = Envelope(max_batch=2, max_seq_len=64, capture=False)
     if refused:

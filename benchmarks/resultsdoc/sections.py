@@ -119,8 +119,9 @@ SECTIONS = [
               lambda d: ["", *(b.replace("_", " ") for b in d["results"])], generation_rows, after=generation_after),
         Text("latest:*_serve_load.json", serve_load),
         Text("2026-12-02_serve_load_vs_418de9a.json",
-             lambda d: "Against the server this issue was filed at (418de9a), in one call with rev 5e99546's: "
-             + serve_load(d, with_load=False)),
+             lambda d: "Against the server issue 28 was filed at (418de9a), in one device call with rev 5e99546's "
+             "but two runs of different settings (so no ratio here): "
+             + serve_load(d, with_load=False, same_run=False)),
         Text("2026-12-01_serve_load_graph_ours_only.json",
              lambda d: "The same load in an earlier call, graph decode (the CUDA default before 77fbf8f): "
              + serve_load(d, with_load=False)),

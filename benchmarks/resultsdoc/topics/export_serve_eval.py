@@ -50,8 +50,9 @@ def generation_after(d: Data) -> str:
             "The transformers side is timed on its first call (issue 30, item 3).")
 
 
-def serve_load(d: Data, with_load: bool = True) -> str:
-    """The load and targets (with_load), then each side's figures."""
+def serve_load(d: Data, with_load: bool = True, same_run: bool = True) -> str:
+    """The load and targets (with_load), then each side's figures; same_run: one serve_load.py run measured both
+    sides, so their ratios are stated."""
     load, t = d["load"], d["targets"]
     parts = []
     for name in ("ours", "baseline"):
@@ -77,10 +78,11 @@ def serve_load(d: Data, with_load: bool = True) -> str:
                      + (f", {side['gpu_memory_mib'] / 1024:.1f} GiB on the GPU" if side.get("gpu_memory_mib") else "")
                      + _time_split(side["load"].get("server") or side["load"].get("health_after")))
     r = d.get("ratios") or {}
-    same_run = "" if not r.get("tokens_per_s_ours_over_baseline") else (
+    ratios = "" if not (same_run and r.get("tokens_per_s_ours_over_baseline")
+                        and r.get("p95_latency_baseline_over_ours")) else (
         f" Ours ÷ baseline in the same run: {r['tokens_per_s_ours_over_baseline']:.2f}× tokens/s, p95 "
         f"{r['p95_latency_baseline_over_ours']:.2f}× shorter.")
-    sides = "; ".join(parts) + "." + same_run + (f" Scope: {d['scope']}." if d.get("scope") else "")
+    sides = "; ".join(parts) + "." + ratios + (f" Scope: {d['scope']}." if d.get("scope") else "")
     if not with_load:
         return sides
     return (f"Serving under load (`benchmarks/serve_load.py`): {load['clients']} clients × "

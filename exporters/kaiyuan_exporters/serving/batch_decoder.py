@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import sys
 import threading
 import time
 import warnings
@@ -42,7 +43,8 @@ MIN_LENGTH_BUCKET = 256
 # greedy: argmax only; sample: some row samples, none filters; filtered: some row has top-k or top-p (a sort)
 STEP_KINDS = ("greedy", "sample", "filtered")
 # one warm-up at a time in a process: another thread's device synchronize or allocation during a CUDA graph
-# capture invalidates it (two engines warming up at once in one process, e.g. a benchmark's)
+# capture invalidates it (two engines warming up at once in one process, e.g. a benchmark's; an engine that is
+# already serving while another warms up is not covered: one engine a process, as `kaiyuan serve` runs)
 _WARM_UP = threading.Lock()
 
 
@@ -137,11 +139,14 @@ class BatchDecoder:
         config = self.model.config
         if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
             raise ValueError("serving: sliding-window attention layers are not supported by the batch decoder")
-        # a config without layer_types (Mistral's) windows every layer: the decoder's own masks would not
+        # a modeling that builds sliding-window masks from config.sliding_window (Mistral's, Phi-3's: every layer,
+        # whatever layer_types says) would attend within the window, the decoder's own masks would not; the
+        # sequence's last token is never attended to, so a window of max_seq_len - 1 is the whole sequence
         window = getattr(config, "sliding_window", None)
-        if window and not getattr(config, "layer_types", None) and window < self.envelope.max_seq_len:
+        windowed = hasattr(sys.modules.get(type(self.model).__module__), "create_sliding_window_causal_mask")
+        if window and windowed and window < self.envelope.max_seq_len - 1:
             raise ValueError(f"serving: the model attends within a sliding window of {window} positions, which the "
-                             f"batch decoder does not apply: serve it with --max-seq-len {window} at most")
+                             f"batch decoder does not apply: serve it with --max-seq-len {window + 1} at most")
         rows, dev = self.envelope.max_batch, self.device
         # the cache and the column index one longer than the envelope: every window is then a strict prefix of
         # both, so a compiled step does not tell the full-length window (a slice as long as what it slices)
