@@ -5,7 +5,9 @@
 - training throughput (*_train_throughput*.json, benchmarks/train_throughput.py): tokens/s/GPU and peak
   memory per implementation, models side by side.
 - pairs of same-seed runs (benchmarks/determinism_report.py: *_fast_vs_local*.json, *_tp2_fast_spec.json):
-  both loss curves of each pair, and their relative difference against the 1 % line.
+  both loss curves of each pair, and their relative difference against the 1 % line;
+- serving under load (*_serve_load*.json, benchmarks/serve_load.py): each side's new tokens/s and latencies
+  against the targets.
 usage: python benchmarks/plot_results.py benchmarks/results/*_train.json --out benchmarks/results/train_curves.png
        python benchmarks/plot_results.py benchmarks/results/*_stop_resume*.json --out PNG"""
 
@@ -78,7 +80,33 @@ def plot_pairs(results: list[tuple[Path, dict]], loss_ax, diff_ax) -> None:
     diff_ax.set(title="|a - b| / a (%); dotted: 1 %", xlabel="iteration")
 
 
+def plot_serve_load(results: list[tuple[Path, dict]], tok_ax, lat_ax) -> None:
+    rows = [(f"{side} {res[side].get('revision') or (res['revision'] if side == 'ours' else '?')}", res[side]["load"])
+            for _, res in results for side in ("ours", "baseline") if side in res]
+    names = [name for name, _ in rows]
+    tok_ax.barh(names, [load["tokens_per_s"] for _, load in rows], color="tab:blue")
+    for i, (_, load) in enumerate(rows):
+        tok_ax.annotate(f" {load['tokens_per_s']:,.0f}", (load["tokens_per_s"], i), va="center", fontsize=8)
+    target = results[0][1]["targets"]
+    tok_ax.axvline(target["tokens_per_s_at_least"], color="grey", linestyle=":", linewidth=1)
+    tok_ax.set(title=f"new tokens/s, {results[0][1]['load']['clients']} clients (dotted: target)",
+               xlabel="new tokens/s in aggregate")
+    height = 0.27
+    for k, (key, label) in enumerate([("p50", "latency p50"), ("p95", "latency p95"),
+                                      ("first_p95", "streamed first token p95")]):
+        values = [load["streamed_first_token_s"]["p95"] if key == "first_p95" else load["latency_s"][key]
+                  for _, load in rows]
+        lat_ax.barh([i + (k - 1) * height for i in range(len(rows))], values, height=height, label=label)
+    lat_ax.set_yticks(range(len(rows)), names)
+    lat_ax.axvline(target["p95_latency_s_at_most"], color="grey", linestyle=":", linewidth=1)
+    lat_ax.set(title="latency (dotted: p95 target; of completed requests)", xlabel="seconds")
+    tok_ax.invert_yaxis()
+    lat_ax.invert_yaxis()
+
+
 def kind_of(res: dict) -> str:
+    if "load" in res and "targets" in res:
+        return "serve_load"
     if "compared_iterations" in res:
         return "stop_resume"
     if isinstance(res.get("results"), dict) and all(isinstance(r, dict) and "loss_a" in r
@@ -99,10 +127,10 @@ def main() -> None:
     kind = kinds.pop()
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     {"stop_resume": plot_stop_resume, "throughput": plot_throughput, "training": plot_training,
-     "pairs": plot_pairs}[kind](results, *axes)
+     "pairs": plot_pairs, "serve_load": plot_serve_load}[kind](results, *axes)
     for ax in axes:
         ax.grid(alpha=0.3)
-        if kind != "throughput":
+        if kind != "throughput" and ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)

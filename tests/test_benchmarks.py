@@ -18,7 +18,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("pattern", ["*_train.json", "*_stop_resume*.json", "*_train_throughput*.json",
-                                     "*_onepass.json", "*_tp2_fast_spec.json"])
+                                     "*_onepass.json", "*_tp2_fast_spec.json", "*_serve_load*.json"])
 def test_plot_results_draws_each_kind_of_result(tmp_path, pattern):
     files = sorted(str(p) for p in RESULTS.glob(pattern))
     assert files, pattern

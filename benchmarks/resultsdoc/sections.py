@@ -118,6 +118,7 @@ SECTIONS = [
         Table("2026-11-30_generation_graph_decoder.json", lambda d: "Generation: " + generation_caption(d),
               lambda d: ["", *(b.replace("_", " ") for b in d["results"])], generation_rows, after=generation_after),
         Text("latest:*_serve_load.json", serve_load),
+        Image("results/2026-12-02_serve_load.png", "serving under load, ours and the baseline of the same run"),
         Text("2026-12-02_serve_load_vs_418de9a.json",
              lambda d: "Against the server issue 28 was filed at (418de9a), in one device call with rev 5e99546's "
              "but two runs of different settings (so no ratio here): "
