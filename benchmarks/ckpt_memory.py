@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import provenance, write_json  # noqa: E402
+from provenance import provenance, this_command, write_json  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / f"{time.strftime('%Y-%m-%d')}_ckpt_memory.json"
@@ -217,7 +217,7 @@ def main() -> None:
                      "above_floor_over_largest_chunk": round((peak - floor) / chunk["bytes"], 2)})
     verify_tail = measured["ckpt verify"]["log_tail"].strip().splitlines()
     result = {
-        **provenance(" ".join(["python", "benchmarks/ckpt_memory.py", *sys.argv[1:]])),
+        **provenance(this_command("benchmarks/ckpt_memory.py")),
         "host_detail": {"cpu": cpu_model(), "ram_bytes": host_ram(),
                         "note": "2 cores shared with a full test suite running at the same time: wall times are "
                                 "indicative only; memory is per process"},

@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from provenance import provenance, write_json  # noqa: E402
+from provenance import provenance, this_command, write_json  # noqa: E402
 from train_report import megatron_iterations  # noqa: E402
 
 
@@ -52,7 +52,7 @@ def main() -> None:
         record["revision"] = args.revision
     if args.log_host:
         record["host"] = {"logs_from": args.log_host, "report_written_on": record["host"]}
-    write_json(args.out, {**record, "report_command": " ".join(["python", *sys.argv]), "note": args.note,
+    write_json(args.out, {**record, "report_command": this_command(), "note": args.note,
                           "results": results})
     for name, r in results.items():
         print(name, {k: v for k, v in r.items() if not k.startswith("loss_")})

@@ -43,9 +43,10 @@ def host() -> dict[str, Any]:
     return info
 
 
-def this_command() -> str:
-    """How this script was invoked, as a shell would take it back (an argument with spaces stays one)."""
-    return shlex.join(["python", *sys.argv])
+def this_command(script: str | None = None) -> str:
+    """How this script was invoked (as `script`, when given: the path to name instead of argv[0]), as a shell
+    would take it back (an argument with spaces stays one)."""
+    return shlex.join(["python", script or sys.argv[0], *sys.argv[1:]])
 
 
 def provenance(command: str) -> dict[str, Any]:

@@ -109,6 +109,23 @@ def decoder_layers(model: Any) -> list[tuple[int, torch.nn.Module]] | None:
     return layers if layers and distinct else None
 
 
+def unapplied_sliding_window(model: Any, max_seq_len: int) -> str | None:
+    """Why the batch decoder cannot serve `model` within max_seq_len positions, if a sliding window is the reason:
+    the decoder builds its own attention masks, so a window the model's masks would apply is not applied. Either
+    some layers are sliding (layer_types), or the modeling builds sliding-window masks from config.sliding_window
+    for every layer (Mistral's, Phi-3's: whatever layer_types says). The sequence's last token is never attended
+    to, so a window of max_seq_len - 1 is the whole sequence."""
+    config = model.config
+    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
+        return "sliding-window attention layers are not supported by the batch decoder"
+    window = getattr(config, "sliding_window", None)
+    windowed = hasattr(sys.modules.get(type(model).__module__), "create_sliding_window_causal_mask")
+    if window and windowed and window < max_seq_len - 1:
+        return (f"the model attends within a sliding window of {window} positions, which the batch decoder does "
+                f"not apply: serve it with --max-seq-len {window + 1} at most")
+    return None
+
+
 def _forward_of(layer: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     return type(layer).forward(layer, *args, **kwargs)
 
@@ -136,17 +153,9 @@ class BatchDecoder:
     captures: int = 0  # CUDA graphs captured: all at warm-up; a GPU test checks it never grows after
 
     def __post_init__(self) -> None:
-        config = self.model.config
-        if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
-            raise ValueError("serving: sliding-window attention layers are not supported by the batch decoder")
-        # a modeling that builds sliding-window masks from config.sliding_window (Mistral's, Phi-3's: every layer,
-        # whatever layer_types says) would attend within the window, the decoder's own masks would not; the
-        # sequence's last token is never attended to, so a window of max_seq_len - 1 is the whole sequence
-        window = getattr(config, "sliding_window", None)
-        windowed = hasattr(sys.modules.get(type(self.model).__module__), "create_sliding_window_causal_mask")
-        if window and windowed and window < self.envelope.max_seq_len - 1:
-            raise ValueError(f"serving: the model attends within a sliding window of {window} positions, which the "
-                             f"batch decoder does not apply: serve it with --max-seq-len {window + 1} at most")
+        refusal = unapplied_sliding_window(self.model, self.envelope.max_seq_len)
+        if refusal:
+            raise ValueError(f"serving: {refusal}")
         rows, dev = self.envelope.max_batch, self.device
         # the cache and the column index one longer than the envelope: every window is then a strict prefix of
         # both, so a compiled step does not tell the full-length window (a slice as long as what it slices)
