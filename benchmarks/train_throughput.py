@@ -1,6 +1,6 @@
 """Training throughput side by side in one GPU run, same batch and sequence length, random tokens:
 our fast spec (`kaiyuan.layer_spec=fast`), Megatron's local spec, a plain transformers loop (eager SDPA) and
-the same loop under torch.compile. tokens/s/GPU, model TFLOP/s, peak memory. Megatron's runs report model
+the same loop under torch.compile; on a host with Transformer Engine also TE's spec (recipe_te, megatron_te). tokens/s/GPU, model TFLOP/s, peak memory. Megatron's runs report model
 TFLOP/s with Megatron's formula; the HF loops use the same FLOPs per token (taken from the Megatron run of
 the same model in this process), so the columns compare.
 
@@ -36,13 +36,21 @@ BATCH = {"qwen3_1p7b": (2, 4), "gpt_smoke": (4, 4)}
 # ours_eager_wgrad_fusion, the fusion alone; ours_graph_unfused, the graph alone; ours_full_logits, without the
 # chunked cross-entropy; ours_cudnn_attention, SDPA's cuDNN kernels first; ours_torch_norm, torch's RMSNorm
 # kernels instead of the compiled one.
+MEGATRON_TE_FUSIONS = ("model.apply_rope_fusion=true", "model.bias_activation_fusion=true",
+                       "model.cross_entropy_fusion_impl=te")
 MEGATRON_IMPLS = {"ours": ("fast", ()), "megatron_local": ("local", ()),
                   "ours_eager": ("fast", ("kaiyuan.cuda_graph=false",)),
                   "ours_eager_wgrad_fusion": ("fast", ("kaiyuan.cuda_graph=false", "kaiyuan.wgrad_fusion=true")),
                   "ours_graph_unfused": ("fast", ("kaiyuan.wgrad_fusion=false",)),
                   "ours_full_logits": ("fast", ("kaiyuan.chunked_loss=false",)),
                   "ours_cudnn_attention": ("fast", ("kaiyuan.sdpa_backend=cudnn",)),
-                  "ours_torch_norm": ("fast", ("kaiyuan.compiled_norm=false",))}
+                  "ours_torch_norm": ("fast", ("kaiyuan.compiled_norm=false",)),
+                  # Transformer Engine (a TE host): recipe_te is what `auto` trains there (Bridge's defaults on TE's
+                  # spec); megatron_te adds the fusions a Megatron user turns on with TE (fused RoPE, SwiGLU
+                  # fusion, TE's cross-entropy); megatron_te_graph adds our whole-step CUDA graph on top.
+                  "recipe_te": ("transformer_engine", ()),
+                  "megatron_te": ("transformer_engine", MEGATRON_TE_FUSIONS),
+                  "megatron_te_graph": ("transformer_engine", (*MEGATRON_TE_FUSIONS, "kaiyuan.cuda_graph=true"))}
 TIMED_OUT = "timed out after"
 TINY = dict(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,
             kv_channels=16)

@@ -269,7 +269,10 @@ def fill_auto(report: Report, recipe: str) -> None:
                            run.fastpath.summary(), run.fastpath.sdpa_backend)
     graph = report.auto.fastpath["cuda_graph"]
     from_run = {"apply_local_spec_settings": (run.layer_spec != "transformer_engine", f"layer_spec={run.layer_spec}"),
-                "separate_full_graph_pools": (run.fastpath.on("cuda_graph"), f"cuda_graph {graph}")}
+                "separate_full_graph_pools": (run.fastpath.on("cuda_graph"), f"cuda_graph {graph}"),
+                "wgrad_fusion_without_apex": (run.wgrad_fusion_without_apex is not None,
+                                              run.wgrad_fusion_without_apex or "gradient_accumulation_fusion "
+                                              "off, or Apex's extension (or the fast path's stand-in) present")}
     for item in report.compat:
         if item.function in from_run and item.applies is None and item.detail.startswith("applied per run"):
             item.applies, item.detail = from_run[item.function]

@@ -221,6 +221,53 @@ def test_upstream_defaults_still_enable_te_only_fusions():
     )
 
 
+_TE_WITHOUT_APEX = """
+    import os, sys, types, torch
+    from kaiyuan_recipes import compat
+    compat.apply()
+    from megatron.bridge.utils import fusions
+    from megatron.core import parallel_state
+    from megatron.core.model_parallel_config import ModelParallelConfig
+    from megatron.core.tensor_parallel import layers
+    # Transformer Engine as Bridge's default sees it (an importable transformer_engine.pytorch), after megatron-core
+    # has imported without it: the question is only what the default does with the output layer.
+    te = types.ModuleType("transformer_engine"); te.pytorch = types.ModuleType("transformer_engine.pytorch")
+    sys.modules.update({"transformer_engine": te, "transformer_engine.pytorch": te.pytorch})
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29634")
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    parallel_state.initialize_model_parallel()
+    config = ModelParallelConfig(gradient_accumulation_fusion=fusions.can_enable_gradient_accumulation_fusion(),
+                                 use_cpu_initialization=True)
+    print("default:", config.gradient_accumulation_fusion)
+    def output_layer():
+        return layers.ColumnParallelLinear(16, 24, config=config, init_method=torch.nn.init.xavier_normal_, bias=False)
+    try:
+        output_layer(); print("upstream: built")
+    except RuntimeError as err:
+        print("upstream: refused", "fused_weight_gradient_mlp_cuda" in str(err))
+    print("workaround:", compat.wgrad_fusion_without_apex(config))
+    output_layer(); print("after: built", config.gradient_accumulation_fusion)
+"""
+
+
+def test_upstream_te_default_still_breaks_the_output_layer_without_apex():
+    """Bridge 0.6.2 defaults gradient_accumulation_fusion on where TE imports; megatron-core 0.19.2's
+    ColumnParallelLinear (the GPT output layer, on the TE spec too) then refuses to build without Apex. With
+    compat.wgrad_fusion_without_apex the same layer builds and keeps the fusion (torch's stand-in)."""
+    import importlib.util
+
+    if importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None:
+        pytest.skip("Apex's extension is installed here: the defect cannot show")
+    probe = run_python(_TE_WITHOUT_APEX)
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    lines = probe.stdout.splitlines()
+    assert "default: True" in lines, f"Bridge no longer turns the fusion on for TE alone: drop the workaround\n{lines}"
+    assert "upstream: refused True" in lines, (
+        f"megatron-core builds the output layer with the fusion and no Apex now: drop the workaround\n{lines}")
+    assert "workaround: torch stand-in for fused_weight_gradient_mlp_cuda" in lines, lines
+    assert lines[-1] == "after: built True", lines
+
+
 needs_no_cuda = pytest.mark.skipif(
     subprocess.run([sys.executable, "-c", "import torch,sys; sys.exit(torch.cuda.is_available())"]).returncode != 0,
     reason="defect only shows on a host without CUDA")

@@ -19,6 +19,7 @@ from kaiyuan_recipes.compat.megatron_bridge import (
     skip_prebuilt_helpers_build,
     te_importing_modules,
     transformer_engine_available,
+    wgrad_fusion_without_apex,
 )
 from kaiyuan_recipes.compat.megatron_core import (
     LOCAL_SPEC_SETTINGS,
@@ -71,6 +72,9 @@ WORKAROUNDS = (
     Workaround("graph_capture", "torch", "2.11.0, 2.14.1 (read in their torch/cuda/graphs.py)",
                "an invalidated CUDA-graph capture leaves torch.cuda.graph's capture stream current",
                "gpu/test_compat_gpu.py::test_upstream_failed_capture_still_leaves_its_capture_stream_current"),
+    Workaround("wgrad_fusion_without_apex", "megatron-bridge + megatron-core", "0.6.2 / 0.19.2, TE without Apex",
+               "gradient_accumulation_fusion on where TE imports; the GPT output layer then refuses to build",
+               "test_compat.py::test_upstream_te_default_still_breaks_the_output_layer_without_apex"),
     Workaround("cpu_cuda_arch_list", "megatron-core", "0.15.3 (NeMo 2 environment), no GPU",
                "`import megatron.core` JIT-builds a CUDA allocator; IndexError uncaught without a GPU",
                "test_nemo2.py::test_upstream_megatron_core_0_15_import_still_breaks_without_a_gpu_arch"),
@@ -106,4 +110,4 @@ __all__ = ["WORKAROUNDS", "LOCAL_SPEC_SETTINGS", "LoRAUnavailableError", "Workar
            "ensure_optimizer_state_for_load", "import_megatron_bridge", "init_optimizer_state_before_load",
            "install_lora_placeholder", "patch_method", "restore_adam_step_per_parameter",
            "separate_full_graph_pools", "size_weight_decay_by_max_steps", "skip_prebuilt_helpers_build",
-           "te_importing_modules", "transformer_engine_available"]
+           "te_importing_modules", "transformer_engine_available", "wgrad_fusion_without_apex"]

@@ -1,5 +1,6 @@
 """megatron-bridge defects (0.5.0, 0.6.2): a hard Transformer Engine import, a helpers build that cannot work on the
-PyPI megatron-core wheel, and (0.5.0) a weight-decay schedule sized by the run's own train_iters."""
+PyPI megatron-core wheel, (0.5.0) a weight-decay schedule sized by the run's own train_iters, and (0.6.2) a
+gradient-accumulation fusion default that a TE host without Apex cannot build."""
 
 from __future__ import annotations
 
@@ -162,3 +163,22 @@ def size_weight_decay_by_max_steps() -> bool:
         return _calculate_scheduler_steps
 
     return patch_method(ConfigContainer, "_calculate_scheduler_steps", wrap)
+
+
+def wgrad_fusion_without_apex(model: Any) -> str | None:
+    """megatron-bridge 0.6.2 turns gradient_accumulation_fusion on wherever Transformer Engine imports
+    (utils/fusions.py: "TE handles fuse_wgrad_accumulation internally"), but the GPT output layer is megatron-core's
+    ColumnParallelLinear on every spec, TE's included, and it refuses the setting without Apex's
+    fused_weight_gradient_mlp_cuda: a TE host without Apex cannot build the model. There, give the layers torch's
+    fp32-output addmm as that extension (the fast path's stand-in; TE's own layers keep fusing), or turn the setting
+    off where torch has no such kernel. Returns what was done, or None where nothing was needed."""
+    from megatron.core.tensor_parallel import layers
+
+    if not getattr(model, "gradient_accumulation_fusion", False) or layers._grad_accum_fusion_available:
+        return None
+    from kaiyuan_recipes.fastpath.apex_standins import torch_wgrad_accumulation
+
+    if torch_wgrad_accumulation():
+        return "torch stand-in for fused_weight_gradient_mlp_cuda"
+    model.gradient_accumulation_fusion = False
+    return "gradient_accumulation_fusion off"

@@ -44,6 +44,7 @@ class RunSettings(Knobs):
     run_dir: Path = Path()
     max_positions: int | None = None
     fastpath: FastPathPlan | None = None
+    wgrad_fusion_without_apex: str | None = None  # what compat.wgrad_fusion_without_apex did, if anything
 
     @property
     def layout(self) -> RunLayout:
@@ -246,5 +247,6 @@ def build_config(recipe: str, overrides: list[str] | None = None) -> tuple[Any, 
         cfg.model.seq_length = cfg.dataset.seq_length  # an override of dataset.seq_length reaches the model
     run.fastpath = fastpath.plan(cfg, run)  # on the final config (an override may add TP or experts)
     fastpath.apply(cfg, run.fastpath)
+    run.wgrad_fusion_without_apex = compat.wgrad_fusion_without_apex(cfg.model)  # after the plan (it may need none)
     _megatron_fsdp_grads_as_declared(cfg)
     return cfg, run

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The Transformer Engine path on the GPU host ([te] item 2), once tests/gpu/te_env.sh has said "ready" in this lease
+# (TE in /tmp/site-te; the project's wheels in .whl or already in /tmp/site). From the repo root:
+#   bash tests/gpu/te_proof.sh [--parts "dry-run stop-resume export"]
+# dry-run:     `kaiyuan train gpt_smoke --dry-run` and `kaiyuan doctor` on the defaults: `auto` picks TE's spec, and the compat items
+#              that exist for TE-less hosts are not applied ($out/te_dry_run.txt)
+# stop-resume: tests/gpu/stop_resume.sh --layer-spec transformer_engine ($out/stop_resume.json)
+# export:      the uninterrupted run's last checkpoint to HF, Megatron-vs-HF logits (tests/gpu/export_proof.sh)
+set -euo pipefail
+source tests/gpu/flags.sh
+flag parts "dry-run stop-resume export" "which parts, in order"
+flag te-site /tmp/site-te "where te_env.sh installed TE"
+parse_flags "$@"
+if [ ! -e "$opt_te_site/.te-ready" ]; then
+  echo "te_proof: no built TE in $opt_te_site (.te-ready missing): run tests/gpu/te_env.sh first, in this lease" >&2
+  exit 4
+fi
+export PYTHONPATH="$opt_te_site${PYTHONPATH:+:$PYTHONPATH}"
+source tests/gpu/env.sh
+for part in $opt_parts; do
+  echo "== te_proof: $part ($(date -u +%T))"
+  case $part in
+    dry-run) { kaiyuan train gpt_smoke --dry-run kaiyuan.run_root=/tmp/te_dry; kaiyuan doctor || echo "doctor exited $?"; } 2>&1 | tee "$out/te_dry_run.txt" | tail -60 ;;
+    stop-resume) bash tests/gpu/stop_resume.sh --layer-spec transformer_engine --out "$out" ;;
+    export) bash tests/gpu/export_proof.sh --run /tmp/stop_resume/reference --name gpt_smoke_te --out "$out" ;;
+    *) echo "te_proof: unknown part '$part' (dry-run, stop-resume, export)" >&2; exit 2 ;;
+  esac
+done
