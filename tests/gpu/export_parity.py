@@ -118,7 +118,8 @@ def main() -> None:
     ap.add_argument("--command", default=" ".join(sys.argv))
     args = ap.parse_args()
 
-    from kaiyuan_exporters.megatron_to_hf import ensure_single_process_group, newest_iteration_dir
+    from kaiyuan_exporters.megatron_to_hf import (checkpoint_shape, ensure_single_process_group,
+                                                  newest_iteration_dir, rebuild_overrides)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from kaiyuan_recipes import compat
@@ -130,7 +131,10 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(str(args.hf_dir))
     batch = prompts(tokenizer)
     vocab = len(tokenizer)
-    loaded = load_megatron_model(str(newest_iteration_dir(args.checkpoint)), use_cpu_init=True)
+    # rebuilt as the export rebuilds it: one rank, the training-step-only fields off (a TE run recorded
+    # gradient_accumulation_fusion on, which outside training needs Apex or the training's stand-in)
+    loaded = load_megatron_model(str(newest_iteration_dir(args.checkpoint)), use_cpu_init=True,
+                                 mp_overrides=rebuild_overrides(checkpoint_shape(args.checkpoint)))
     megatron = (loaded[0] if isinstance(loaded, list) else loaded).cuda().to(torch.bfloat16).eval()
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 

@@ -5,11 +5,13 @@
 # dry-run:     `kaiyuan train gpt_smoke --dry-run` and `kaiyuan doctor` on the defaults: `auto` picks TE's spec, and the compat items
 #              that exist for TE-less hosts are not applied ($out/te_dry_run.txt)
 # stop-resume: tests/gpu/stop_resume.sh --layer-spec transformer_engine ($out/stop_resume.json)
-# export:      the uninterrupted run's last checkpoint to HF, Megatron-vs-HF logits (tests/gpu/export_proof.sh)
+# train:       gpt_smoke on the recipe defaults with kaiyuan.layer_spec=transformer_engine, 40 steps (/tmp/te_run)
+# export:      --export-run's last checkpoint to HF, Megatron-vs-HF logits (tests/gpu/export_proof.sh)
 set -euo pipefail
 source tests/gpu/flags.sh
 flag parts "dry-run stop-resume export" "which parts, in order"
 flag te-site /tmp/site-te "where te_env.sh installed TE"
+flag export-run /tmp/stop_resume/reference "the run the export part exports (/tmp/te_run/gpt_smoke: the train part's)"
 parse_flags "$@"
 if [ ! -e "$opt_te_site/.te-ready" ]; then
   echo "te_proof: no built TE in $opt_te_site (.te-ready missing): run tests/gpu/te_env.sh first, in this lease" >&2
@@ -22,7 +24,10 @@ for part in $opt_parts; do
   case $part in
     dry-run) { kaiyuan train gpt_smoke --dry-run kaiyuan.run_root=/tmp/te_dry; kaiyuan doctor || echo "doctor exited $?"; } 2>&1 | tee "$out/te_dry_run.txt" | tail -60 ;;
     stop-resume) bash tests/gpu/stop_resume.sh --layer-spec transformer_engine --out "$out" ;;
-    export) bash tests/gpu/export_proof.sh --run /tmp/stop_resume/reference --name gpt_smoke_te --out "$out" ;;
-    *) echo "te_proof: unknown part '$part' (dry-run, stop-resume, export)" >&2; exit 2 ;;
+    train) kaiyuan train gpt_smoke kaiyuan.run_root=/tmp/te_run kaiyuan.layer_spec=transformer_engine train.train_iters=40 \
+             logger.log_interval=5 > "$out/te_train.log" 2>&1 || { tail -30 "$out/te_train.log"; exit 1; }
+           grep -aE "iteration +(5|40)/" "$out/te_train.log" | cut -c1-300 ;;
+    export) bash tests/gpu/export_proof.sh --run "$opt_export_run" --name gpt_smoke_te --out "$out" ;;
+    *) echo "te_proof: unknown part '$part' (dry-run, stop-resume, train, export)" >&2; exit 2 ;;
   esac
 done
