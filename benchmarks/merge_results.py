@@ -26,7 +26,8 @@ SHARED = ("revision", "seq_length")
 
 
 # The ratios a model's rows carry (train_throughput.py writes them, a merge recomputes them).
-RATIOS = {"ours_vs_hf_compile": "hf_compile", "ours_vs_megatron_local": "megatron_local"}
+RATIOS = {"ours_vs_hf_compile": "hf_compile", "ours_vs_megatron_local": "megatron_local",
+          "ours_vs_megatron_te": "megatron_te"}
 
 
 DERIVED = ("row_files", "ratios_not_computed")  # what a merge writes beside the rows

@@ -1,6 +1,7 @@
 """Training throughput side by side in one GPU run, same batch and sequence length, random tokens:
 our fast spec (`kaiyuan.layer_spec=fast`), Megatron's local spec, a plain transformers loop (eager SDPA) and
-the same loop under torch.compile; on a host with Transformer Engine also TE's spec (recipe_te, megatron_te). tokens/s/GPU, model TFLOP/s, peak memory. Megatron's runs report model
+the same loop under torch.compile; on a host with Transformer Engine also TE's spec (recipe_te, megatron_te,
+bridge_te, megatron_te_graph). tokens/s/GPU, model TFLOP/s, peak memory. Megatron's runs report model
 TFLOP/s with Megatron's formula; the HF loops use the same FLOPs per token (taken from the Megatron run of
 the same model in this process), so the columns compare.
 
@@ -45,11 +46,15 @@ MEGATRON_IMPLS = {"ours": ("fast", ()), "megatron_local": ("local", ()),
                   "ours_full_logits": ("fast", ("kaiyuan.chunked_loss=false",)),
                   "ours_cudnn_attention": ("fast", ("kaiyuan.sdpa_backend=cudnn",)),
                   "ours_torch_norm": ("fast", ("kaiyuan.compiled_norm=false",)),
-                  # Transformer Engine (a TE host): recipe_te is what `auto` trains there (Bridge's defaults on TE's
-                  # spec); megatron_te adds the fusions a Megatron user turns on with TE (fused RoPE, SwiGLU
-                  # fusion, TE's cross-entropy); megatron_te_graph adds our whole-step CUDA graph on top.
+                  # Transformer Engine (a TE host): recipe_te is what `auto` trains there; megatron_te is TE's spec
+                  # with the fusions a Megatron user turns on beside it (fused RoPE, SwiGLU fusion, TE's
+                  # cross-entropy), stated here so the peer stays fixed when the recipe's defaults move; bridge_te is
+                  # Megatron-Bridge's defaults (those three off); megatron_te_graph adds our whole-step CUDA graph.
                   "recipe_te": ("transformer_engine", ()),
                   "megatron_te": ("transformer_engine", MEGATRON_TE_FUSIONS),
+                  "bridge_te": ("transformer_engine", ("model.apply_rope_fusion=false",
+                                                       "model.bias_activation_fusion=false",
+                                                       "model.cross_entropy_fusion_impl=native")),
                   "megatron_te_graph": ("transformer_engine", (*MEGATRON_TE_FUSIONS, "kaiyuan.cuda_graph=true"))}
 TIMED_OUT = "timed out after"
 TINY = dict(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,

@@ -104,6 +104,26 @@ def test_auto_layer_spec(monkeypatch):
         resolve_layer_spec("fastest")
 
 
+def test_te_spec_turns_on_the_fusions_megatron_users_run_with_te(monkeypatch):
+    """Where TE imports, the provider keeps TE's spec and gets RoPE / SwiGLU fusion and TE's cross-entropy
+    (Bridge's defaults leave them off); a non-gated MLP keeps the bias-activation fusion off (megatron-core refuses
+    it there); the command line's model.* override still wins."""
+    from kaiyuan_recipes import compat
+    from kaiyuan_recipes.models.providers import TE_SPEC_FUSIONS, build_provider
+    from kaiyuan_recipes.training.config import build_config
+
+    monkeypatch.setattr(compat, "transformer_engine_available", lambda: True)
+    provider = get_model_provider("gpt_smoke")()
+    assert provider.transformer_layer_spec.__name__ != "local_layer_spec"
+    assert {k: getattr(provider, k) for k in TE_SPEC_FUSIONS} == TE_SPEC_FUSIONS
+    gelu = build_provider({"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "activation_func": "gelu",
+                           "gated_linear_unit": False, "position_embedding_type": "rope"}, "transformer_engine")
+    assert gelu.bias_activation_fusion is False and gelu.apply_rope_fusion is True
+    cfg, run = build_config("gpt_smoke", ["kaiyuan.data=mock", "model.apply_rope_fusion=false"])
+    assert run.layer_spec == "transformer_engine"
+    assert cfg.model.apply_rope_fusion is False and cfg.model.cross_entropy_fusion_impl == "te"
+
+
 def test_qwen3_shape_matches_qwen3_1p7b_hf_config():
     """The HF Qwen3-1.7B shape (from transformers' own Qwen3Config, no hub) is what we build."""
     from transformers import Qwen3Config

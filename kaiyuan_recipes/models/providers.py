@@ -58,10 +58,21 @@ def resolve_layer_spec(layer_spec: str = "auto", deterministic: bool = False) ->
     return "fast" if torch.cuda.is_available() and not deterministic else "local"
 
 
+# TE's spec with the fusions a Megatron user turns on beside it; Megatron-Bridge's GPTModelProvider leaves RoPE and
+# SwiGLU unfused and its cross-entropy native (measured with and without: benchmarks/RESULTS.md, Transformer Engine).
+# Set on the provider, so a recipe's or the command line's model.* override still wins.
+TE_SPEC_FUSIONS = {"apply_rope_fusion": True, "bias_activation_fusion": True, "cross_entropy_fusion_impl": "te"}
+
+
 def select_layer_spec(provider, layer_spec: str = "auto"):
     layer_spec = resolve_layer_spec(layer_spec)
     use_te = layer_spec == "transformer_engine"
-    if not use_te:
+    if use_te:
+        for key, value in TE_SPEC_FUSIONS.items():
+            # megatron-core fuses the bias-activation pair for gated (SwiGLU/GeGLU) MLPs without a bias only
+            if key != "bias_activation_fusion" or provider.gated_linear_unit:
+                setattr(provider, key, value)
+    else:
         compat.apply_local_spec_settings(provider)
     if layer_spec == "fast":  # the local spec with SDPA core attention (fastpath/spec.py)
         # (its compiled RoPE hooks are filled by compat.import_megatron_bridge, which build_provider called)
