@@ -21,12 +21,13 @@ from resultsdoc.topics.offline_tools import ckpt_memory_after, ckpt_memory_capti
 from resultsdoc.topics.parallelism import tp2, zero_caption, zero_rows
 from resultsdoc.topics.throughput import profile_graph, throughput_caption, throughput_header, throughput_rows
 from resultsdoc.topics.training_runs import journey, local_baseline, phase, stop_resume, train_proof
+from resultsdoc.topics.transformer_engine import te_after, te_caption, te_env, te_rows, te_stop_resume
 
 INTRO = """The current figures, each from the result file under `benchmarks/results/` it names (with that file's
 revision, host, date and command). Results that newer runs replaced are in
 [`results/archive/`](results/archive/README.md). How each is produced: [`tests/gpu/README.md`](../tests/gpu/README.md)
 and the scripts in this folder; which revision each GPU proof last ran at is tabled there. The GPU host: 1 or 2 ×
-H200, no Transformer Engine, bf16. Peak memory carries its unit: GB (10⁹ bytes) in files from rev 46ff3c1 on, GiB
+H200, bf16, no Transformer Engine except in the section of that name. Peak memory carries its unit: GB (10⁹ bytes) in files from rev 46ff3c1 on, GiB
 (2³⁰ bytes) before it (kaiyuan's metrics divided by 2³⁰ until then)."""
 
 SECTIONS = [
@@ -42,6 +43,12 @@ SECTIONS = [
         Text("2026-12-01_profile_qwen3_1p7b_graph.json",
              lambda d: "The default step's profile, qwen3_1p7b: " + profile_graph(d) + " The step is bound by its "
              "kernels."),
+    ]),
+    Section("Transformer Engine", [
+        Text("2026-12-02_te_env.json", te_env),
+        Table("2026-12-02_te_throughput.json", te_caption, ["qwen3_1p7b", "tokens/s/GPU", "model TFLOP/s", "peak memory"],
+              te_rows, after=te_after),
+        Text("2026-12-02_te_stop_resume.json", te_stop_resume),
     ]),
     Section("What each fast-path piece adds", [
         Text(None, "Each an A/B inside one process (`benchmarks/train_throughput.py`); peak memory in GiB (files "
