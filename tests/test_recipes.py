@@ -314,18 +314,20 @@ def test_step_fusion_auto_turns_on_only_where_measured(tmp_path):
 
 def test_deterministic_knob(tmp_path, monkeypatch):
     """kaiyuan.deterministic=true: Megatron's deterministic_mode with what upstream requires of it (unfused
-    cross-entropy, NCCL_ALGO, a fixed cuBLAS workspace), accepted by upstream's validation; the knob leaves
+    cross-entropy, NCCL_ALGO, a fixed cuBLAS workspace, TE's deterministic kernels), accepted by upstream's
+    validation; the knob leaves
     this process's torch determinism setting as it was."""
     import torch
 
     from kaiyuan_recipes.training.config import deterministic_env
 
-    for key in ("NCCL_ALGO", "CUBLAS_WORKSPACE_CONFIG"):
+    for key in ("NCCL_ALGO", "CUBLAS_WORKSPACE_CONFIG", "NVTE_ALLOW_NONDETERMINISTIC_ALGO"):
         monkeypatch.delenv(key, raising=False)
     cfg, run = build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", "kaiyuan.layer_spec=fast",
                                           "kaiyuan.deterministic=true", "kaiyuan.data=mock"])
     assert run.deterministic and cfg.model.deterministic_mode and not cfg.model.cross_entropy_loss_fusion
-    assert deterministic_env(cfg) == {"NCCL_ALGO": "Ring", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    assert deterministic_env(cfg) == {"NCCL_ALGO": "Ring", "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+                                      "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0"}
     before = torch.are_deterministic_algorithms_enabled()
     resolve_with_upstream(cfg, world_size=2)
     assert torch.are_deterministic_algorithms_enabled() == before

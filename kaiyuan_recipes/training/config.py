@@ -123,8 +123,10 @@ def _megatron_fsdp_grads_as_declared(cfg: Any) -> None:
 
 
 # What deterministic training needs in the environment before CUDA / NCCL start (Megatron-Bridge checks
-# NCCL_ALGO; cuBLAS needs a fixed workspace under torch.use_deterministic_algorithms).
-DETERMINISTIC_ENV = {"NCCL_ALGO": "Ring", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+# NCCL_ALGO; cuBLAS needs a fixed workspace under torch.use_deterministic_algorithms; TE's attention backward picks
+# only deterministic kernels with NVTE_ALLOW_NONDETERMINISTIC_ALGO=0). Bridge's own
+# recipes/utils/determinism_utils.py sets the same three.
+DETERMINISTIC_ENV = {"NCCL_ALGO": "Ring", "CUBLAS_WORKSPACE_CONFIG": ":4096:8", "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0"}
 
 
 def deterministic_env(cfg: Any) -> dict[str, str]:
