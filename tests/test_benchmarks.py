@@ -190,10 +190,9 @@ def test_every_throughput_variant_is_a_config_upstream_accepts(tmp_path):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from train_throughput import BATCH, MEGATRON_IMPLS, megatron_command
 
+    from kaiyuan_recipes import compat
     from kaiyuan_recipes.training.config import build_config
     from kaiyuan_recipes.training.summary import resolve_with_upstream
-
-    from kaiyuan_recipes import compat
 
     mbs, micro = BATCH["qwen3_1p7b"]
     for impl, (spec, extra) in MEGATRON_IMPLS.items():
@@ -204,7 +203,7 @@ def test_every_throughput_variant_is_a_config_upstream_accepts(tmp_path):
             # values (checked on the local spec; TE's own validation runs on the GPU host).
             with pytest.raises(RuntimeError, match="transformer_engine is not installed"):
                 build_config("qwen3_1p7b", command[6:])
-            local = [a.replace("kaiyuan.layer_spec=transformer_engine", "kaiyuan.layer_spec=local") for a in command[6:]]
+            local = [a.replace("layer_spec=transformer_engine", "layer_spec=local") for a in command[6:]]
             cfg, _ = build_config("qwen3_1p7b", local)
             for override in extra:
                 key, value = override.split("=", 1)

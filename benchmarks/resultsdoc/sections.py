@@ -27,8 +27,8 @@ INTRO = """The current figures, each from the result file under `benchmarks/resu
 revision, host, date and command). Results that newer runs replaced are in
 [`results/archive/`](results/archive/README.md). How each is produced: [`tests/gpu/README.md`](../tests/gpu/README.md)
 and the scripts in this folder; which revision each GPU proof last ran at is tabled there. The GPU host: 1 or 2 ×
-H200, bf16, no Transformer Engine except in the section of that name. Peak memory carries its unit: GB (10⁹ bytes) in files from rev 46ff3c1 on, GiB
-(2³⁰ bytes) before it (kaiyuan's metrics divided by 2³⁰ until then)."""
+H200, bf16, no Transformer Engine except in the section of that name. Peak memory carries its unit: GB (10⁹ bytes)
+in files from rev 46ff3c1 on, GiB (2³⁰ bytes) before it (kaiyuan's metrics divided by 2³⁰ until then)."""
 
 SECTIONS = [
     Section("The user journey", [
@@ -46,8 +46,8 @@ SECTIONS = [
     ]),
     Section("Transformer Engine", [
         Text("2026-12-02_te_env.json", te_env),
-        Table("2026-12-02_te_throughput.json", te_caption, ["qwen3_1p7b", "tokens/s/GPU", "model TFLOP/s", "peak memory"],
-              te_rows, after=te_after),
+        Table("2026-12-02_te_throughput.json", te_caption,
+              ["qwen3_1p7b", "tokens/s/GPU", "model TFLOP/s", "peak memory"], te_rows, after=te_after),
         Text("2026-12-02_te_stop_resume.json", te_stop_resume),
     ]),
     Section("What each fast-path piece adds", [

@@ -118,8 +118,12 @@ def main() -> None:
     ap.add_argument("--command", default=" ".join(sys.argv))
     args = ap.parse_args()
 
-    from kaiyuan_exporters.megatron_to_hf import (checkpoint_shape, ensure_single_process_group,
-                                                  newest_iteration_dir, rebuild_overrides)
+    from kaiyuan_exporters.megatron_to_hf import (
+        checkpoint_shape,
+        ensure_single_process_group,
+        newest_iteration_dir,
+        rebuild_overrides,
+    )
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from kaiyuan_recipes import compat

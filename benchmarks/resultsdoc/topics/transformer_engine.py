@@ -7,7 +7,8 @@ from resultsdoc.entries import Data
 from resultsdoc.formatting import GB, gain, mem, n0, ratio
 
 TE_ROWS = (("ours", "fast spec, recipe defaults"),
-           ("megatron_te", "TE spec + fused RoPE, SwiGLU fusion, TE cross-entropy (the recipe's TE settings from rev 9f726e3 on)"),
+           ("megatron_te",
+            "TE spec + fused RoPE, SwiGLU fusion, TE cross-entropy (the recipe's TE settings from rev 9f726e3 on)"),
            ("megatron_te_graph", "the same + our whole-step CUDA graph (`kaiyuan.cuda_graph=true`)"),
            ("bridge_te", "TE spec, Megatron-Bridge's defaults (what `auto` trained at 3e7174c)"))
 
@@ -30,18 +31,18 @@ def te_rows(d: Data) -> list[list[str]]:
 
 def te_after(d: Data) -> str:
     q = d["results"]["qwen3_1p7b"]
-    return (f"The whole-step graph adds {gain(q['megatron_te_graph']['tokens_per_s'], q['megatron_te']['tokens_per_s'])}"
-            f" on top of TE; the three fusions add {gain(q['megatron_te']['tokens_per_s'], q['bridge_te']['tokens_per_s'])}"
-            " over Bridge's defaults, which is why the recipe now turns them on with TE. The chunked loss was not "
-            "tried on TE's spec. The gpt_smoke rows and the local spec's row are missing: the call's own time box ended "
-            "during them (the file's notes).")
+    te, graph, bridge = (q[k]["tokens_per_s"] for k in ("megatron_te", "megatron_te_graph", "bridge_te"))
+    return (f"The whole-step graph adds {gain(graph, te)} on top of TE; the three fusions add {gain(te, bridge)} over "
+            "Bridge's defaults, which is why the recipe now turns them on with TE. The chunked loss was not tried on "
+            "TE's spec. The gpt_smoke rows and the local spec's row are missing: the call's own time box ended during "
+            "them (the file's notes).")
 
 
 def te_env(d: Data) -> str:
     s = d["summary"]
-    return (f"`tests/gpu/te_env.sh` ({d['set']}): {s['calls_to_ready']} back-to-back calls from a cold machine to "
-            f"`import transformer_engine.pytorch` (TE {d['te_version']}), {s['first_part_to_ready_s']['lease 1']} s from "
-            f"the first part to ready; the extension's build took {s['extension_build_s_on_16_cores']}. "
+    return (f"`tests/gpu/te_env.sh` ({d['set']}): {s['calls_to_ready']} back-to-back calls from a cold machine "
+            f"to `import transformer_engine.pytorch` (TE {d['te_version']}), {s['first_part_to_ready_s']['lease 1']} s "
+            f"from the first part to ready; the extension's build took {s['extension_build_s_on_16_cores']}. "
             f"On the defaults, `auto` picks TE's spec and doctor shows the TE-less workarounds not applied. gpt_smoke "
             f"trained on it, 40 steps of the bundled corpus: "
             f"{d['te_proof']['train_gpt_smoke_defaults (call 14)'].split(': ', 1)[1]}.")
@@ -50,7 +51,7 @@ def te_env(d: Data) -> str:
 def te_stop_resume(d: Data) -> str:
     stop = d["stop"]
     return (f"Stop / resume on TE's spec (gpt_smoke): stopped at {d['stop_requested_at_iteration']}, checkpoint "
-            f"{stop['last_checkpoint']} saved, resumed at {d['resumed_at_iteration']} and finished; the losses after it "
-            f"differ from the uninterrupted run's by at most {d['max_abs_loss_diff_after_resume']:.3f}, less than two "
-            f"uninterrupted same-seed runs differ ({d['control_max_abs_loss_diff']:.3f}): TE's training is not "
+            f"{stop['last_checkpoint']} saved, resumed at {d['resumed_at_iteration']} and finished; the losses after "
+            f"it differ from the uninterrupted run's by at most {d['max_abs_loss_diff_after_resume']:.3f}, less than "
+            f"two uninterrupted same-seed runs differ ({d['control_max_abs_loss_diff']:.3f}): TE's training is not "
             "deterministic here, so this does not show an exact resume.")
