@@ -107,10 +107,14 @@ FW2606_TESTS := tests/test_providers.py tests/test_model_shape.py tests/test_rec
 	tests/test_ordered_phase.py tests/test_phase_training.py tests/test_serve_batching.py tests/test_serve_attention.py
 
 # pytest exits 5 when it collected no test: that is a failure here, not a pass.
+# Test files in parallel, a file's tests in one worker (its module fixtures built once): TEST_WORKERS=1 runs them
+# one by one. Each worker imports torch and Megatron (~2 GB), so the default is CI's two cores, not one per core.
+TEST_WORKERS ?= 2
+PYTEST := -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 test: env env-nemo2 env-fw2606 test-services lint
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests; rc=$$?; \
+	$(BIN)/python $(PYTEST) tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; [ $$rc -eq 0 ] || exit $$rc; \
-	$(VENV3)/bin/python -m pytest -q -p no:cacheprovider $(FW2606_TESTS); rc=$$?; \
+	$(VENV3)/bin/python $(PYTEST) $(FW2606_TESTS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests ($(VENV3))"; exit 1; fi; exit $$rc
 
 # ruff with the project's settings (pyproject.toml [tool.ruff]); the version is pinned in the dev extra.

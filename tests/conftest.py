@@ -52,11 +52,11 @@ def megatron_parallel():
     import torch
     from megatron.core import parallel_state
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29611")
     cuda = torch.cuda.is_available()
     if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
+        # An in-process store: no port, so test files running at once (make test's workers) cannot collide.
+        torch.distributed.init_process_group("nccl" if cuda else "gloo", store=torch.distributed.HashStore(),
+                                             rank=0, world_size=1)
     parallel_state.initialize_model_parallel()
     if cuda:
         from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
