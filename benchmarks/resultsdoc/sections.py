@@ -48,7 +48,9 @@ SECTIONS = [
         Text("2026-12-02_te_env.json", te_env),
         Table("2026-12-02_te_throughput.json", te_caption,
               ["qwen3_1p7b", "tokens/s/GPU", "model TFLOP/s", "peak memory"], te_rows, after=te_after),
+        Image("results/2026-12-02_te_throughput.png", "training throughput on TE's spec"),
         Text("2026-12-02_te_stop_resume.json", te_stop_resume),
+        Image("results/2026-12-02_te_stop_resume.png", "stop and resume on TE's spec"),
     ]),
     Section("What each fast-path piece adds", [
         Text(None, "Each an A/B inside one process (`benchmarks/train_throughput.py`); peak memory in GiB (files "
