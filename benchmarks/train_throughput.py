@@ -37,8 +37,10 @@ BATCH = {"qwen3_1p7b": (2, 4), "gpt_smoke": (4, 4)}
 # ours_eager_wgrad_fusion, the fusion alone; ours_graph_unfused, the graph alone; ours_full_logits, without the
 # chunked cross-entropy; ours_cudnn_attention, SDPA's cuDNN kernels first; ours_torch_norm, torch's RMSNorm
 # kernels instead of the compiled one.
+# Megatron-LM's defaults with TE (fused RoPE and SwiGLU, Megatron's fused native cross-entropy; Megatron-LM rejects
+# TE's). At 3e7174c it also set cross_entropy_fusion_impl=te: 2026-12-02_te_throughput.json's megatron_te row.
 MEGATRON_TE_FUSIONS = ("model.apply_rope_fusion=true", "model.bias_activation_fusion=true",
-                       "model.cross_entropy_fusion_impl=te")
+                       "model.cross_entropy_loss_fusion=true", "model.cross_entropy_fusion_impl=native")
 MEGATRON_IMPLS = {"ours": ("fast", ()), "megatron_local": ("local", ()),
                   "ours_eager": ("fast", ("kaiyuan.cuda_graph=false",)),
                   "ours_eager_wgrad_fusion": ("fast", ("kaiyuan.cuda_graph=false", "kaiyuan.wgrad_fusion=true")),
@@ -47,14 +49,13 @@ MEGATRON_IMPLS = {"ours": ("fast", ()), "megatron_local": ("local", ()),
                   "ours_cudnn_attention": ("fast", ("kaiyuan.sdpa_backend=cudnn",)),
                   "ours_torch_norm": ("fast", ("kaiyuan.compiled_norm=false",)),
                   # Transformer Engine (a TE host): recipe_te is what `auto` trains there; megatron_te is TE's spec
-                  # with the fusions a Megatron user turns on beside it (fused RoPE, SwiGLU fusion, TE's
-                  # cross-entropy), stated here so the peer stays fixed when the recipe's defaults move; bridge_te is
-                  # Megatron-Bridge's defaults (those three off); megatron_te_graph adds our whole-step CUDA graph.
+                  # with Megatron-LM's fusions beside it, stated here so the peer stays fixed when the recipe's
+                  # defaults move; bridge_te is Megatron-Bridge's defaults (RoPE and SwiGLU unfused);
+                  # megatron_te_graph adds our whole-step CUDA graph.
                   "recipe_te": ("transformer_engine", ()),
                   "megatron_te": ("transformer_engine", MEGATRON_TE_FUSIONS),
                   "bridge_te": ("transformer_engine", ("model.apply_rope_fusion=false",
-                                                       "model.bias_activation_fusion=false",
-                                                       "model.cross_entropy_fusion_impl=native")),
+                                                       "model.bias_activation_fusion=false")),
                   "megatron_te_graph": ("transformer_engine", (*MEGATRON_TE_FUSIONS, "kaiyuan.cuda_graph=true"))}
 TIMED_OUT = "timed out after"
 TINY = dict(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,

@@ -42,8 +42,7 @@ def test_torch_wgrad_accumulation_through_megatron_cores_linear_layer():
         from megatron.core import parallel_state
         from megatron.core.model_parallel_config import ModelParallelConfig
         from megatron.core.tensor_parallel import layers
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29633")
-        torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+        torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
         parallel_state.initialize_model_parallel()
         config = ModelParallelConfig(gradient_accumulation_fusion=True, use_cpu_initialization=True)
         try:

@@ -225,7 +225,7 @@ _TE_WITHOUT_APEX = """
     import os, sys, types, torch
     from kaiyuan_recipes import compat
     compat.apply()
-    from megatron.bridge.utils import fusions
+    from megatron.bridge.models.gpt_provider import GPTModelProvider
     from megatron.core import parallel_state
     from megatron.core.model_parallel_config import ModelParallelConfig
     from megatron.core.tensor_parallel import layers
@@ -233,11 +233,10 @@ _TE_WITHOUT_APEX = """
     # has imported without it: the question is only what the default does with the output layer.
     te = types.ModuleType("transformer_engine"); te.pytorch = types.ModuleType("transformer_engine.pytorch")
     sys.modules.update({"transformer_engine": te, "transformer_engine.pytorch": te.pytorch})
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29634")
-    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
     parallel_state.initialize_model_parallel()
-    config = ModelParallelConfig(gradient_accumulation_fusion=fusions.can_enable_gradient_accumulation_fusion(),
-                                 use_cpu_initialization=True)
+    default = GPTModelProvider.__dataclass_fields__["gradient_accumulation_fusion"].default_factory()
+    config = ModelParallelConfig(gradient_accumulation_fusion=default, use_cpu_initialization=True)
     print("default:", config.gradient_accumulation_fusion)
     def output_layer():
         return layers.ColumnParallelLinear(16, 24, config=config, init_method=torch.nn.init.xavier_normal_, bias=False)
@@ -322,8 +321,7 @@ def test_upstream_bridge_rng_state_still_reads_cuda():
         compat.install_lora_placeholder()  # to import megatron.bridge; nothing else of compat
         from megatron.core import parallel_state
         from megatron.core.process_groups_config import ProcessGroupCollection
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29641")
-        torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+        torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
         parallel_state.initialize_model_parallel()
         from megatron.bridge.training import checkpointing
         try:

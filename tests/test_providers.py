@@ -105,13 +105,14 @@ def test_auto_layer_spec(monkeypatch):
 
 
 def test_te_spec_turns_on_the_fusions_megatron_users_run_with_te(monkeypatch):
-    """Where TE imports, the provider keeps TE's spec and gets RoPE / SwiGLU fusion and TE's cross-entropy
-    (Bridge's defaults leave them off); a non-gated MLP keeps the bias-activation fusion off (megatron-core refuses
-    it there); the command line's model.* override still wins."""
+    """Where TE imports, the provider keeps TE's spec and gets RoPE and SwiGLU fusion (Bridge's defaults leave them
+    off) with the native fused cross-entropy; a non-gated or ReLU MLP keeps the bias-activation fusion off
+    (megatron-core refuses it there); the command line's model.* override still wins."""
     from kaiyuan_recipes import compat
     from kaiyuan_recipes.models.providers import TE_SPEC_FUSIONS, build_provider
     from kaiyuan_recipes.training.config import build_config
 
+    compat.import_megatron_bridge()  # before TE is reported available: its LoRA modules need the placeholder here
     monkeypatch.setattr(compat, "transformer_engine_available", lambda: True)
     provider = get_model_provider("gpt_smoke")()
     assert provider.transformer_layer_spec.__name__ != "local_layer_spec"
@@ -119,9 +120,13 @@ def test_te_spec_turns_on_the_fusions_megatron_users_run_with_te(monkeypatch):
     gelu = build_provider({"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "activation_func": "gelu",
                            "gated_linear_unit": False, "position_embedding_type": "rope"}, "transformer_engine")
     assert gelu.bias_activation_fusion is False and gelu.apply_rope_fusion is True
+    relu = build_provider({"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "activation_func": "relu",
+                           "gated_linear_unit": True, "position_embedding_type": "rope"}, "transformer_engine")
+    assert relu.bias_activation_fusion is False
     cfg, run = build_config("gpt_smoke", ["kaiyuan.data=mock", "model.apply_rope_fusion=false"])
     assert run.layer_spec == "transformer_engine"
-    assert cfg.model.apply_rope_fusion is False and cfg.model.cross_entropy_fusion_impl == "te"
+    assert cfg.model.apply_rope_fusion is False and cfg.model.bias_activation_fusion is True
+    assert cfg.model.cross_entropy_loss_fusion and cfg.model.cross_entropy_fusion_impl == "native"
 
 
 def test_qwen3_shape_matches_qwen3_1p7b_hf_config():
@@ -141,3 +146,18 @@ def test_qwen3_shape_matches_qwen3_1p7b_hf_config():
     assert shape["layernorm_epsilon"] == hf.rms_norm_eps
     assert shape["share_embeddings_and_output_weights"] == hf.tie_word_embeddings
     assert shape["vocab_size"] == hf.vocab_size
+
+
+def test_wgrad_fusion_knob_decides_the_fusion_off_tes_spec(tmp_path):
+    """Off TE's spec kaiyuan.wgrad_fusion decides gradient_accumulation_fusion (Bridge's default only follows
+    whether TE imports); a model.gradient_accumulation_fusion override on the command line still wins."""
+    from kaiyuan_recipes.training.config import build_config
+
+    common = [f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=mock", "kaiyuan.layer_spec=fast"]
+    cfg, run = build_config("gpt_smoke", [*common, "kaiyuan.wgrad_fusion=true"])
+    assert cfg.model.gradient_accumulation_fusion is True and run.fastpath.on("wgrad_fusion")
+    cfg, run = build_config("gpt_smoke", [*common, "kaiyuan.wgrad_fusion=false"])
+    assert cfg.model.gradient_accumulation_fusion is False and not run.fastpath.on("wgrad_fusion")
+    cfg, _ = build_config("gpt_smoke",
+                          [*common, "kaiyuan.wgrad_fusion=false", "model.gradient_accumulation_fusion=true"])
+    assert cfg.model.gradient_accumulation_fusion is True

@@ -148,3 +148,22 @@ def test_materialize_rewrites_a_damaged_tokenizer_directory(tmp_path):
     out = materialize_qwen2_tokenizer(tmp_path / "tok")
     (out / "tokenizer.json").write_text("garbage")
     assert check_tokenizer_dir(materialize_qwen2_tokenizer(out)) == out
+
+
+def test_processes_starting_at_once_each_get_a_complete_tokenizer(tmp_path):
+    """Four processes asking for the bundled tokenizer in an empty cache at once (ranks of one job, two commands):
+    one writes it, the others wait, and every one loads a complete copy."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from transformers import AutoTokenizer; from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir\n"
+            "d = default_tokenizer_dir()\n"
+            "print(len(AutoTokenizer.from_pretrained(str(d))('hello world')['input_ids']))")
+    env = os.environ | {"KAIYUAN_CACHE": str(tmp_path / "cache")}
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(4)]
+    results = [p.communicate(timeout=300) + (p.returncode,) for p in procs]
+    assert all(rc == 0 for _, _, rc in results), [err[-1500:] for _, err, rc in results if rc]
+    assert {out.strip() for out, _, _ in results} == {"2"}
+    assert sorted(p.name for p in (tmp_path / "cache" / "tokenizers").iterdir()) == ["qwen2_bpe"]  # no temp left

@@ -24,11 +24,14 @@ def build_cpu_model(
 ) -> Any:
     """Our provider's GPTModel on the CPU (one process group of one rank must exist); the local spec unless
     told (`auto` would pick the fast spec on a CUDA host, for a model that stays on the CPU)."""
+    from kaiyuan_recipes.fastpath import TRAINING_STEP_MODEL_FIELDS
     from kaiyuan_recipes.models.providers import build_provider, provide_on_cpu
 
     fields = dict(ModelShape.of(shape).fields)
+    # not a training step: its fused weight-gradient GEMM off (on a TE host Bridge defaults it on, which the output
+    # layer refuses without Apex), as for every model rebuilt outside training
     provider = build_provider(fields | {"activation_func": fields.get("activation_func", "silu")}
-                              | (single_rank_overrides(fields) or {}), layer_spec)
+                              | TRAINING_STEP_MODEL_FIELDS | (single_rank_overrides(fields) or {}), layer_spec)
     provider.params_dtype = dtype
     provider.bf16 = dtype == torch.bfloat16
     provider.fp16 = dtype == torch.float16

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 from kaiyuan_recipes.atomic import atomic_directory
@@ -107,9 +106,12 @@ def materialize_qwen2_tokenizer(dest: Path) -> Path:
 
 
 def default_tokenizer_dir() -> Path:
-    """The bundled tokenizer, materialised once into the user cache."""
-    cache = Path(os.environ.get("KAIYUAN_CACHE", Path.home() / ".cache" / "kaiyuan_recipes"))
-    return materialize_qwen2_tokenizer(cache / "tokenizers" / "qwen2_bpe")
+    """The bundled tokenizer, materialised once into the user cache; a process that finds another writing it waits
+    (materialize replaces a damaged copy, which must not happen under a reader)."""
+    from kaiyuan_recipes.cache import cache_lock, cache_root
+
+    with cache_lock("tokenizer"):
+        return materialize_qwen2_tokenizer(cache_root() / "tokenizers" / "qwen2_bpe")
 
 
 def sha256_of(path: Path) -> str:

@@ -58,19 +58,24 @@ def resolve_layer_spec(layer_spec: str = "auto", deterministic: bool = False) ->
     return "fast" if torch.cuda.is_available() and not deterministic else "local"
 
 
-# TE's spec with the fusions a Megatron user turns on beside it; Megatron-Bridge's GPTModelProvider leaves RoPE and
-# SwiGLU unfused and its cross-entropy native (measured with and without: benchmarks/RESULTS.md, Transformer Engine).
-# Set on the provider, so a recipe's or the command line's model.* override still wins.
-TE_SPEC_FUSIONS = {"apply_rope_fusion": True, "bias_activation_fusion": True, "cross_entropy_fusion_impl": "te"}
+# TE's spec with Megatron-LM's own defaults for it (pretrain_gpt: RoPE and SwiGLU fused unless --no-rope-fusion /
+# --no-bias-swiglu-fusion); Megatron-Bridge's GPTModelProvider leaves both unfused. The cross-entropy stays Bridge's
+# fused native one: Megatron-LM rejects TE's (cross_entropy_fusion_impl='te', "stability issues"). Set on the
+# provider, so a recipe's or the command line's model.* override still wins. Measured: benchmarks/RESULTS.md,
+# Transformer Engine.
+TE_SPEC_FUSIONS = {"apply_rope_fusion": True, "bias_activation_fusion": True}
 
 
 def select_layer_spec(provider, layer_spec: str = "auto"):
     layer_spec = resolve_layer_spec(layer_spec)
     use_te = layer_spec == "transformer_engine"
     if use_te:
+        import torch.nn.functional as F
+
         for key, value in TE_SPEC_FUSIONS.items():
-            # megatron-core fuses the bias-activation pair for gated (SwiGLU/GeGLU) MLPs without a bias only
-            if key != "bias_activation_fusion" or provider.gated_linear_unit:
+            # megatron-core fuses the bias-activation pair only for SwiGLU / GeGLU when the MLP has no bias
+            if key != "bias_activation_fusion" or (provider.gated_linear_unit
+                                                   and provider.activation_func in (F.silu, F.gelu)):
                 setattr(provider, key, value)
     else:
         compat.apply_local_spec_settings(provider)

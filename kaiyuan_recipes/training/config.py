@@ -249,6 +249,11 @@ def build_config(recipe: str, overrides: list[str] | None = None) -> tuple[Any, 
         cfg.model.seq_length = cfg.dataset.seq_length  # an override of dataset.seq_length reaches the model
     run.fastpath = fastpath.plan(cfg, run)  # on the final config (an override may add TP or experts)
     fastpath.apply(cfg, run.fastpath)
-    run.wgrad_fusion_without_apex = compat.wgrad_fusion_without_apex(cfg.model)  # after the plan (it may need none)
+    if run.layer_spec != "transformer_engine" and not any(
+            ov.split_key(o)[0] == "model.gradient_accumulation_fusion" for o in container_overrides):
+        # kaiyuan.wgrad_fusion decides it off TE's spec; Bridge's default only follows whether TE imports
+        cfg.model.gradient_accumulation_fusion = run.fastpath.on("wgrad_fusion")
+    # after the plan (its stand-in may be installed already); Megatron-FSDP keeps only TE's own fusion
+    run.wgrad_fusion_without_apex = compat.wgrad_fusion_without_apex(cfg.model, standin=run.zero_stage < 2)
     _megatron_fsdp_grads_as_declared(cfg)
     return cfg, run

@@ -4,31 +4,12 @@ Tokenized on first use into the cache by the converter (see rebuild.py for prove
 
 from __future__ import annotations
 
-import fcntl
-import os
-from contextlib import contextmanager
 from pathlib import Path
 
+from kaiyuan_recipes.cache import cache_lock, cache_root
 from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir, tokenizer_fingerprint
 
 CORPUS_DIR = Path(__file__).resolve().parent
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("KAIYUAN_CACHE", Path.home() / ".cache" / "kaiyuan_recipes"))
-
-
-@contextmanager
-def cache_lock(name: str):
-    """One process prepares a cache entry; concurrent ranks wait, then find it ready."""
-    root = cache_root()
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / f".{name}.lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 SOURCES = ("en_jargon", "zh_poems")
@@ -51,8 +32,7 @@ def prepare_sample_corpus(tokenizer_dir: Path | None = None) -> tuple[list[str],
     the 1% validation split of a small source can hold no full sequence (weight 0, rejected)."""
     from kaiyuan_recipes.data.convert import ConvertOptions, convert_directory
 
-    with cache_lock("tokenizer"):
-        tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir else default_tokenizer_dir()
+    tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir else default_tokenizer_dir()
     out = cache_root() / "sample_corpus" / tokenizer_fingerprint(tokenizer_dir)[:16]
     with cache_lock("sample_corpus"):
         manifest = convert_directory(
