@@ -144,3 +144,23 @@ def test_help_lists_the_flags():
     assert r.returncode == 0
     for flag in ("--stage-src", "--stage-root", "--site", "--build-dir", "--jobs", "--wait", "--rebuild", "--dry-run"):
         assert flag in r.stdout
+
+
+def test_te_proof_reports_each_part_and_is_not_ok_when_one_is_missing(tmp_path):
+    """tests/gpu/te_proof.sh on this CPU host (a TE site that only says ready): the dry run and doctor run for real,
+    an unknown part stops the script, and te_proof.json records what ran, the layer spec and the compat rows, and
+    all_ok false because a part asked for did not end with 0."""
+    site, out = tmp_path / "site-te", tmp_path / "out"
+    site.mkdir()
+    (site / ".te-ready").write_text("set 2.19.0\n")
+    env = os.environ | {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+                        "env_wheels": str(tmp_path / "no-wheels")}  # no .whl install on this host (env.sh)
+    r = subprocess.run(["bash", "tests/gpu/te_proof.sh", "--te-site", str(site), "--parts", "dry-run bogus",
+                        "--out", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    report = json.loads((out / "te_proof.json").read_text())
+    assert report["parts_asked"] == ["dry-run", "bogus"] and not report["all_ok"]
+    assert [(p["part"], p["exit"]) for p in report["parts"]] == [("dry-run", 0)]
+    assert report["te_version"] == "2.19.0" and report["command"].startswith("bash tests/gpu/te_proof.sh --te-site")
+    assert report["dry_run"]["layer_spec"].startswith("local")  # no TE here
+    assert "wgrad_fusion_without_apex" in report["dry_run"] and "apply_local_spec_settings" in report["dry_run"]
