@@ -112,6 +112,17 @@ def _apply_zero_stage(cfg: Any, stage: int) -> None:
         cfg.ddp.overlap_param_gather = False  # only exists with the distributed optimizer
 
 
+def _wgrad_fusion_as_decided(cfg: Any, run: RunSettings, container_overrides: list[str]) -> None:
+    """Off TE's spec kaiyuan.wgrad_fusion (the fast path's plan) decides gradient_accumulation_fusion: Bridge's
+    default only follows whether TE imports. A model.gradient_accumulation_fusion override still wins. Then the
+    compat workaround for a TE host without Apex, after the plan (whose stand-in may be installed already);
+    Megatron-FSDP keeps only TE's own fusion."""
+    if run.layer_spec != "transformer_engine" and not any(
+            ov.split_key(o)[0] == "model.gradient_accumulation_fusion" for o in container_overrides):
+        cfg.model.gradient_accumulation_fusion = run.fastpath.on("wgrad_fusion")
+    run.wgrad_fusion_without_apex = compat.wgrad_fusion_without_apex(cfg.model, standin=run.zero_stage < 2)
+
+
 def _megatron_fsdp_grads_as_declared(cfg: Any) -> None:
     """Megatron-FSDP (ZeRO 2) does not read ddp.grad_reduce_in_fp32: its main gradients default to the compute
     dtype (bf16), so micro-batch gradients would be accumulated and reduced in bf16 where ZeRO 0 / 1 use fp32.
@@ -249,11 +260,6 @@ def build_config(recipe: str, overrides: list[str] | None = None) -> tuple[Any, 
         cfg.model.seq_length = cfg.dataset.seq_length  # an override of dataset.seq_length reaches the model
     run.fastpath = fastpath.plan(cfg, run)  # on the final config (an override may add TP or experts)
     fastpath.apply(cfg, run.fastpath)
-    if run.layer_spec != "transformer_engine" and not any(
-            ov.split_key(o)[0] == "model.gradient_accumulation_fusion" for o in container_overrides):
-        # kaiyuan.wgrad_fusion decides it off TE's spec; Bridge's default only follows whether TE imports
-        cfg.model.gradient_accumulation_fusion = run.fastpath.on("wgrad_fusion")
-    # after the plan (its stand-in may be installed already); Megatron-FSDP keeps only TE's own fusion
-    run.wgrad_fusion_without_apex = compat.wgrad_fusion_without_apex(cfg.model, standin=run.zero_stage < 2)
+    _wgrad_fusion_as_decided(cfg, run, container_overrides)
     _megatron_fsdp_grads_as_declared(cfg)
     return cfg, run

@@ -2,8 +2,8 @@
 # The Transformer Engine path on the GPU host ([te] item 2), once tests/gpu/te_env.sh has said "ready" in this lease
 # (TE in /tmp/site-te; the project's wheels in .whl or already in /tmp/site). From the repo root:
 #   bash tests/gpu/te_proof.sh [--parts "dry-run stop-resume export"]
-# dry-run:     `kaiyuan train gpt_smoke --dry-run` and `kaiyuan doctor` on the defaults: `auto` picks TE's spec, and the compat items
-#              that exist for TE-less hosts are not applied ($out/te_dry_run.txt)
+# dry-run:     `kaiyuan train gpt_smoke --dry-run` and `kaiyuan doctor` on the defaults: `auto` picks TE's spec, and
+#              the compat items that exist for TE-less hosts are not applied ($out/te_dry_run.txt)
 # stop-resume: tests/gpu/stop_resume.sh --layer-spec transformer_engine ($out/stop_resume.json)
 # train:       gpt_smoke on the recipe defaults with kaiyuan.layer_spec=transformer_engine, 40 steps (/tmp/te_run)
 # export:      --export-run's last checkpoint to HF, Megatron-vs-HF logits (tests/gpu/export_proof.sh)
@@ -34,7 +34,8 @@ for part in $opt_parts; do
   start=$(date +%s)
   trap 'part_done "$part" $? "$start"' ERR
   case $part in
-    dry-run) { kaiyuan train gpt_smoke --dry-run kaiyuan.run_root=/tmp/te_dry; kaiyuan doctor || echo "doctor exited $?"; } 2>&1 | tee "$out/te_dry_run.txt" | tail -60 ;;
+    dry-run) { kaiyuan train gpt_smoke --dry-run kaiyuan.run_root=/tmp/te_dry
+               kaiyuan doctor || echo "doctor exited $?"; } 2>&1 | tee "$out/te_dry_run.txt" | tail -60 ;;
     stop-resume) bash tests/gpu/stop_resume.sh --layer-spec transformer_engine --out "$out" ;;
     train) kaiyuan train gpt_smoke kaiyuan.run_root=/tmp/te_run kaiyuan.layer_spec=transformer_engine train.train_iters=40 \
              logger.log_interval=5 > "$out/te_train.log" 2>&1 || { tail -30 "$out/te_train.log"; false; }

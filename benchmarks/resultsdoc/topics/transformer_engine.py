@@ -47,9 +47,8 @@ def te_env(d: Data) -> str:
             f"to `import transformer_engine.pytorch` (TE {d['te_version']}), {s['first_part_to_ready_s']['lease 1']} s "
             f"from the first part to ready; the extension's build took {s['extension_build_s_on_16_cores']}. "
             f"On the defaults, `auto` picks TE's spec; doctor shows the workarounds for TE-less hosts not applied and "
-            f"the new one for a TE host without Apex applied. gpt_smoke "
-            f"trained on it, 40 steps of the bundled corpus: "
-            f"{d['te_proof']['train_gpt_smoke_defaults (call 14)'].split(': ', 1)[1]}.")
+            "the new one for a TE host without Apex applied. gpt_smoke trained on it, 40 steps of the bundled "
+            f"corpus: {d['te_proof']['train_gpt_smoke_defaults (call 14)'].split(': ', 1)[1]}.")
 
 
 def te_stop_resume(d: Data) -> str:
