@@ -109,7 +109,9 @@ def megatron_run(model: str, layer_spec: str, mbs: int, micro: int, seq: int, st
     code, output = run_bounded(megatron_command(model, layer_spec, mbs, micro, seq, steps, root, nproc, extra),
                                timeout)
     (root / "launcher.log").write_text(output)  # the whole output stays with the run (the row has a summary)
-    steps_done = [r for r in read_metrics(root / model / "run_state") if r["event"] == "step"]
+    records = read_metrics(root / model / "run_state")
+    steps_done = [r for r in records if r["event"] == "step"]
+    settings = next((r.get("model") for r in records if r["event"] == "train_start"), None)
     steady = steps_done[3:]
     if not steady:
         return {"error": failure_summary(output), "log": str(root / "launcher.log")}
@@ -118,7 +120,8 @@ def megatron_run(model: str, layer_spec: str, mbs: int, micro: int, seq: int, st
            "peak_mem_gb": max(r["peak_mem_gb"] or 0 for r in steady),
            "timed_steps": len(steady),
            # every step's loss: same seed and mock data, so a variant (a CUDA graph) must train like `ours`
-           "losses": [r.get("loss") for r in steps_done]}
+           "losses": [r.get("loss") for r in steps_done],
+           "model_settings": settings}  # the kernel settings it trained with (training/metrics.py)
     if code != 0:  # steady steps were measured before the run stopped: keep them, and say so
         row |= {"incomplete": f"{failure_summary(output, lines=1)}; {len(steps_done)} of {steps} steps done",
                 "log": str(root / "launcher.log")}

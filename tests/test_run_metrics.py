@@ -56,3 +56,19 @@ def test_a_step_is_timed_from_the_previous_steps_end(tmp_path, monkeypatch):
     assert steps[0]["loss"] == 2.5 and steps[0]["peak_mem_gb"] is None  # no CUDA on this host
     assert [json.loads(line)["event"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()].count(
         "checkpoint") == 1
+
+
+def test_train_start_records_the_kernel_settings_the_run_trains_with(tmp_path):
+    """A benchmark row reads these to say what it trained: the recipe's built config, not a copy of the fields."""
+    from kaiyuan_recipes.training.config import build_config
+
+    cfg, _ = build_config("gpt_smoke", ["kaiyuan.layer_spec=local", f"kaiyuan.run_root={tmp_path}"])
+    callback = metrics.RunMetricsCallback(tmp_path, seq_length=4096)
+    ctx = context(0, 0.0)
+    ctx.state.cfg = cfg
+    callback.on_train_start(ctx)
+    start, = (r for r in read_metrics(tmp_path) if r["event"] == "train_start")
+    assert start["model"]["transformer_impl"] == "local"
+    assert start["model"]["apply_rope_fusion"] is False and start["model"]["gradient_accumulation_fusion"] is False
+    assert set(start["model"]) == set(metrics.KERNEL_FIELDS)
+    json.dumps(start)  # an enum (attention_backend) is written as text

@@ -17,6 +17,18 @@ from megatron.bridge.training.callbacks import Callback  # noqa: E402
 
 from kaiyuan_recipes.training.metrics_log import METRICS_FILE  # noqa: E402
 
+# The model settings that pick kernels, recorded at train start: a benchmark row then says what it trained.
+KERNEL_FIELDS = ("transformer_impl", "attention_backend", "apply_rope_fusion", "bias_activation_fusion",
+                 "bias_dropout_fusion", "masked_softmax_fusion", "cross_entropy_loss_fusion",
+                 "cross_entropy_fusion_impl", "gradient_accumulation_fusion", "cuda_graph_impl")
+
+
+def kernel_settings(model_cfg: Any) -> dict[str, Any]:
+    def plain(value: Any) -> Any:
+        return value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
+
+    return {k: plain(getattr(model_cfg, k)) for k in KERNEL_FIELDS if hasattr(model_cfg, k)}
+
 
 class RunMetricsCallback(Callback):
     def __init__(self, state_dir: Path, seq_length: int):
@@ -42,7 +54,8 @@ class RunMetricsCallback(Callback):
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
         ts = context.state.train_state
-        self._write({"event": "train_start", "iteration": ts.step, "time": time.time()})
+        self._write({"event": "train_start", "iteration": ts.step, "time": time.time(),
+                     "model": kernel_settings(context.state.cfg.model)})
 
     def on_train_step_start(self, context: Any) -> None:
         self._t0 = time.perf_counter()
