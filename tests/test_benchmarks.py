@@ -216,6 +216,25 @@ def test_every_throughput_variant_is_a_config_upstream_accepts(tmp_path):
         resolve_with_upstream(cfg, world_size=1)
 
 
+def test_row_settings_are_what_each_rows_overrides_change(tmp_path):
+    """benchmarks/row_settings.py builds each row's config as train_throughput's command states it: `ours` and
+    `ours_eager` differ in the whole-step graph (and the weight-gradient fusion auto ties to it) and nothing else;
+    rows of the same settings are named, so one of them need not be run."""
+    out = tmp_path / "settings.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks/row_settings.py"), "--models", "gpt_smoke", "--impls",
+                    "ours", "ours_eager", "--out", str(out)], check=True, capture_output=True, cwd=tmp_path)
+    result = json.loads(out.read_text())["gpt_smoke"]
+    ours, eager = result["settings"]["ours"], result["settings"]["ours_eager"]
+    assert {k for k in ours if ours[k] != eager[k]} == {"cuda_graph_impl", "gradient_accumulation_fusion"}
+    assert ours["cuda_graph_impl"] == "full_iteration" and eager["cuda_graph_impl"] == "none"
+    assert result["same_settings"] == []
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import row_settings
+
+    assert row_settings.row_overrides("gpt_smoke", "ours_eager")[:2] == ["kaiyuan.layer_spec=fast", "kaiyuan.data=mock"]
+
+
 def test_merge_results_joins_models_measured_in_separate_runs(tmp_path, monkeypatch):
     """Two real train_throughput runs (CPU smoke, one model each) merge into the issue's one-file shape; the
     same model twice, or two revisions, are refused by name."""
