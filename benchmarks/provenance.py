@@ -21,10 +21,15 @@ def revision() -> str:
     if os.environ.get("KAIYUAN_REVISION"):
         return os.environ["KAIYUAN_REVISION"]
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               check=True).stdout.strip()
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                 text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+    # A tree that differs from HEAD is not HEAD: the GPU host's copy of the working tree has a .git at the last
+    # landed commit, whatever was committed since (set KAIYUAN_REVISION there).
+    return f"{head}+changes" if changed else head
 
 
 def host() -> dict[str, Any]:

@@ -320,3 +320,24 @@ def test_a_result_records_its_command_as_a_shell_would_take_it_back(monkeypatch)
     argv = ["benchmarks/serve_load.py", "--baseline-args", "--max-batch 64 --max-seq-len 4096", "--out", "o.json"]
     monkeypatch.setattr(sys, "argv", argv)
     assert shlex.split(this_command()) == ["python", *argv]  # the quoted option stays one argument
+
+
+def test_a_result_from_a_changed_tree_does_not_claim_its_head(tmp_path, monkeypatch):
+    """The GPU host's copy of the tree carries a .git at the last landed commit: a result measured there on newer
+    code must not name that commit as if it were the code measured."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from provenance import revision
+
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / "f.py").write_text("a = 1\n")
+    subprocess.run([*git, "add", "f.py"], check=True)
+    subprocess.run([*git, "commit", "-qm", "c"], check=True)
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("KAIYUAN_REVISION", raising=False)
+    assert revision() == head
+    (tmp_path / "f.py").write_text("a = 2\n")
+    assert revision() == f"{head}+changes"
+    monkeypatch.setenv("KAIYUAN_REVISION", "abc1234")
+    assert revision() == "abc1234"

@@ -21,7 +21,18 @@ from resultsdoc.topics.offline_tools import ckpt_memory_after, ckpt_memory_capti
 from resultsdoc.topics.parallelism import tp2, zero_caption, zero_rows
 from resultsdoc.topics.throughput import profile_graph, throughput_caption, throughput_header, throughput_rows
 from resultsdoc.topics.training_runs import journey, local_baseline, phase, stop_resume, train_proof
-from resultsdoc.topics.transformer_engine import te_after, te_caption, te_env, te_rows, te_stop_resume
+from resultsdoc.topics.transformer_engine import (
+    recipe_te_after,
+    recipe_te_caption,
+    recipe_te_rows,
+    te_after,
+    te_caption,
+    te_env,
+    te_export_parity,
+    te_rows,
+    te_stop_resume,
+    te_stop_resume_deterministic,
+)
 
 INTRO = """The current figures, each from the result file under `benchmarks/results/` it names (with that file's
 revision, host, date and command). Results that newer runs replaced are in
@@ -46,11 +57,16 @@ SECTIONS = [
     ]),
     Section("Transformer Engine", [
         Text("2026-12-02_te_env.json", te_env),
+        Table("2026-12-02_te_throughput_recipe_defaults.json", recipe_te_caption,
+              ["qwen3_1p7b", "tokens/s/GPU", "model TFLOP/s", "peak memory"], recipe_te_rows, after=recipe_te_after),
+        Image("results/2026-12-02_te_throughput_recipe_defaults.png", "the fast spec against TE's on the recipe"),
         Table("2026-12-02_te_throughput.json", te_caption,
               ["qwen3_1p7b", "tokens/s/GPU", "model TFLOP/s", "peak memory"], te_rows, after=te_after),
         Image("results/2026-12-02_te_throughput.png", "training throughput on TE's spec"),
+        Text("2026-12-02_te_stop_resume_deterministic.json", te_stop_resume_deterministic),
+        Image("results/2026-12-02_te_stop_resume_deterministic.png", "exact stop and resume on TE's spec"),
         Text("2026-12-02_te_stop_resume.json", te_stop_resume),
-        Image("results/2026-12-02_te_stop_resume.png", "stop and resume on TE's spec"),
+        Text("2026-12-02_te_proof.json", te_export_parity),
     ]),
     Section("What each fast-path piece adds", [
         Text(None, "Each an A/B inside one process (`benchmarks/train_throughput.py`); peak memory in GiB (files "
