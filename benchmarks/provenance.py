@@ -7,9 +7,11 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -18,18 +20,38 @@ from kaiyuan_recipes.atomic import write_text_atomic
 
 
 def revision() -> str:
+    """KAIYUAN_REVISION if set; else HEAD, or for a tree that differs from HEAD, `HEAD+tree T`: T is the tree id
+    the working tree (untracked, not ignored files too) would be committed as, which names the commit once it is
+    made (`resolve_tree`). The GPU host's copy of the working tree carries a .git at the last landed commit, so
+    HEAD alone would name code that did not run."""
     if os.environ.get("KAIYUAN_REVISION"):
         return os.environ["KAIYUAN_REVISION"]
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                                 text=True, check=True).stdout.strip()
+        head = _git("rev-parse", "--short", "HEAD")
+        if not _git("status", "--porcelain"):
+            return head
+        with tempfile.TemporaryDirectory() as tmp:  # a scratch index: the repo's own index is left as it is
+            env = {**os.environ, "GIT_INDEX_FILE": str(Path(tmp) / "index")}
+            index = Path(_git("rev-parse", "--git-path", "index"))
+            if index.exists():
+                shutil.copyfile(index, env["GIT_INDEX_FILE"])
+            _git("add", "-A", env=env)
+            return f"{head}+tree {_git('write-tree', env=env)[:12]}"
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-    # A tree that differs from HEAD is not HEAD: the GPU host's copy of the working tree has a .git at the last
-    # landed commit, whatever was committed since (set KAIYUAN_REVISION there).
-    return f"{head}+changes" if changed else head
+
+
+def resolve_tree(tree: str) -> str | None:
+    """The commit (short) whose tree is `tree` (a prefix), of all commits here; None if none is."""
+    for line in _git("log", "--all", "--format=%h %T").splitlines():
+        commit, commit_tree = line.split()
+        if commit_tree.startswith(tree):
+            return commit
+    return None
+
+
+def _git(*args: str, env: dict[str, str] | None = None) -> str:
+    return subprocess.run(["git", *args], capture_output=True, text=True, check=True, env=env).stdout.strip()
 
 
 def host() -> dict[str, Any]:

@@ -322,22 +322,32 @@ def test_a_result_records_its_command_as_a_shell_would_take_it_back(monkeypatch)
     assert shlex.split(this_command()) == ["python", *argv]  # the quoted option stays one argument
 
 
-def test_a_result_from_a_changed_tree_does_not_claim_its_head(tmp_path, monkeypatch):
+def test_a_result_from_a_changed_tree_names_the_commit_it_becomes(tmp_path, monkeypatch):
     """The GPU host's copy of the tree carries a .git at the last landed commit: a result measured there on newer
-    code must not name that commit as if it were the code measured."""
+    code must not name that commit, and must name the tree that ran, which resolves to its commit once made."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from provenance import revision
+    from provenance import resolve_tree, revision
 
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
     subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / ".gitignore").write_text("out/\n")
     (tmp_path / "f.py").write_text("a = 1\n")
-    subprocess.run([*git, "add", "f.py"], check=True)
-    subprocess.run([*git, "commit", "-qm", "c"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "landed"], check=True)
     head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("KAIYUAN_REVISION", raising=False)
     assert revision() == head
     (tmp_path / "f.py").write_text("a = 2\n")
-    assert revision() == f"{head}+changes"
+    (tmp_path / "new.py").write_text("b = 1\n")  # a file committed after the landing: untracked on the GPU host
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "result.json").write_text("{}")  # ignored: not part of the tree
+    measured = revision()
+    assert measured.startswith(f"{head}+tree ")
+    assert subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True).stdout.count("??") == 1
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "the measured code"], check=True)
+    later = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert resolve_tree(measured.split("+tree ")[1]) == later
     monkeypatch.setenv("KAIYUAN_REVISION", "abc1234")
     assert revision() == "abc1234"
