@@ -20,7 +20,7 @@ from kaiyuan_recipes.atomic import write_text_atomic
 
 
 def revision() -> str:
-    """KAIYUAN_REVISION if set; else HEAD, or for a tree that differs from HEAD, `HEAD+tree T`: T is the tree id
+    """KAIYUAN_REVISION if set; else HEAD, or for a tree that differs from HEAD's, `HEAD+tree T`: T is the tree id
     the working tree (untracked, not ignored files too) would be committed as, which names the commit once it is
     made (`resolve_tree`). The GPU host's copy of the working tree carries a .git at the last landed commit, so
     HEAD alone would name code that did not run."""
@@ -30,28 +30,42 @@ def revision() -> str:
         head = _git("rev-parse", "--short", "HEAD")
         if not _git("status", "--porcelain"):
             return head
-        with tempfile.TemporaryDirectory() as tmp:  # a scratch index: the repo's own index is left as it is
-            env = {**os.environ, "GIT_INDEX_FILE": str(Path(tmp) / "index")}
-            index = Path(_git("rev-parse", "--git-path", "index"))
-            if index.exists():
-                shutil.copyfile(index, env["GIT_INDEX_FILE"])
-            _git("add", "-A", env=env)
-            return f"{head}+tree {_git('write-tree', env=env)[:12]}"
-    except (OSError, subprocess.CalledProcessError):
+        tree = _working_tree_id()
+        return head if tree == _git("rev-parse", "HEAD^{tree}") else f"{head}+tree {tree[:12]}"
+    except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired):
         return "unknown"
 
 
+def _working_tree_id() -> str:
+    """The tree id of the working tree, from a scratch index and a scratch object store: the repository's own index
+    and objects are left as they are."""
+    with tempfile.TemporaryDirectory() as tmp:
+        objects = _git("rev-parse", "--path-format=absolute", "--git-path", "objects")
+        env = {**os.environ, "GIT_INDEX_FILE": str(Path(tmp) / "index"),
+               "GIT_OBJECT_DIRECTORY": str(Path(tmp) / "objects"), "GIT_ALTERNATE_OBJECT_DIRECTORIES": objects}
+        (Path(tmp) / "objects").mkdir()  # git takes a repository without its object store for none
+        index = Path(_git("rev-parse", "--path-format=absolute", "--git-path", "index"))
+        if index.exists():
+            shutil.copyfile(index, env["GIT_INDEX_FILE"])
+        _git("add", "-A", env=env)
+        return _git("write-tree", env=env)
+
+
 def resolve_tree(tree: str) -> str | None:
-    """The commit (short) whose tree is `tree` (a prefix), of all commits here; None if none is."""
-    for line in _git("log", "--all", "--format=%h %T").splitlines():
-        commit, commit_tree = line.split()
-        if commit_tree.startswith(tree):
-            return commit
-    return None
+    """The commit (short) whose tree is `tree` (a prefix of 7 or more), of all commits here; None if none is."""
+    if len(tree) < 7:
+        raise ValueError(f"tree id {tree!r}: give 7 or more of its hex digits")
+    try:
+        lines = _git("log", "--all", "--format=%h %T").splitlines()
+    except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired):
+        return None
+    return next((commit for commit, commit_tree in (line.split() for line in lines) if commit_tree.startswith(tree)),
+                None)
 
 
 def _git(*args: str, env: dict[str, str] | None = None) -> str:
-    return subprocess.run(["git", *args], capture_output=True, text=True, check=True, env=env).stdout.strip()
+    return subprocess.run(["git", *args], capture_output=True, text=True, check=True, env=env,
+                          timeout=60).stdout.strip()
 
 
 def host() -> dict[str, Any]:

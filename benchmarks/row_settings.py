@@ -1,8 +1,10 @@
-"""The kernel settings each Megatron row of train_throughput.py builds (training/metrics.py's KERNEL_FIELDS), from
-the recipe's own build_config, and which rows build the same: a row that trains what another row trains needs no
-GPU time of its own. The run's train_start record stays the account of what did train.
+"""The kernel settings each Megatron row of train_throughput.py builds (training/metrics.py's kernel_settings: the
+model's kernel fields and kaiyuan's fast-path pieces), from the recipe's own build_config, and which rows build the
+same: a row that trains what another row trains needs no GPU time of its own. The run's train_start record stays
+the account of what did train. TE's rows build only where Transformer Engine imports.
 
-usage: python benchmarks/row_settings.py --models qwen3_1p7b gpt_smoke --impls recipe_te megatron_te [--out F]"""
+usage: python benchmarks/row_settings.py --models qwen3_1p7b gpt_smoke --impls recipe_te megatron_te [--out F]
+       (the JSON on stdout, or into --out; Megatron's logging goes to stderr)"""
 
 from __future__ import annotations
 
@@ -13,15 +15,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from train_throughput import BATCH, MEGATRON_IMPLS, megatron_command  # noqa: E402
+from train_throughput import BATCH, MEGATRON_IMPLS, megatron_overrides  # noqa: E402
 
 
-def row_overrides(model: str, impl: str) -> list[str]:
-    """The overrides train_throughput's command passes for this row (its layer spec and extras)."""
+def row_overrides(model: str, impl: str, seq: int = 4096, steps: int = 15) -> list[str]:
+    """The overrides train_throughput passes for this row (its defaults: --seq 4096, --steps 15)."""
     spec, extra = MEGATRON_IMPLS[impl]
     mbs, micro = BATCH[model]
-    command = megatron_command(model, spec, mbs, micro, 4096, 15, Path("/tmp/row-settings"), extra=extra)
-    return command[command.index(model) + 2:]  # after `train MODEL --nproc-per-node=N`
+    return megatron_overrides(spec, mbs, micro, seq, steps, Path("/tmp/row-settings"), extra=extra)
 
 
 def settings(model: str, impl: str) -> dict:
@@ -29,7 +30,7 @@ def settings(model: str, impl: str) -> dict:
     from kaiyuan_recipes.training.metrics import kernel_settings
 
     cfg, run = build_config(model, row_overrides(model, impl))
-    return {**kernel_settings(cfg.model), "layer_spec": run.layer_spec}
+    return {**kernel_settings(cfg.model, run.fastpath), "layer_spec": run.layer_spec}
 
 
 def main() -> None:
@@ -38,6 +39,9 @@ def main() -> None:
     ap.add_argument("--impls", nargs="+", required=True, choices=list(MEGATRON_IMPLS))
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    import logging
+
+    logging.basicConfig(stream=sys.stderr, force=True)  # stdout is the JSON
     result = {}
     for model in args.models:
         rows = {impl: settings(model, impl) for impl in args.impls}

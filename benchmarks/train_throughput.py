@@ -66,7 +66,13 @@ def megatron_command(model: str, layer_spec: str, mbs: int, micro: int, seq: int
                      nproc: int = 1, extra: tuple[str, ...] = ()) -> list[str]:
     """`kaiyuan train` on mock data, `micro` micro-batches of `mbs` per GPU (global batch grows with GPUs)."""
     return [sys.executable, "-m", "kaiyuan_recipes.cli.main", "train", model, f"--nproc-per-node={nproc}",
-            f"kaiyuan.layer_spec={layer_spec}", "kaiyuan.data=mock", f"kaiyuan.run_root={root}",
+            *megatron_overrides(layer_spec, mbs, micro, seq, steps, root, nproc, extra)]
+
+
+def megatron_overrides(layer_spec: str, mbs: int, micro: int, seq: int, steps: int, root: Path, nproc: int = 1,
+                       extra: tuple[str, ...] = ()) -> list[str]:
+    """The row's overrides of the recipe (benchmarks/row_settings.py builds its config from the same list)."""
+    return [f"kaiyuan.layer_spec={layer_spec}", "kaiyuan.data=mock", f"kaiyuan.run_root={root}",
             f"train.train_iters={steps}", f"train.micro_batch_size={mbs}",
             f"train.global_batch_size={mbs * micro * nproc}", f"dataset.seq_length={seq}", "logger.log_interval=1",
             f"checkpoint.save_interval={steps * 10}", "checkpoint.save=null",

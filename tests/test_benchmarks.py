@@ -157,7 +157,9 @@ def test_failed_megatron_row_names_the_ranks_exception(tmp_path, monkeypatch):
 
     state = tmp_path / "gpt_smoke" / "run_state"
     state.mkdir(parents=True)
-    (state / METRICS_FILE).write_text("".join(
+    settings = {"transformer_impl": "local", "fast_path": {"chunked_loss": True}}
+    (state / METRICS_FILE).write_text(json.dumps({"event": "train_start", "iteration": 0, "model": settings}) + "\n"
+                                      + "".join(
         json.dumps({"event": "step", "iteration": step, "tokens_per_s_per_gpu": 1000.0 * step,
                     "model_tflops_per_gpu": 1.0, "peak_mem_gb": 2.0, "loss": 12.0 - step}) + "\n"
         for step in range(1, 8)))
@@ -165,6 +167,7 @@ def test_failed_megatron_row_names_the_ranks_exception(tmp_path, monkeypatch):
     row = train_throughput.megatron_run("gpt_smoke", "fast", 1, 1, 128, 10)
     assert row["tokens_per_s"] == 5500.0 and row["incomplete"] == "timed out after 60 s; 7 of 10 steps done"
     assert row["losses"] == [11.0, 10.0, 9.0, 8.0, 7.0, 6.0, 5.0]
+    assert row["model_settings"] == settings  # what the run recorded it trained with
 
 
 def test_train_throughput_bounds_each_implementation(tmp_path):
@@ -216,23 +219,35 @@ def test_every_throughput_variant_is_a_config_upstream_accepts(tmp_path):
         resolve_with_upstream(cfg, world_size=1)
 
 
-def test_row_settings_are_what_each_rows_overrides_change(tmp_path):
+def test_row_settings_are_what_each_rows_overrides_change(tmp_path, monkeypatch):
     """benchmarks/row_settings.py builds each row's config as train_throughput's command states it: `ours` and
     `ours_eager` differ in the whole-step graph (and the weight-gradient fusion auto ties to it) and nothing else;
-    rows of the same settings are named, so one of them need not be run."""
+    a row that only restates a default is named the same as `ours`, and one that turns off a fast-path piece
+    (outside the model config) is not."""
     out = tmp_path / "settings.json"
     subprocess.run([sys.executable, str(ROOT / "benchmarks/row_settings.py"), "--models", "gpt_smoke", "--impls",
                     "ours", "ours_eager", "--out", str(out)], check=True, capture_output=True, cwd=tmp_path)
     result = json.loads(out.read_text())["gpt_smoke"]
     ours, eager = result["settings"]["ours"], result["settings"]["ours_eager"]
-    assert {k for k in ours if ours[k] != eager[k]} == {"cuda_graph_impl", "gradient_accumulation_fusion"}
+    assert {k for k in ours if ours[k] != eager[k]} == {"cuda_graph_impl", "gradient_accumulation_fusion",
+                                                         "fast_path"}
+    assert {k for k in ours["fast_path"] if ours["fast_path"][k] != eager["fast_path"][k]} == {"cuda_graph",
+                                                                                               "wgrad_fusion"}
     assert ours["cuda_graph_impl"] == "full_iteration" and eager["cuda_graph_impl"] == "none"
     assert result["same_settings"] == []
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import row_settings
+    import train_throughput
 
-    assert row_settings.row_overrides("gpt_smoke", "ours_eager")[:2] == ["kaiyuan.layer_spec=fast", "kaiyuan.data=mock"]
+    monkeypatch.setitem(train_throughput.MEGATRON_IMPLS, "ours_restated", ("fast", ("kaiyuan.chunked_loss=true",)))
+    monkeypatch.setattr(sys, "argv", ["row_settings.py", "--models", "gpt_smoke", "--impls", "ours",
+                                      "ours_restated", "ours_full_logits", "--out", str(out)])
+    monkeypatch.setattr(row_settings, "MEGATRON_IMPLS", train_throughput.MEGATRON_IMPLS)
+    row_settings.main()
+    assert json.loads(out.read_text())["gpt_smoke"]["same_settings"] == [["ours", "ours_restated"]]
+    assert row_settings.row_overrides("gpt_smoke", "ours_eager") == train_throughput.megatron_command(
+        "gpt_smoke", "fast", 4, 4, 4096, 15, Path("/tmp/row-settings"), extra=("kaiyuan.cuda_graph=false",))[6:]
 
 
 def test_merge_results_joins_models_measured_in_separate_runs(tmp_path, monkeypatch):
@@ -342,12 +357,19 @@ def test_a_result_from_a_changed_tree_names_the_commit_it_becomes(tmp_path, monk
     (tmp_path / "new.py").write_text("b = 1\n")  # a file committed after the landing: untracked on the GPU host
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "result.json").write_text("{}")  # ignored: not part of the tree
+    objects = len(list((tmp_path / ".git" / "objects").rglob("*")))
     measured = revision()
     assert measured.startswith(f"{head}+tree ")
+    assert len(list((tmp_path / ".git" / "objects").rglob("*"))) == objects  # the repository is left as it was
     assert subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True).stdout.count("??") == 1
     subprocess.run([*git, "add", "-A"], check=True)
     subprocess.run([*git, "commit", "-qm", "the measured code"], check=True)
     later = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     assert resolve_tree(measured.split("+tree ")[1]) == later
+    (tmp_path / "f.py").write_text("a = 1\n")
+    (tmp_path / "f.py").write_text("a = 2\n")  # touched, same content as the commit: no +tree
+    assert revision() == later
     monkeypatch.setenv("KAIYUAN_REVISION", "abc1234")
     assert revision() == "abc1234"
+    with pytest.raises(ValueError, match="7 or more"):
+        resolve_tree("")

@@ -62,13 +62,15 @@ def test_train_start_records_the_kernel_settings_the_run_trains_with(tmp_path):
     """A benchmark row reads these to say what it trained: the recipe's built config, not a copy of the fields."""
     from kaiyuan_recipes.training.config import build_config
 
-    cfg, _ = build_config("gpt_smoke", ["kaiyuan.layer_spec=local", f"kaiyuan.run_root={tmp_path}"])
-    callback = metrics.RunMetricsCallback(tmp_path, seq_length=4096)
+    cfg, run = build_config("gpt_smoke", ["kaiyuan.layer_spec=local", f"kaiyuan.run_root={tmp_path}"])
+    callback = metrics.RunMetricsCallback(tmp_path, seq_length=4096, fast_path=run.fastpath)
     ctx = context(0, 0.0)
     ctx.state.cfg = cfg
     callback.on_train_start(ctx)
     start, = (r for r in read_metrics(tmp_path) if r["event"] == "train_start")
     assert start["model"]["transformer_impl"] == "local"
     assert start["model"]["apply_rope_fusion"] is False and start["model"]["gradient_accumulation_fusion"] is False
-    assert set(start["model"]) == set(metrics.KERNEL_FIELDS)
-    json.dumps(start)  # an enum (attention_backend) is written as text
+    assert set(start["model"]) == {*metrics.KERNEL_FIELDS, "fast_path", "sdpa_backend"}
+    assert start["model"]["attention_backend"] == "AttnBackend.auto"  # an enum, written as text
+    assert start["model"]["fast_path"] == {name: piece.on for name, piece in run.fastpath.pieces.items()}
+    assert start["model"]["fast_path"]["chunked_loss"] is False  # off the fast spec

@@ -23,7 +23,7 @@ def worker_callbacks(cfg: Any, run: RunSettings) -> list[Any]:
     from kaiyuan_recipes.training.metrics import RunMetricsCallback
     from kaiyuan_recipes.training.profiling import ProfileSummaryCallback
 
-    callbacks = [RunMetricsCallback(run.layout.state, cfg.dataset.seq_length)]
+    callbacks = [RunMetricsCallback(run.layout.state, cfg.dataset.seq_length, run.fastpath)]
     if cfg.profiling is not None and cfg.profiling.use_pytorch_profiler:
         callbacks.append(ProfileSummaryCallback(run.run_dir, cfg.profiling))
     if not cfg.rerun_state_machine.check_for_nan_in_loss:  # e.g. kaiyuan.cuda_graph: Megatron's check is off

@@ -17,23 +17,30 @@ from megatron.bridge.training.callbacks import Callback  # noqa: E402
 
 from kaiyuan_recipes.training.metrics_log import METRICS_FILE  # noqa: E402
 
-# The model settings that pick kernels, recorded at train start: a benchmark row then says what it trained.
+# What picks a run's kernels, recorded at train start so that a benchmark row says what it trained: the model's
+# fields, and kaiyuan's fast-path pieces (chunked loss, compiled norm, ...), which act outside the model config.
 KERNEL_FIELDS = ("transformer_impl", "attention_backend", "apply_rope_fusion", "bias_activation_fusion",
                  "bias_dropout_fusion", "masked_softmax_fusion", "cross_entropy_loss_fusion",
                  "cross_entropy_fusion_impl", "gradient_accumulation_fusion", "cuda_graph_impl")
 
 
-def kernel_settings(model_cfg: Any) -> dict[str, Any]:
+def kernel_settings(model_cfg: Any, fast_path: Any = None) -> dict[str, Any]:
+    """`fast_path`: the run's FastPathPlan (fastpath/decisions.py), or None."""
     def plain(value: Any) -> Any:
         return value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
 
-    return {k: plain(getattr(model_cfg, k)) for k in KERNEL_FIELDS if hasattr(model_cfg, k)}
+    settings = {k: plain(getattr(model_cfg, k)) for k in KERNEL_FIELDS if hasattr(model_cfg, k)}
+    if fast_path is not None:
+        settings["fast_path"] = {name: piece.on for name, piece in fast_path.pieces.items()}
+        settings["sdpa_backend"] = fast_path.sdpa_backend
+    return settings
 
 
 class RunMetricsCallback(Callback):
-    def __init__(self, state_dir: Path, seq_length: int):
+    def __init__(self, state_dir: Path, seq_length: int, fast_path: Any = None):
         self.path = Path(state_dir) / METRICS_FILE
         self.seq_length = seq_length
+        self.fast_path = fast_path
         self._t0 = 0.0
         self._last_end: float | None = None  # the previous step's end, unless an evaluation or a save followed it
         self._last_flops: float | None = None
@@ -55,7 +62,7 @@ class RunMetricsCallback(Callback):
             torch.cuda.reset_peak_memory_stats()
         ts = context.state.train_state
         self._write({"event": "train_start", "iteration": ts.step, "time": time.time(),
-                     "model": kernel_settings(context.state.cfg.model)})
+                     "model": kernel_settings(context.state.cfg.model, self.fast_path)})
 
     def on_train_step_start(self, context: Any) -> None:
         self._t0 = time.perf_counter()
