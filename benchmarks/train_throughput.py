@@ -1,9 +1,10 @@
 """Training throughput side by side in one GPU run, same batch and sequence length, random tokens:
 our fast spec (`kaiyuan.layer_spec=fast`), Megatron's local spec, a plain transformers loop (eager SDPA) and
 the same loop under torch.compile; on a host with Transformer Engine also TE's spec (recipe_te, megatron_te,
-bridge_te, megatron_te_graph). tokens/s/GPU, model TFLOP/s, peak memory. Megatron's runs report model
-TFLOP/s with Megatron's formula; the HF loops use the same FLOPs per token (taken from the Megatron run of
-the same model in this process), so the columns compare.
+bridge_te, megatron_te_graph) and ours_without_te (the fast spec with TE hidden from its process).
+tokens/s/GPU, model TFLOP/s, peak memory. Megatron's runs report model TFLOP/s with Megatron's formula; the HF
+loops use the same FLOPs per token (taken from the Megatron run of the same model in this process), so the columns
+compare.
 
 usage (GPU host): python benchmarks/train_throughput.py --models qwen3_1p7b gpt_smoke --out train_throughput.json
       [--impl-timeout 300]  (a slow implementation, e.g. HF's compile, records a timeout; the rest still run)
@@ -57,6 +58,11 @@ MEGATRON_IMPLS = {"ours": ("fast", ()), "megatron_local": ("local", ()),
                   "bridge_te": ("transformer_engine", ("model.apply_rope_fusion=false",
                                                        "model.bias_activation_fusion=false")),
                   "megatron_te_graph": ("transformer_engine", (*MEGATRON_TE_FUSIONS, "kaiyuan.cuda_graph=true"))}
+# A row run as another row with Transformer Engine hidden from its process (PYTHONPATH without the folders that
+# hold it, as on the GPU host's /tmp/site-te): what the fast spec trains at on a TE host with TE out of the way,
+# in the same call (with TE importable, the fast path hands gradient clipping to TE's kernels, and more of
+# Megatron-Bridge's defaults follow TE's import).
+WITHOUT_TE = {"ours_without_te": "ours"}
 TIMED_OUT = "timed out after"
 TINY = dict(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,
             kv_channels=16)
@@ -81,12 +87,25 @@ def megatron_overrides(layer_spec: str, mbs: int, micro: int, seq: int, steps: i
             "validation.eval_iters=0", *extra]
 
 
-def run_bounded(command: list[str], timeout: float | None) -> tuple[int | None, str]:
+def without_te_env() -> dict[str, str]:
+    """This process's environment with the PYTHONPATH folders that hold transformer_engine left out; an error if
+    TE is still importable then (installed in site-packages, as in an NGC container: it cannot be hidden)."""
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths
+                                                       if p and not (Path(p) / "transformer_engine").exists())}
+    found = subprocess.run([sys.executable, "-c", "import importlib.util as u; print(u.find_spec('transformer_engine')"
+                            " is not None)"], env=env, capture_output=True, text=True, check=True).stdout.strip()
+    if found != "False":
+        raise RuntimeError("transformer_engine is importable outside PYTHONPATH (site-packages): it cannot be hidden")
+    return env
+
+
+def run_bounded(command: list[str], timeout: float | None, env: dict[str, str] | None = None) -> tuple[int | None, str]:
     """Run `command` in its own process group and return (exit code, output); past `timeout` the whole group
     (torchrun's ranks too, which would otherwise keep the GPU) gets SIGTERM, then SIGKILL, and the exit code is
     None with the output so far, ending in a line that says so."""
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True, env=env)
     try:
         output = proc.communicate(timeout=timeout)[0]
         return proc.returncode, output
@@ -107,13 +126,13 @@ def run_bounded(command: list[str], timeout: float | None) -> tuple[int | None, 
 
 
 def megatron_run(model: str, layer_spec: str, mbs: int, micro: int, seq: int, steps: int, nproc: int = 1,
-                 extra: tuple[str, ...] = (), timeout: float | None = None) -> dict:
-    """The median of the steady steps from the run's metrics.jsonl."""
+                 extra: tuple[str, ...] = (), timeout: float | None = None, env: dict[str, str] | None = None) -> dict:
+    """The median of the steady steps from the run's metrics.jsonl (`env`: the run's environment, else ours)."""
     from kaiyuan_recipes.training.metrics_log import read_metrics
 
     root = Path(tempfile.mkdtemp(prefix="throughput-"))
     code, output = run_bounded(megatron_command(model, layer_spec, mbs, micro, seq, steps, root, nproc, extra),
-                               timeout)
+                               timeout, env)
     (root / "launcher.log").write_text(output)  # the whole output stays with the run (the row has a summary)
     records = read_metrics(root / model / "run_state")
     steps_done = [r for r in records if r["event"] == "step"]
@@ -203,7 +222,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", nargs="+", default=["qwen3_1p7b", "gpt_smoke"])
     ap.add_argument("--impls", nargs="+", default=["ours", "megatron_local", "hf_eager", "hf_compile"],
-                    choices=[*MEGATRON_IMPLS, "hf_eager", "hf_compile"])
+                    choices=[*MEGATRON_IMPLS, *WITHOUT_TE, "hf_eager", "hf_compile"])
     ap.add_argument("--seq", type=int, default=4096)
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--device", default="cuda")
@@ -219,10 +238,15 @@ def main() -> None:
         seq = 64 if args.tiny else args.seq
         row = results.setdefault(model, {})
         for impl in args.impls:
-            if impl in MEGATRON_IMPLS:
-                spec, extra = MEGATRON_IMPLS[impl]
-                row[impl] = megatron_run(model, spec, mbs, micro, seq, args.steps, extra=extra,
-                                         timeout=args.impl_timeout)
+            if impl in MEGATRON_IMPLS or impl in WITHOUT_TE:
+                spec, extra = MEGATRON_IMPLS[WITHOUT_TE.get(impl, impl)]
+                try:
+                    env = without_te_env() if impl in WITHOUT_TE else None
+                except RuntimeError as exc:
+                    row[impl] = {"error": str(exc)}
+                else:
+                    row[impl] = megatron_run(model, spec, mbs, micro, seq, args.steps, extra=extra,
+                                             timeout=args.impl_timeout, env=env)
             elif args.impl_timeout:
                 row[impl] = hf_run_bounded(args, model, impl)
             else:

@@ -2,6 +2,7 @@
 ZeRO benchmark runs."""
 
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -90,7 +91,7 @@ def test_zero_stages_prints_the_commands_it_runs(tmp_path, monkeypatch):
     printed = [line.split(" ", 1)[1] for line in proc.stdout.splitlines()]
     launched = []
 
-    def fake_run_bounded(command, timeout):
+    def fake_run_bounded(command, timeout, env=None):
         root = next(a.split("=", 1)[1] for a in command if a.startswith("kaiyuan.run_root="))
         launched.append(shlex.join(a.replace(root, "RUN_ROOT") for a in command).replace(sys.executable, "PYTHON"))
         return 1, "no GPU here"
@@ -143,7 +144,7 @@ def test_failed_megatron_row_names_the_ranks_exception(tmp_path, monkeypatch):
     torchrun = ("Traceback (most recent call last):\n  File \"run.py\", line 9, in main\n"
                 "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n" + "=" * 60 + "\n")
     outcome = {}
-    monkeypatch.setattr(train_throughput, "run_bounded", lambda command, timeout: outcome["run"])
+    monkeypatch.setattr(train_throughput, "run_bounded", lambda command, timeout, env=None: outcome["run"])
     monkeypatch.setattr(train_throughput.tempfile, "mkdtemp", lambda prefix: str(tmp_path))
     optional_import = ("Import of FP8GlobalStateManager failed with: Traceback (most recent call last):\n"
                        "AttributeError: module 'megatron.core.extensions.transformer_engine' has no attribute "
@@ -168,6 +169,33 @@ def test_failed_megatron_row_names_the_ranks_exception(tmp_path, monkeypatch):
     assert row["tokens_per_s"] == 5500.0 and row["incomplete"] == "timed out after 60 s; 7 of 10 steps done"
     assert row["losses"] == [11.0, 10.0, 9.0, 8.0, 7.0, 6.0, 5.0]
     assert row["model_settings"] == settings  # what the run recorded it trained with
+
+
+def test_a_row_without_te_hides_te_from_its_process_or_refuses(tmp_path, monkeypatch):
+    """ours_without_te runs `ours` with the PYTHONPATH folders that hold transformer_engine left out (the GPU host's
+    /tmp/site-te); where TE would still import (site-packages), the row is refused, not run with TE."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import train_throughput
+
+    te_site, other = tmp_path / "site-te", tmp_path / "site"
+    (te_site / "transformer_engine").mkdir(parents=True)
+    (te_site / "transformer_engine" / "__init__.py").write_text("")
+    other.mkdir()
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(other), str(te_site)]))
+    check = [sys.executable, "-c", "import importlib.util as u; print(u.find_spec('transformer_engine') is None)"]
+    assert subprocess.run(check, capture_output=True, text=True).stdout.strip() == "False"  # importable here
+    env = train_throughput.without_te_env()
+    assert env["PYTHONPATH"] == str(other)
+    assert subprocess.run(check, env=env, capture_output=True, text=True).stdout.strip() == "True"
+
+    import zipfile  # TE importable from an entry that is not a folder holding it: not hidden, so refused
+
+    with zipfile.ZipFile(tmp_path / "te.zip", "w") as zf:
+        zf.writestr("transformer_engine/__init__.py", "")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(other), str(tmp_path / "te.zip")]))
+    with pytest.raises(RuntimeError, match="cannot be hidden"):
+        train_throughput.without_te_env()
+    assert train_throughput.WITHOUT_TE["ours_without_te"] in train_throughput.MEGATRON_IMPLS
 
 
 def test_train_throughput_bounds_each_implementation(tmp_path):
