@@ -161,3 +161,7 @@ def test_wgrad_fusion_knob_decides_the_fusion_off_tes_spec(tmp_path):
     cfg, _ = build_config("gpt_smoke",
                           [*common, "kaiyuan.wgrad_fusion=false", "model.gradient_accumulation_fusion=true"])
     assert cfg.model.gradient_accumulation_fusion is True
+    # ...both ways: the plan's piece (on here) does not overwrite an explicit off
+    cfg, run = build_config("gpt_smoke",
+                            [*common, "kaiyuan.wgrad_fusion=true", "model.gradient_accumulation_fusion=false"])
+    assert cfg.model.gradient_accumulation_fusion is False and run.fastpath.on("wgrad_fusion")

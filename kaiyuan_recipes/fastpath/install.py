@@ -57,8 +57,9 @@ def apply(cfg: Any, plan: FastPathPlan) -> None:
     if plan.on("wgrad_fusion"):
         from kaiyuan_recipes.fastpath.apex_standins import torch_wgrad_accumulation
 
-        torch_wgrad_accumulation()  # the plan turned it on only where this is available (decisions.py)
-        cfg.model.gradient_accumulation_fusion = True
+        # the plan turned it on only where this is available (decisions.py); the model setting itself is
+        # decided in one place, training/config.py's _wgrad_fusion_as_decided (a model.* override wins there)
+        torch_wgrad_accumulation()
 
 
 def callbacks(plan: FastPathPlan) -> list[Any]:
