@@ -36,7 +36,9 @@ class Knobs:
     zero_stage: int = knob(1, "0 = plain DDP; 1 = distributed optimizer (optimizer state sharded); 2 = optimizer "
                               "state and gradients sharded (Megatron-FSDP).", ZERO_STAGE_CHOICES)
     layer_spec: str = knob(AUTO, "auto: Transformer Engine's spec where TE imports; without TE the fast spec on a CUDA "
-                                 "host, Megatron's local spec on a CPU host or with deterministic.", LAYER_SPECS)
+                                 "host, Megatron's local spec on a CPU host or with deterministic. `fast` runs where "
+                                 "TE imports too (the two compared: benchmarks/RESULTS.md, Transformer Engine).",
+                           LAYER_SPECS)
     deterministic: bool = knob(False, "Bit-reproducible training (Megatron's deterministic_mode, unfused "
                                       "cross-entropy, a fixed NCCL algorithm); slower.")
     # The fast path's pieces (fastpath/decisions.py decides each on the final config; the dry run shows why)
