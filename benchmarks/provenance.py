@@ -39,13 +39,13 @@ def revision() -> str:
 def _working_tree_id() -> str:
     """The tree id of the working tree, from a scratch index and a scratch object store: the repository's own index
     and objects are left as they are."""
+    objects, index = _git("rev-parse", "--path-format=absolute", "--git-path", "objects", "--git-path",
+                          "index").splitlines()
     with tempfile.TemporaryDirectory() as tmp:
-        objects = _git("rev-parse", "--path-format=absolute", "--git-path", "objects")
         env = {**os.environ, "GIT_INDEX_FILE": str(Path(tmp) / "index"),
                "GIT_OBJECT_DIRECTORY": str(Path(tmp) / "objects"), "GIT_ALTERNATE_OBJECT_DIRECTORIES": objects}
         (Path(tmp) / "objects").mkdir()  # git takes a repository without its object store for none
-        index = Path(_git("rev-parse", "--path-format=absolute", "--git-path", "index"))
-        if index.exists():
+        if Path(index).exists():
             shutil.copyfile(index, env["GIT_INDEX_FILE"])
         _git("add", "-A", env=env)
         return _git("write-tree", env=env)

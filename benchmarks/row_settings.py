@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -39,8 +40,6 @@ def main() -> None:
     ap.add_argument("--impls", nargs="+", required=True, choices=list(MEGATRON_IMPLS))
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    import logging
-
     logging.basicConfig(stream=sys.stderr, force=True)  # stdout is the JSON
     result = {}
     for model in args.models:
