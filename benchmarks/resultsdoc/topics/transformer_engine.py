@@ -12,7 +12,6 @@ TE_ROWS = (("ours", "fast spec, recipe defaults"),
            ("bridge_te", "TE spec, Megatron-Bridge's defaults (what `auto` trained at 3e7174c)"))
 
 
-
 def _caption(d: Data, lead: str, te_note: str) -> str:
     b = d["batch"]["qwen3_1p7b"]
     steps = len(d["results"]["qwen3_1p7b"]["ours"]["losses"])
@@ -21,14 +20,17 @@ def _caption(d: Data, lead: str, te_note: str) -> str:
             f"{d['te_version'].split()[0]}{te_note}; one process. Peak memory in GB.")
 
 
+def _row(r: dict, label: str) -> list[str]:
+    return [label, n0(r["tokens_per_s"]), f"{r['tflops']:.0f}", mem(r["peak_mem_gb"], GB)]
+
+
 def te_caption(d: Data) -> str:
     return _caption(d, "The first run", ", no Apex")
 
 
 def te_rows(d: Data) -> list[list[str]]:
     q = d["results"]["qwen3_1p7b"]
-    rows = [[label, n0(q[k]["tokens_per_s"]), f"{q[k]['tflops']:.0f}", mem(q[k]["peak_mem_gb"], GB)]
-            for k, label in TE_ROWS]
+    rows = [_row(q[k], label) for k, label in TE_ROWS]
     rows.append(["**fast spec ÷ TE spec with those three fusions**", f"**{ratio(q['ours_vs_megatron_te'])}**", "",
                  ""])
     return rows
@@ -56,8 +58,7 @@ def recipe_te_rows(d: Data) -> list[list[str]]:
     q = d["results"]["qwen3_1p7b"]
     te_label = ("TE spec, the recipe's defaults = Megatron-LM's: fused RoPE and SwiGLU, fused native cross-entropy"
                 if _same_as_recipe(d) else "megatron_te")
-    rows = [[label, n0(q[k]["tokens_per_s"]), f"{q[k]['tflops']:.0f}", mem(q[k]["peak_mem_gb"], GB)]
-            for k, label in (("ours", "fast spec, recipe defaults"), ("megatron_te", te_label))]
+    rows = [_row(q["ours"], "fast spec, recipe defaults"), _row(q["megatron_te"], te_label)]
     rows.append(["**fast spec ÷ TE spec on the recipe's defaults**", f"**{ratio(q['ours_vs_megatron_te'])}**", "",
                  ""])
     return rows
