@@ -10,8 +10,10 @@ from typing import Any
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("export", help="convert checkpoints between Megatron and Hugging Face")
     esub = p.add_subparsers(dest="export_cmd", required=True)
-    hf = esub.add_parser("hf", help="Megatron torch_dist checkpoint -> Hugging Face directory")
-    hf.add_argument("checkpoint", type=Path, help="a run directory, its checkpoints/ or an iter_* directory")
+    hf = esub.add_parser("hf", help="Megatron torch_dist checkpoint (or a NeMo 2 one's weights) -> Hugging Face directory")
+    hf.add_argument("checkpoint", type=Path, help="a run directory, its checkpoints/ or an iter_* directory; or the "
+                    ".safetensors file of a NeMo 2 checkpoint's weights (python -m kaiyuan_recipes.nemo2.weights, in "
+                    "the NeMo 2 environment), with --recipe")
     hf.add_argument("out", type=Path)
     hf.add_argument("--recipe",
                     help="the recipe whose model.yaml to use (default: the shape recorded in the checkpoint)")
@@ -35,7 +37,21 @@ def export_hf(args: Any) -> int:
 
     start = time.perf_counter()
     shape = ModelShape.for_recipe(args.recipe) if args.recipe else None
-    out = run_export(args.checkpoint, args.out, shape, args.tokenizer or default_tokenizer_dir())
+    tokenizer = args.tokenizer or default_tokenizer_dir()
+    checkpoint = Path(args.checkpoint)
+    if (checkpoint / "context").is_dir() or any(checkpoint.glob("*/checkpoints/*/context")) or any(
+            checkpoint.glob("checkpoints/*/context")):
+        raise SystemExit(f"{checkpoint}: a NeMo 2 checkpoint; dump its weights in the NeMo 2 environment first "
+                         f"(python -m kaiyuan_recipes.nemo2.weights {checkpoint} weights.safetensors), then "
+                         "kaiyuan export hf weights.safetensors OUT --recipe RECIPE")
+    if checkpoint.suffix == ".safetensors":
+        from kaiyuan_exporters.nemo2_to_hf import export_nemo2_hf
+
+        if shape is None:
+            raise SystemExit(f"{checkpoint}: NeMo 2 weights carry no recipe; pass --recipe (e.g. --recipe gpt_smoke)")
+        out = export_nemo2_hf(checkpoint, args.out, shape, tokenizer)
+    else:
+        out = run_export(checkpoint, args.out, shape, tokenizer)
     print(f"{out}  ({time.perf_counter() - start:.1f} s)")
     return 0
 
