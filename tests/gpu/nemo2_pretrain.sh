@@ -55,6 +55,9 @@ nemo_pretrain() {  # nemo_pretrain NAME FACTORY [OVERRIDE...]: the issue's comma
   local name=$1 factory=$2; shift 2
   local o overrides=()
   for o in $FUSIONS_OFF; do overrides+=("model.config.$o=false"); done
+  # Without TE or Apex megatron-core 0.15's optimizer is torch's AdamW, whose scalar 'step' state its distributed
+  # optimizer cannot save ("(torch.Size([]), 0, 116686848)" at the first checkpoint): the plain one on both sides.
+  overrides+=("optim.config.use_distributed_optimizer=false")
   # trainer.log_every_n_steps=1: a loss per step in TensorBoard, for the curve. ckpt_async_save=false: the recipe's
   # checkpoint.async_save, and what the Bridge side does.
   run_logged "$name" "$opt_python" -c "$NEMO_CLI" llm pretrain --factory "$factory" \
