@@ -37,7 +37,8 @@ def test_nemo2_weights_export_to_hf_with_the_same_tensors(tmp_path, original, mo
     weights = nemo_style_dump(tmp_path / "w.safetensors", original)
     state, meta = load_weights(weights)
     assert not any(k.startswith("module.") for k in state) and meta["model_class"] == "Qwen3Model"
-    monkeypatch.setattr(shape_module.ModelShape, "for_recipe", staticmethod(lambda name: shape_module.ModelShape(SHAPE)))
+    monkeypatch.setattr(shape_module.ModelShape, "for_recipe",
+                        staticmethod(lambda name: shape_module.ModelShape(SHAPE)))
     assert main(["export", "hf", str(weights), str(tmp_path / "hf"), "--recipe", "small"]) == 0
     hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype="auto")
     assert type(hf).__name__ == "Qwen3ForCausalLM" and hf.dtype == torch.bfloat16

@@ -28,8 +28,19 @@ def test_factory_dryrun_with_overrides():
     assert probe.returncode == 0, out[-3000:]
     for fragment in ("Dry run for pretrain", "Qwen3Config(", "num_layers=28", "max_steps=10", "global_batch_size=16",
                      "PreTrainingDataModule(", "save_top_k=3", "monitor='step'", "mode='max'",
-                     "WarmupHoldAnnealScheduler("):
+                     "WarmupHoldAnnealScheduler(", "save_optim_on_train_end=True",
+                     # this host has neither TE nor Apex (compat.nemo2_distributed_optimizer_saves)
+                     "use_distributed_optimizer=False"):
         assert fragment in out, fragment
+
+
+def test_upstream_megatron_core_0_15_still_falls_back_to_torch_adamw_without_te_or_apex():
+    """compat.nemo2_distributed_optimizer_saves's precondition: megatron-core 0.15.3 without TE or Apex builds torch's
+    AdamW (a scalar 'step' per parameter), which its distributed optimizer fails to save (seen on the H200:
+    benchmarks/results/2026-12-03_nemo2_gpu.json, first_save_error). This probe reads the precondition, not the
+    save itself, which needs CUDA."""
+    probe = nemo2("python", "-c", "import torch, megatron.core.optimizer as o; print(o.Adam is torch.optim.AdamW)")
+    assert probe.returncode == 0 and probe.stdout.strip().splitlines()[-1] == "True", probe.stderr[-2000:]
 
 
 def test_gpt_smoke_factory_and_a_bad_override():

@@ -20,7 +20,7 @@ from resultsdoc.topics.numerics import determinism, foreach_adam, max_rel_rows, 
 from resultsdoc.topics.offline_tools import ckpt_memory_after, ckpt_memory_caption, ckpt_memory_rows, convert
 from resultsdoc.topics.parallelism import tp2, zero_caption, zero_rows
 from resultsdoc.topics.throughput import profile_graph, throughput_caption, throughput_header, throughput_rows
-from resultsdoc.topics.training_runs import journey, local_baseline, phase, stop_resume, train_proof
+from resultsdoc.topics.training_runs import journey, local_baseline, nemo2, phase, stop_resume, train_proof
 from resultsdoc.topics.transformer_engine import (
     recipe_te_after,
     recipe_te_caption,
@@ -179,6 +179,10 @@ SECTIONS = [
         Text("2026-11-29_gpt_smoke_sample_corpus_train.json",
              train_proof("gpt_smoke on the bundled sample corpus: "), bullet=True),
         Image("results/2026-11-29_train_curves.png", "training curves"),
+    ]),
+    Section("NeMo 2", [
+        Text("2026-12-03_nemo2_gpu.json", nemo2),
+        Image("results/2026-12-03_nemo2_gpu.png", "NeMo 2 vs kaiyuan train loss curves"),
     ]),
     Section("Data conversion", [
         Text("2026-11-29_convert_throughput.json", convert),

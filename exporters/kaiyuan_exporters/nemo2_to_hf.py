@@ -23,7 +23,8 @@ def check_shape(path: Path, meta: dict[str, Any], shape: ModelShape) -> None:
               if v is not None and shape.get(k) is not None and v != shape.get(k)}
     if differ:
         detail = ", ".join(f"{k}: checkpoint {a!r}, recipe {b!r}" for k, (a, b) in sorted(differ.items()))
-        raise ValueError(f"{path}: the NeMo 2 checkpoint {meta.get('checkpoint')} is not this recipe's model ({detail})")
+        raise ValueError(f"{path}: the NeMo 2 checkpoint {meta.get('checkpoint')} is not this recipe's model "
+                         f"({detail})")
 
 
 def export_nemo2_hf(weights: Path, out: Path, shape: ModelShape, tokenizer_dir: Path | None = None,

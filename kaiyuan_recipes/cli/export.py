@@ -10,7 +10,8 @@ from typing import Any
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("export", help="convert checkpoints between Megatron and Hugging Face")
     esub = p.add_subparsers(dest="export_cmd", required=True)
-    hf = esub.add_parser("hf", help="Megatron torch_dist checkpoint (or a NeMo 2 one's weights) -> Hugging Face directory")
+    hf = esub.add_parser("hf", help="Megatron torch_dist checkpoint (or a NeMo 2 one's weights) -> "
+                                    "Hugging Face directory")
     hf.add_argument("checkpoint", type=Path, help="a run directory, its checkpoints/ or an iter_* directory; or the "
                     ".safetensors file of a NeMo 2 checkpoint's weights (python -m kaiyuan_recipes.nemo2.weights, in "
                     "the NeMo 2 environment), with --recipe")

@@ -28,6 +28,7 @@ from kaiyuan_recipes.compat.megatron_core import (
     cpu_cuda_arch_list,
     ensure_optimizer_state_for_load,
     init_optimizer_state_before_load,
+    nemo2_distributed_optimizer_saves,
     patch_method,
     restore_adam_step_per_parameter,
     separate_full_graph_pools,
@@ -78,6 +79,9 @@ WORKAROUNDS = (
     Workaround("cpu_cuda_arch_list", "megatron-core", "0.15.3 (NeMo 2 environment), no GPU",
                "`import megatron.core` JIT-builds a CUDA allocator; IndexError uncaught without a GPU",
                "test_nemo2.py::test_upstream_megatron_core_0_15_import_still_breaks_without_a_gpu_arch"),
+    Workaround("nemo2_distributed_optimizer_saves", "megatron-core", "0.15.3 (NeMo 2 environment), no TE/Apex",
+               "the distributed optimizer cannot save torch AdamW's scalar step: the first checkpoint fails",
+               "test_nemo2.py::test_upstream_megatron_core_0_15_still_falls_back_to_torch_adamw_without_te_or_apex"),
 )
 
 
@@ -108,6 +112,7 @@ def import_megatron_bridge() -> types.ModuleType:
 __all__ = ["WORKAROUNDS", "LOCAL_SPEC_SETTINGS", "LoRAUnavailableError", "Workaround", "apply", "graph_capture",
            "apply_local_spec_settings", "cpu_checkpoint_save", "cpu_cuda_arch_list", "dataset_helpers_prebuilt",
            "ensure_optimizer_state_for_load", "import_megatron_bridge", "init_optimizer_state_before_load",
-           "install_lora_placeholder", "patch_method", "restore_adam_step_per_parameter",
+           "install_lora_placeholder", "nemo2_distributed_optimizer_saves",
+           "patch_method", "restore_adam_step_per_parameter",
            "separate_full_graph_pools", "size_weight_decay_by_max_steps", "skip_prebuilt_helpers_build",
            "te_importing_modules", "transformer_engine_available", "wgrad_fusion_without_apex"]

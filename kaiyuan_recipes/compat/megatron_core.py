@@ -187,3 +187,13 @@ def cpu_cuda_arch_list() -> bool:
         return False
     os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0"
     return True
+
+
+def nemo2_distributed_optimizer_saves() -> bool:
+    """megatron-core 0.15 (NeMo 2.7's) without Transformer Engine or Apex falls back to torch's AdamW, whose scalar
+    'step' state its distributed optimizer cannot save: the first checkpoint fails with
+    `(torch.Size([]), 0, <parameter size>)` (seen on the H200, 2026-12-03). The NeMo 2 factories then use the plain
+    optimizer (the same Adam on one data-parallel rank; optimizer memory not sharded over more)."""
+    import importlib.util
+
+    return any(importlib.util.find_spec(m) is not None for m in ("transformer_engine", "apex"))

@@ -92,6 +92,9 @@ def pretrain_partial(recipe: str, dir: Optional[str], name: str, num_nodes: int,
     log.ckpt.monitor, log.ckpt.mode = "step", "max"
     log.ckpt.every_n_train_steps = int(hp["checkpoint"]["save_interval"])
     log.ckpt.train_time_interval = None
+    # The last save keeps the optimizer state, as the Bridge recipes' does: NeMo's default writes it weights-only,
+    # and a longer run or the next phase restarted from it fails (optimizer.state.* not in the checkpoint).
+    log.ckpt.save_optim_on_train_end = True
     return run.Partial(
         pretrain,
         model=model(recipe),
@@ -99,7 +102,7 @@ def pretrain_partial(recipe: str, dir: Optional[str], name: str, num_nodes: int,
         data=data(recipe, hp, seq, int(global_batch_size or hp["train"]["global_batch_size"]),
                   int(micro_batch_size or hp["train"]["micro_batch_size"]), curriculum, phase),
         log=log,
-        optim=optimizer(hp, max_steps),
+        optim=optimizer(hp, max_steps, compat.nemo2_distributed_optimizer_saves()),
         resume=default_resume(),
     )
 

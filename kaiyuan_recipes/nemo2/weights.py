@@ -96,7 +96,8 @@ def dump_weights(checkpoint: Path, out: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kaiyuan_recipes.nemo2.weights", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m kaiyuan_recipes.nemo2.weights",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", type=Path, help="a NeMo 2 checkpoint directory, or the run directory holding it")
     parser.add_argument("out", type=Path, help="the safetensors file to write (must not exist)")
     args = parser.parse_args(argv)

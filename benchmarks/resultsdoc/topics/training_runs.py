@@ -84,3 +84,24 @@ def local_baseline(d: Data) -> str:
     b = d["baseline"]
     return (f" Baseline on the same GPU (`{b['source']}`): Megatron-Bridge's local spec, "
             f"{k1(b['megatron_bridge_local_spec_tokens_per_s'])} tokens/s.")
+
+
+def nemo2(d: Data) -> str:
+    """Issue #33: NeMo 2's `nemo llm pretrain` beside `kaiyuan train` (tests/gpu/nemo2_pretrain.sh)."""
+    c, loss, q, e = d["checks"], d["loss_comparison"], d["qwen3_1p7b"], d["export"]
+    resume = ("a restart resumed" if c["restart_resumed"] else
+              f"the restart did NOT resume (`{d['resume']['error'][:90]}…`: the last save was weights-only)")
+    (n1, n100), (kai1, kai100) = loss["nemo_first_last"], loss["kaiyuan_first_last"]
+    gap = loss["last10_mean_nemo_minus_kaiyuan"]
+    return (f"`nemo llm pretrain --factory kaiyuan_gpt_smoke` trained 100 steps on the sample corpus (loss "
+            f"{n1:.2f} → {n100:.2f}; `kaiyuan train gpt_smoke` on the same "
+            f"data, seed, batch and schedule {kai1:.2f} → {kai100:.2f}), "
+            f"kept {len([n for n in d['nemo_checkpoints'] if not n.endswith('-last')])} checkpoints and wrote "
+            f"TensorBoard; {resume}. Over the last 10 steps NeMo's loss is {gap:+.3f} "
+            f"nats from kaiyuan's (tolerance ±{loss['tolerance_last10_mean_abs_nats']}; mean |Δ| over all "
+            f"{loss['steps']} steps {loss['mean_abs_diff']:.3f}). The NeMo 2 checkpoint exported to HF (loss "
+            f"{e['hf_loss_en_jargon_8x1024']:.2f} on 8 × 1024 corpus tokens) and `kaiyuan serve` answered `PUT /api` "
+            f"and `/v1/completions`. qwen3_1p7b, local spec, batch {q['tokens_per_step'] // 4096} × 4096, median of "
+            f"{q['kaiyuan']['steps_timed']} steps after {q['warmup_steps_skipped']}: NeMo 2 "
+            f"{n0(q['nemo2']['tokens_per_s'])} tokens/s, `kaiyuan train` {n0(q['kaiyuan']['tokens_per_s'])} "
+            f"({q['kaiyuan_over_nemo2']:.3f}×).")
