@@ -40,8 +40,9 @@ def export_hf(args: Any) -> int:
     shape = ModelShape.for_recipe(args.recipe) if args.recipe else None
     tokenizer = args.tokenizer or default_tokenizer_dir()
     checkpoint = Path(args.checkpoint)
-    if (checkpoint / "context").is_dir() or any(checkpoint.glob("*/checkpoints/*/context")) or any(
-            checkpoint.glob("checkpoints/*/context")):
+    from kaiyuan_recipes.nemo2.weights import is_nemo2_checkpoint
+
+    if checkpoint.is_dir() and is_nemo2_checkpoint(checkpoint):
         raise SystemExit(f"{checkpoint}: a NeMo 2 checkpoint; dump its weights in the NeMo 2 environment first "
                          f"(python -m kaiyuan_recipes.nemo2.weights {checkpoint} weights.safetensors), then "
                          "kaiyuan export hf weights.safetensors OUT --recipe RECIPE")

@@ -44,6 +44,15 @@ def newest_checkpoint(path: Path) -> Path:
     return max(set(found), key=step)
 
 
+def is_nemo2_checkpoint(path: Path) -> bool:
+    """`path` is, or holds, a checkpoint that `newest_checkpoint` would pick."""
+    try:
+        newest_checkpoint(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def save_weights(state: dict[str, Any], meta: dict[str, Any], out: Path) -> Path:
     """Tensors (keys as NeMo names them, `module.` first) and `meta` (JSON) to `out`, through a temporary name."""
     from safetensors.torch import save_file
