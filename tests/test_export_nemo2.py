@@ -1,7 +1,7 @@
 """The Bridge half of a NeMo 2 checkpoint's export: a weights file as kaiyuan_recipes.nemo2.weights writes it (the
 state dict of NeMo's LightningModule, `module.` first, and the model config) → `kaiyuan export hf` → transformers
 loads it with the same tensors. The NeMo half (NeMo's loader on a trained checkpoint) runs on the GPU host
-(tests/gpu/nemo2_pretrain.sh --part dump)."""
+(tests/gpu/nemo2_pretrain.sh --part resume dumps them, --part export exports them)."""
 
 import pytest
 import torch

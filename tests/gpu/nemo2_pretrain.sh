@@ -5,13 +5,15 @@
 # no fusions on both sides, so the kernels are comparable); the NeMo 2 checkpoint exported to HF and served; and
 # `--factory kaiyuan_qwen3` beside `kaiyuan train qwen3_1p7b` on the same settings (tokens/s). One part per device
 # call, back to back (each part reads the previous one's /tmp/nemo2_pretrain; a machine given back in between is
-# reported, not papered over):
+# reported, not papered over). resume and kaiyuan share no files but the data cache (written by nemo), so one call
+# may run them side by side (loss curves, not timings, are what they measure); qwen times steps: nothing beside it.
 #   bash tests/gpu/nemo2_env.sh --wheels DIR                 # install the NeMo 2 set (staged DIR), dry run
 #   bash tests/gpu/nemo2_pretrain.sh --wheels DIR --part nemo      # 100 steps
 #   bash tests/gpu/nemo2_pretrain.sh --wheels DIR --part resume    # restart: resumes at 100, on to --resume-to;
 #                                                                  #   then the checkpoint's weights (NeMo's loader)
-#   bash tests/gpu/nemo2_pretrain.sh --part kaiyuan                # Megatron-Bridge side; export + serve the NeMo 2
-#                                                                  #   weights; carry .whl (make gpu-wheels)
+#   bash tests/gpu/nemo2_pretrain.sh --part kaiyuan                # Megatron-Bridge side; carry .whl (make gpu-wheels)
+#   bash tests/gpu/nemo2_pretrain.sh --part export                 # the resumed NeMo 2 weights -> HF -> kaiyuan serve
+#                                                                  #   (/tmp/site from the kaiyuan part, or carry .whl)
 #   bash tests/gpu/nemo2_pretrain.sh --wheels DIR --part qwen      # both sides' qwen3_1p7b, --qwen-steps each
 # Results under --out: nemo2_PART.tgz (every log, the loss curve as JSON lines, the checkpoints kept) and
 # nemo2_PART.json (the summary); tests/gpu/nemo2_report.py turns them into the result file and its plot.
@@ -19,7 +21,8 @@ set -uo pipefail
 source tests/gpu/flags.sh
 source tests/gpu/nemo2_env.sh
 nemo2_flags
-flag part "" "required: nemo, resume or kaiyuan"
+flag part "" "required: nemo, resume, kaiyuan, export or qwen"
+flag port 5001 "export: the port kaiyuan serve listens on"
 flag steps 100 "training steps (both sides; the schedule is the recipe's, fitted to them)"
 flag save-every 20 "checkpoint interval (more saves than keep-K's 3, so that pruning shows)"
 flag resume-to 110 "resume: train on from the last checkpoint to this step"
@@ -27,7 +30,7 @@ flag timeout 480 "seconds each training command may take (the call's limit is 60
 flag qwen-steps 20 "qwen: training steps on each side"
 flag qwen-batch 8 "qwen: global batch (micro-batch 2, seq 4096: the recipe's; one GPU)"
 parse_flags "$@"
-case $opt_part in nemo|resume|kaiyuan|qwen) ;; *) echo "nemo2_pretrain.sh: --part nemo|resume|kaiyuan|qwen, not '$opt_part'" >&2; exit 2 ;; esac
+case $opt_part in nemo|resume|kaiyuan|export|qwen) ;; *) echo "nemo2_pretrain.sh: --part nemo|resume|kaiyuan|export|qwen, not '$opt_part'" >&2; exit 2 ;; esac
 part=$opt_part steps=$opt_steps
 root=/tmp/nemo2_pretrain; runs=$root/runs; logs=$root/logs_$part
 out=${opt_out:-${OUT:-/tmp/out}}; mkdir -p "$out"
@@ -55,9 +58,8 @@ nemo_pretrain() {  # nemo_pretrain NAME FACTORY [OVERRIDE...]: the issue's comma
   local name=$1 factory=$2; shift 2
   local o overrides=()
   for o in $FUSIONS_OFF; do overrides+=("model.config.$o=false"); done
-  # Without TE or Apex megatron-core 0.15's optimizer is torch's AdamW, whose scalar 'step' state its distributed
-  # optimizer cannot save ("(torch.Size([]), 0, 116686848)" at the first checkpoint): the plain one on both sides.
-  overrides+=("optim.config.use_distributed_optimizer=false")
+  # The factory picks the optimizer (compat.nemo2_distributed_optimizer_saves: the plain one without TE or Apex), as
+  # a user gets it: nothing overridden here.
   # trainer.log_every_n_steps=1: a loss per step in TensorBoard, for the curve. ckpt_async_save=false: the recipe's
   # checkpoint.async_save, and what the Bridge side does.
   run_logged "$name" "$opt_python" -c "$NEMO_CLI" llm pretrain --factory "$factory" \
@@ -115,13 +117,13 @@ model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).cuda().
 with torch.no_grad():
     print(f"hf_loss {model(ids, labels=ids).loss.item():.4f} (8 x 1024 tokens of en_jargon)")
 PY
-  "$opt_python" -m kaiyuan_recipes.cli.main serve "$root/nemo2_hf" --port 5000 > "$logs/serve.log" 2>&1 &
+  "$opt_python" -m kaiyuan_recipes.cli.main serve "$root/nemo2_hf" --port "$opt_port" > "$logs/serve.log" 2>&1 &
   local server=$! i
-  for i in $(seq 180); do curl -sf http://localhost:5000/health > /dev/null && break; sleep 1; done
-  curl -sf 'http://localhost:5000/api' -X PUT -H 'Content-Type: application/json; charset=UTF-8' \
+  for i in $(seq 180); do curl -sf http://localhost:$opt_port/health > /dev/null && break; sleep 1; done
+  curl -sf "http://localhost:$opt_port/api" -X PUT -H 'Content-Type: application/json; charset=UTF-8' \
     -d '{"prompts":["The Jargon File is"], "tokens_to_generate":32, "temperature":0}' > "$logs/serve_api.json"
   echo "{\"step\": \"serve_api\", \"rc\": $?}" >> "$logs/steps.jsonl"
-  curl -sf http://localhost:5000/v1/completions -H 'Content-Type: application/json' \
+  curl -sf http://localhost:$opt_port/v1/completions -H 'Content-Type: application/json' \
     -d '{"model":"kaiyuan","prompt":"A hacker is","max_tokens":32,"temperature":0}' > "$logs/serve_completion.json"
   echo "{\"step\": \"serve_completion\", \"rc\": $?}" >> "$logs/steps.jsonl"
   kill $server; wait $server 2> /dev/null
@@ -202,7 +204,6 @@ case $part in
       kaiyuan.run_root="$runs" kaiyuan.run_name=bridge_gpt_smoke; rc=$?
     cp "$runs/bridge_gpt_smoke/run_state/metrics.jsonl" "$logs/kaiyuan_metrics.jsonl" 2>/dev/null
     cp "$runs/bridge_gpt_smoke/run_config.yaml" "$logs/" 2>/dev/null
-    serve_nemo2_export
     python3 - "$logs" <<'PY'
 import json, sys
 logs = sys.argv[1]
@@ -216,6 +217,13 @@ summary = {"part": "kaiyuan", "steps": [json.loads(l) for l in open(f"{logs}/ste
 json.dump(summary, open(f"{logs}/summary.json", "w"), indent=1)
 print(json.dumps(summary, indent=1))
 PY
+    exit $rc ;;
+  export)
+    source tests/gpu/env.sh
+    : > "$logs/steps.jsonl"
+    serve_nemo2_export; rc=$?
+    python3 -c 'import json, sys; json.dump({"part": "export", "steps": [json.loads(l) for l in open(sys.argv[1])]},
+      open(sys.argv[2], "w"), indent=1)' "$logs/steps.jsonl" "$logs/summary.json"
     exit $rc ;;
   qwen)
     nemo2_setup || exit 1

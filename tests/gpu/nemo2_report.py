@@ -1,6 +1,7 @@
 """Issue #33's result file and plot from nemo2_pretrain.sh's parts (on the CPU host, after the device calls):
 
-  tar xzf nemo2_PART.tgz   (each part, into DIR: DIR/logs_nemo, logs_resume, logs_kaiyuan, logs_qwen)
+  tar xzf nemo2_PART.tgz   (each part, into DIR: DIR/logs_nemo, logs_resume, logs_kaiyuan, logs_export, logs_qwen;
+                            nemo2_optimizer_probe.json beside them where the probe ran)
   python tests/gpu/nemo2_report.py DIR --rev REV --commands FILE --out benchmarks/results/DATE_nemo2_gpu.json
 
 The loss curves of `nemo llm pretrain --factory kaiyuan_gpt_smoke` and `kaiyuan train gpt_smoke` step by step (NeMo's
@@ -45,8 +46,10 @@ def report(root: Path, rev: str, commands: list[str]) -> dict:
     diffs = [abs(nemo[i] - bridge[i]) for i in common]
     last10 = common[-10:]
     gap = statistics.mean(nemo[i] - bridge[i] for i in last10) if last10 else None
-    nemo_part, resume, kaiyuan, qwen = (summary(root / f"logs_{p}") for p in ("nemo", "resume", "kaiyuan", "qwen"))
-    kaiyuan_logs = root / "logs_kaiyuan"
+    nemo_part, resume, qwen = (summary(root / f"logs_{p}") for p in ("nemo", "resume", "qwen"))
+    # The export has its own part since session 24; before, the kaiyuan part ran it after training.
+    kaiyuan_logs = root / "logs_export" if (root / "logs_export").is_dir() else root / "logs_kaiyuan"
+    exported = summary(kaiyuan_logs)
     hf_loss = next((line.split()[1] for line in (kaiyuan_logs / "hf_loss.log").read_text().splitlines()
                     if line.startswith("hf_loss")), None) if (kaiyuan_logs / "hf_loss.log").is_file() else None
     served = {}
@@ -61,6 +64,8 @@ def report(root: Path, rev: str, commands: list[str]) -> dict:
     first_log = root / "logs_nemo_first" / "nemo_train.log"
     first_save_error = next((line.strip() for line in first_log.read_text(errors="replace").splitlines()
                              if line.startswith("Unexpected error")), None) if first_log.is_file() else None
+    probe_path = root / "nemo2_optimizer_probe.json"  # tests/gpu/nemo2_optimizer_probe.py, where it ran
+    probe = json.loads(probe_path.read_text()) if probe_path.is_file() else None
     checks = {
         "nemo_trained_100_steps": max(nemo, default=0) == 100 and nemo[100] < nemo[1] - 5,
         "keep_k_3_kept": nemo_part.get("kept_not_last") == 3,
@@ -68,6 +73,7 @@ def report(root: Path, rev: str, commands: list[str]) -> dict:
         "restart_resumed": resume_ok,
         "loss_curves_within_tolerance": gap is not None and abs(gap) <= TOLERANCE_LAST10,
         "nemo2_checkpoint_exported_and_served": bool(served["serve_api"] and served["serve_completion"]),
+        **({"optimizer_probe_agrees_with_compat": probe["ok"]} if probe else {}),
         "qwen3_both_sides_timed": bool((qwen.get("nemo2") or {}).get("tokens_per_s")
                                        and (qwen.get("kaiyuan") or {}).get("tokens_per_s")),
     }
@@ -84,12 +90,12 @@ def report(root: Path, rev: str, commands: list[str]) -> dict:
                             "max_abs_diff": max(diffs, default=None),
                             "nemo_first_last": [nemo.get(1), nemo.get(100)],
                             "kaiyuan_first_last": [bridge.get(1), bridge.get(100)]},
-        "first_save_error": first_save_error,
+        "first_save_error": first_save_error, "optimizer_probe": probe,
         "nemo_checkpoints": nemo_part.get("checkpoints"), "resume": {"ok": resume_ok, "error": resume_error,
                                                                      "resume_lines": resume.get("resume_lines")},
         "export": {"hf_loss_en_jargon_8x1024": float(hf_loss) if hf_loss else None,
                    "nemo_last_train_loss": nemo.get(100), "served": served,
-                   "steps": [s for s in kaiyuan.get("steps", []) if s["step"] != "kaiyuan_train"]},
+                   "steps": [s for s in exported.get("steps", []) if s["step"] != "kaiyuan_train"]},
         "qwen3_1p7b": {k: v for k, v in qwen.items() if k not in ("part",)},
         "curves": {"nemo": [[i, nemo[i]] for i in sorted(nemo)], "kaiyuan": [[i, bridge[i]] for i in sorted(bridge)]},
     }
