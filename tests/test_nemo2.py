@@ -37,8 +37,9 @@ def test_factory_dryrun_with_overrides():
 def test_upstream_megatron_core_0_15_still_falls_back_to_torch_adamw_without_te_or_apex():
     """compat.nemo2_distributed_optimizer_saves's precondition: megatron-core 0.15.3 without TE or Apex builds torch's
     AdamW (a scalar 'step' per parameter), which its distributed optimizer fails to save (seen on the H200:
-    benchmarks/results/2026-12-03_nemo2_gpu.json, first_save_error). This probe reads the precondition, not the
-    save itself, which needs CUDA."""
+    benchmarks/results/archive/2026-12-03_nemo2_gpu_first_run.json, first_save_error; upstream's assertion is in
+    DistributedOptimizer.sharded_param_state_dp_reshardable). This probe reads the precondition, not the save itself,
+    which needs CUDA: tests/gpu/nemo2_optimizer_probe.py runs that on the GPU host."""
     probe = nemo2("python", "-c", "import torch, megatron.core.optimizer as o; print(o.Adam is torch.optim.AdamW)")
     assert probe.returncode == 0 and probe.stdout.strip().splitlines()[-1] == "True", probe.stderr[-2000:]
 

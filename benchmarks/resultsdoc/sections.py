@@ -10,6 +10,8 @@ from resultsdoc.topics.export_serve_eval import (
     generation_after,
     generation_caption,
     generation_rows,
+    generation_warm_caption,
+    generation_warm_rows,
     heldout,
     serve_load,
 )
@@ -142,6 +144,8 @@ SECTIONS = [
         Text("2026-11-30_export_time_cpu.json", lambda d: "Export time on the CPU host: " + export_time(d)),
         Table("2026-11-30_generation_graph_decoder.json", lambda d: "Generation: " + generation_caption(d),
               lambda d: ["", *(b.replace("_", " ") for b in d["results"])], generation_rows, after=generation_after),
+        Table("2026-12-03_generation_warm_batch1.json", generation_warm_caption,
+              lambda d: ["", *(b.replace("_", " ") for b in d["results"])], generation_warm_rows),
         Text("latest:*_serve_load.json", serve_load),
         Image("results/2026-12-02_serve_load.png", "serving under load, ours and the baseline of the same run"),
         Text("2026-12-02_serve_load_vs_418de9a.json",

@@ -31,14 +31,17 @@ def build(distributed: bool):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.module import Float16Module
 
     config = TransformerConfig(num_layers=2, hidden_size=64, num_attention_heads=4, bf16=True,
                                params_dtype=torch.bfloat16, masked_softmax_fusion=False, bias_activation_fusion=False,
                                bias_dropout_fusion=False, apply_rope_fusion=False, gradient_accumulation_fusion=False)
     gpt = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=256,
                    max_sequence_length=64).cuda()
+    # bf16 as Megatron trains it: Float16Module casts the whole model (torch's norms are built in fp32 otherwise;
+    # without it the first GPU run failed with `expected mat1 and mat2 to have the same dtype`).
     ddp = DistributedDataParallel(config, DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True, use_distributed_optimizer=distributed), gpt)
+        grad_reduce_in_fp32=True, use_distributed_optimizer=distributed), Float16Module(config, gpt))
     optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-3, bf16=True,
                                                        use_distributed_optimizer=distributed), [ddp])
     return ddp, optimizer

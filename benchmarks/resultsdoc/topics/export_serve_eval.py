@@ -50,6 +50,33 @@ def generation_after(d: Data) -> str:
             "The transformers side is timed on its first call (issue 30, item 3).")
 
 
+def generation_warm_caption(d: Data) -> str:
+    cut = "" if d.get("complete") else (" Cut short by the session's device time after "
+                                       f"{', '.join(b.replace('_', ' ') for b in d['results'])}: no larger batch, no "
+                                       "fp32 check in this file.")
+    return (f"Generation with every side warm (issue 30, item 3): {d['statistic']}; qwen3_1p7b with random weights, "
+            f"prompt {d['prompt_tokens']}, {d['new_tokens']} new tokens, "
+            f"{'greedy' if d['greedy'] else 'sampled'}, rev {d['revision']}.{cut}")
+
+
+WARM_SIDES = {"hf_generate": "transformers `generate` (dynamic cache, eager)",
+              "hf_static_compiled": "transformers `generate` (static cache, its own torch.compile)",
+              "compiled": "`kaiyuan serve` decoder, compiled mode (the default)",
+              "graph": "`kaiyuan serve` decoder, graph mode"}
+
+
+def generation_warm_rows(d: Data) -> list[list[str]]:
+    r = d["results"]
+    batches = list(r)
+    sides = [s for s in WARM_SIDES if all(s in r[b] for b in batches)]
+
+    def cell(b: str, side: str) -> str:
+        row = r[b][side]
+        ratios = ", ".join(f"{row[k]:.2f}× {k.removeprefix('speedup_vs_')}" for k in row if k.startswith("speedup_vs_"))
+        return f"{n0(row['tokens_per_s'])} tokens/s" + (f" ({ratios})" if ratios else "")
+    return [[WARM_SIDES[s], *(cell(b, s) for b in batches)] for s in sides]
+
+
 def serve_load(d: Data, with_load: bool = True, same_run: bool = True) -> str:
     """The load and targets (with_load), then each side's figures; same_run: one serve_load.py run measured both
     sides, so their ratios are stated."""

@@ -89,7 +89,8 @@ def local_baseline(d: Data) -> str:
 def nemo2(d: Data) -> str:
     """Issue #33: NeMo 2's `nemo llm pretrain` beside `kaiyuan train` (tests/gpu/nemo2_pretrain.sh)."""
     c, loss, q, e = d["checks"], d["loss_comparison"], d["qwen3_1p7b"], d["export"]
-    resume = ("a restart resumed" if c["restart_resumed"] else
+    resume = ("a restart resumed from the last checkpoint, optimizer state included, and trained on to step 110"
+              if c["restart_resumed"] else
               f"the restart did NOT resume (`{d['resume']['error'][:90]}…`: the last save was weights-only)")
     (n1, n100), (kai1, kai100) = loss["nemo_first_last"], loss["kaiyuan_first_last"]
     gap = loss["last10_mean_nemo_minus_kaiyuan"]
@@ -102,6 +103,7 @@ def nemo2(d: Data) -> str:
             f"{loss['steps']} steps {loss['mean_abs_diff']:.3f}). The NeMo 2 checkpoint exported to HF (loss "
             f"{e['hf_loss_en_jargon_8x1024']:.2f} on 8 × 1024 corpus tokens) and `kaiyuan serve` answered `PUT /api` "
             f"and `/v1/completions`. qwen3_1p7b, local spec, batch {q['tokens_per_step'] // 4096} × 4096, median of "
-            f"{q['kaiyuan']['steps_timed']} steps after {q['warmup_steps_skipped']}: NeMo 2 "
+            f"{q['nemo2']['steps_timed']} / {q['kaiyuan']['steps_timed']} steps after {q['warmup_steps_skipped']} "
+            f"(NeMo / kaiyuan: NeMo's first step has no earlier step to time from): NeMo 2 "
             f"{n0(q['nemo2']['tokens_per_s'])} tokens/s, `kaiyuan train` {n0(q['kaiyuan']['tokens_per_s'])} "
             f"({q['kaiyuan_over_nemo2']:.3f}×).")
