@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from resultsdoc.entries import Image, Section, Table, Text
 from resultsdoc.topics.export_serve_eval import (
+    batch_header,
     export_parity,
     export_time,
     generation_after,
@@ -143,9 +144,9 @@ SECTIONS = [
              "8–16 has a spacing of 0.0625, one bf16 ulp:\n\n" + export_parity(d)),
         Text("2026-11-30_export_time_cpu.json", lambda d: "Export time on the CPU host: " + export_time(d)),
         Table("2026-11-30_generation_graph_decoder.json", lambda d: "Generation: " + generation_caption(d),
-              lambda d: ["", *(b.replace("_", " ") for b in d["results"])], generation_rows, after=generation_after),
+              batch_header, generation_rows, after=generation_after),
         Table("2026-12-03_generation_warm_batch1.json", generation_warm_caption,
-              lambda d: ["", *(b.replace("_", " ") for b in d["results"])], generation_warm_rows),
+              batch_header, generation_warm_rows),
         Text("latest:*_serve_load.json", serve_load),
         Image("results/2026-12-02_serve_load.png", "serving under load, ours and the baseline of the same run"),
         Text("2026-12-02_serve_load_vs_418de9a.json",

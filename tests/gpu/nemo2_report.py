@@ -47,14 +47,13 @@ def report(root: Path, rev: str, commands: list[str]) -> dict:
     last10 = common[-10:]
     gap = statistics.mean(nemo[i] - bridge[i] for i in last10) if last10 else None
     nemo_part, resume, qwen = (summary(root / f"logs_{p}") for p in ("nemo", "resume", "qwen"))
-    # The export has its own part since session 24; before, the kaiyuan part ran it after training.
-    kaiyuan_logs = root / "logs_export" if (root / "logs_export").is_dir() else root / "logs_kaiyuan"
-    exported = summary(kaiyuan_logs)
-    hf_loss = next((line.split()[1] for line in (kaiyuan_logs / "hf_loss.log").read_text().splitlines()
-                    if line.startswith("hf_loss")), None) if (kaiyuan_logs / "hf_loss.log").is_file() else None
+    export_logs = root / "logs_export"
+    exported = summary(export_logs)
+    hf_loss = next((line.split()[1] for line in (export_logs / "hf_loss.log").read_text().splitlines()
+                    if line.startswith("hf_loss")), None) if (export_logs / "hf_loss.log").is_file() else None
     served = {}
     for name in ("serve_api", "serve_completion"):
-        path = kaiyuan_logs / f"{name}.json"
+        path = export_logs / f"{name}.json"
         served[name] = json.loads(path.read_text()) if path.is_file() and path.stat().st_size else None
     resume_ok = any(s["step"] == "nemo_resume" and s["rc"] == 0 for s in resume.get("steps", []))
     resume_log = root / "logs_resume" / "nemo_resume.log"
@@ -95,7 +94,7 @@ def report(root: Path, rev: str, commands: list[str]) -> dict:
                                                                      "resume_lines": resume.get("resume_lines")},
         "export": {"hf_loss_en_jargon_8x1024": float(hf_loss) if hf_loss else None,
                    "nemo_last_train_loss": nemo.get(100), "served": served,
-                   "steps": [s for s in exported.get("steps", []) if s["step"] != "kaiyuan_train"]},
+                   "steps": exported.get("steps", [])},
         "qwen3_1p7b": {k: v for k, v in qwen.items() if k not in ("part",)},
         "curves": {"nemo": [[i, nemo[i]] for i in sorted(nemo)], "kaiyuan": [[i, bridge[i]] for i in sorted(bridge)]},
     }

@@ -24,6 +24,11 @@ def export_time(d: Data) -> str:
             f"{d['checkpoint_write_s']:.1f} s.")
 
 
+def batch_header(d: Data) -> list[str]:
+    """A generation table's header: one column per batch size in the file."""
+    return ["", *(b.replace("_", " ") for b in d["results"])]
+
+
 def generation_caption(d: Data) -> str:
     return (f"qwen3_1p7b with random weights, prompt {d['prompt_tokens']}, {d['new_tokens']} new tokens, "
             f"{'greedy' if d['greedy'] else 'sampled'}. Baseline: {d['baseline']}.")
