@@ -1,7 +1,7 @@
 """Training throughput side by side in one GPU run, same batch and sequence length, random tokens:
 our fast spec (`kaiyuan.layer_spec=fast`), Megatron's local spec, a plain transformers loop (eager SDPA) and
 the same loop under torch.compile; on a host with Transformer Engine also TE's spec (recipe_te, megatron_te,
-bridge_te, megatron_te_graph) and ours_without_te (the fast spec with TE hidden from its process).
+bridge_te, megatron_te_graph, megatron_te_chunked_loss) and ours_without_te (the fast spec, TE hidden from it).
 tokens/s/GPU, model TFLOP/s, peak memory. Megatron's runs report model TFLOP/s with Megatron's formula; the HF
 loops use the same FLOPs per token (taken from the Megatron run of the same model in this process), so the columns
 compare.
@@ -52,12 +52,14 @@ MEGATRON_IMPLS = {"ours": ("fast", ()), "megatron_local": ("local", ()),
                   # Transformer Engine (a TE host): recipe_te is what `auto` trains there; megatron_te is TE's spec
                   # with Megatron-LM's fusions beside it, stated here so the peer stays fixed when the recipe's
                   # defaults move; bridge_te is Megatron-Bridge's defaults (RoPE and SwiGLU unfused);
-                  # megatron_te_graph adds our whole-step CUDA graph.
+                  # megatron_te_graph adds our whole-step CUDA graph, megatron_te_chunked_loss our chunked loss.
                   "recipe_te": ("transformer_engine", ()),
                   "megatron_te": ("transformer_engine", MEGATRON_TE_FUSIONS),
                   "bridge_te": ("transformer_engine", ("model.apply_rope_fusion=false",
                                                        "model.bias_activation_fusion=false")),
-                  "megatron_te_graph": ("transformer_engine", (*MEGATRON_TE_FUSIONS, "kaiyuan.cuda_graph=true"))}
+                  "megatron_te_graph": ("transformer_engine", (*MEGATRON_TE_FUSIONS, "kaiyuan.cuda_graph=true")),
+                  "megatron_te_chunked_loss": ("transformer_engine", (*MEGATRON_TE_FUSIONS,
+                                                                      "kaiyuan.chunked_loss=true"))}
 # A row run as another row with Transformer Engine hidden from its process (PYTHONPATH without the folders that
 # hold it, as on the GPU host's /tmp/site-te): what the fast spec trains at on a TE host with TE out of the way,
 # in the same call (with TE importable, the fast path hands gradient clipping to TE's kernels, and more of

@@ -193,7 +193,8 @@ def test_fast_spec_runs_register_the_hook(tmp_path):
     assert hook in hooks("kaiyuan.layer_spec=fast")
     assert hook not in hooks("kaiyuan.layer_spec=fast", "kaiyuan.chunked_loss=false")
     assert hook in hooks("kaiyuan.layer_spec=fast", "kaiyuan.zero_stage=2")  # Megatron-FSDP too (GPU-proven)
-    assert hook not in hooks("kaiyuan.layer_spec=local")
+    assert hook not in hooks("kaiyuan.layer_spec=local")  # auto: the fast spec only
+    assert hook in hooks("kaiyuan.layer_spec=local", "kaiyuan.chunked_loss=true")  # asked for: any spec
 
     def summary_says(*args):  # the dry run reports what will run: the hook stands aside under TP
         import json
@@ -206,9 +207,12 @@ def test_fast_spec_runs_register_the_hook(tmp_path):
         assert done.returncode == 0, done.stderr[-2000:]
         return json.loads(done.stdout[done.stdout.index("{"):])["fast_path"]["chunked_loss"]
 
-    assert summary_says("kaiyuan.layer_spec=fast") == "on (logits never whole)"
+    assert summary_says("kaiyuan.layer_spec=fast") == "on (auto: logits never whole)"
+    assert summary_says("kaiyuan.layer_spec=local") == "off (auto: layer_spec=local)"
     assert summary_says("kaiyuan.layer_spec=fast", "model.tensor_model_parallel_size=2",
-                        "--nproc-per-node=2").startswith("off (tensor parallel")
+                        "--nproc-per-node=2").startswith("off (auto: tensor parallel")
+    assert summary_says("kaiyuan.layer_spec=local", "kaiyuan.chunked_loss=true",
+                        "model.tensor_model_parallel_size=2", "--nproc-per-node=2").startswith("off (tensor parallel")
     from kaiyuan_recipes.fastpath import spec as fast_spec
 
     try:  # the SDPA kernel order is set with the rest of the fast spec's run settings

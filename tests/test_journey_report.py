@@ -50,3 +50,17 @@ def test_parts_on_different_stacks_are_reported_each_and_a_failed_step_fails_the
     rc, result = report(tmp_path, fg, dt)
     assert rc == 1 and not result["all_ok"]
     assert result["stack"] == ["bridge", "fw2606"] and result["versions"] == VERSIONS  # the same versions: one
+
+
+def test_the_train_figure_names_the_layer_spec_auto_picked_and_the_last_20_mean(tmp_path):
+    folder = part(tmp_path / "logs_foreground", "foreground", "te",
+                  [{"step": "train", "rc": 0, "wall_s": 190.0, "ok": True, "command": "kaiyuan train gpt_smoke"}], {})
+    records = [{"event": "train_start", "iteration": 0, "model": {"transformer_impl": "transformer_engine"}}]
+    records += [{"event": "step", "iteration": i, "loss": 12.0 - i / 20, "tokens_per_s_per_gpu": 1000 + i}
+                for i in range(1, 201)]
+    (folder / "gpt_smoke_metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    rc, result = report(tmp_path, folder)
+    train = next(s["figure"] for s in result["steps"] if s["step"] == "train")
+    assert rc == 0 and result["stack"] == "te"
+    assert train["transformer_impl"] == "transformer_engine" and train["final_iteration"] == 200
+    assert abs(train["mean_loss_last20"] - (12.0 - 190.5 / 20)) < 1e-9 and train["tokens_per_s_last10"] == 1196

@@ -34,11 +34,14 @@ def key_figure(name: str, log: str, folder: Path) -> dict[str, Any]:
     """What the step shows, from its own output (or its run's metrics)."""
     if name == "train":
         steps = [s for s in _steps(_json_lines(folder / "gpt_smoke_metrics.jsonl")) if s["iteration"] <= 200]
+        starts = [r for r in _json_lines(folder / "gpt_smoke_metrics.jsonl") if r.get("event") == "train_start"]
         if steps:
-            last = steps[-10:]
+            last, last20 = steps[-10:], steps[-20:]
             return {"final_iteration": steps[-1]["iteration"], "final_loss": steps[-1]["loss"],
-                    "first_loss": steps[0]["loss"],
-                    "tokens_per_s_last10": round(sum(s["tokens_per_s_per_gpu"] for s in last) / len(last))}
+                    "first_loss": steps[0]["loss"], "mean_loss_last20": sum(s["loss"] for s in last20) / len(last20),
+                    "tokens_per_s_last10": round(sum(s["tokens_per_s_per_gpu"] for s in last) / len(last)),
+                    # what `auto` picked: the layer spec the run trained on (metrics' train_start)
+                    "transformer_impl": (starts[0].get("model") or {}).get("transformer_impl") if starts else None}
     if name == "phase2":
         steps = _steps(_json_lines(folder / "gpt_smoke_metrics.jsonl"))
         if steps:
