@@ -64,7 +64,7 @@ MEGATRON_IMPLS = {"ours": ("fast", ()), "megatron_local": ("local", ()),
 # hold it, as on the GPU host's /tmp/site-te): what the fast spec trains at on a TE host with TE out of the way,
 # in the same call (with TE importable, the fast path hands gradient clipping to TE's kernels, and more of
 # Megatron-Bridge's defaults follow TE's import).
-WITHOUT_TE = {"ours_without_te": "ours"}
+WITHOUT_TE = {"ours_without_te": "ours", "megatron_local_without_te": "megatron_local"}
 TIMED_OUT = "timed out after"
 TINY = dict(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,
             kv_channels=16)
