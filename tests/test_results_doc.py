@@ -116,6 +116,24 @@ def test_a_pytest_record_file_is_the_proof_of_the_test_files_it_ran(results_copy
                     "failed: test_compat_gpu::test_b |"]
 
 
+def test_a_probe_reads_its_own_verdict_and_a_proof_a_file_did_not_record_says_so(results_copy):
+    """A probe file passes on its own `ok`; a file whose command also started a proof it holds no outcome of names
+    that proof "not recorded here" (its own all_ok is not the proof's)."""
+    probe = {"command": "python3 tests/gpu/nemo2_optimizer_probe.py --out x.json", "revision": "abc1234",
+             "host": "vm", "date": "2026-12-03", "compat_agrees": False, "ok": False}
+    (results_copy / "2026-12-03_probe.json").write_text(json.dumps(probe))
+    (results_copy / "2026-12-03_both.json").write_text(json.dumps({
+        "command": ["bash tests/gpu/nemo2_pretrain.sh; python3 tests/gpu/nemo2_optimizer_probe.py"],
+        "revision": "abc1234", "host": "vm", "date": "2026-12-03", "all_ok": True,
+        "proofs_not_recorded": {"nemo2_optimizer_probe.py": "it stopped on its own bug"}}))
+    rows = [line for line in proofs.render_proofs(results_copy).splitlines() if "abc1234 | 2026-12-03" in line]
+    assert "| `nemo2_optimizer_probe.py` | `2026-12-03_probe.json` | abc1234 | 2026-12-03 | failed: what upstream " \
+           "did disagrees with compat |" in rows
+    assert "| `nemo2_optimizer_probe.py` | `2026-12-03_both.json` | abc1234 | 2026-12-03 | not recorded here: it " \
+           "stopped on its own bug |" in rows
+    assert "| `nemo2_pretrain.sh` | `2026-12-03_both.json` | abc1234 | 2026-12-03 | passed |" in rows
+
+
 def test_provenance_in_each_form_the_files_use():
     assert provenance.revision_of({"revision": "abc"}) == "abc"
     assert provenance.revision_of({"rev": "def"}) == "def"

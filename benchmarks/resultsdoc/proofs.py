@@ -88,6 +88,7 @@ def _profile(data: Data, proof: str) -> str:
 
 STATUS_RULES: list[tuple[str, Callable[[Data, str], str]]] = [
     ("all_ok", lambda d, p: "passed" if d["all_ok"] else "failed"),
+    ("compat_agrees", lambda d, p: "passed" if d["ok"] else "failed: what upstream did disagrees with compat"),
     ("tests", lambda d, p: _tests_status(d, p) if isinstance(d["tests"][0], dict) else _pytest_line(d, p)),
     ("result", _pytest_line),
     ("identical_after_resume", _resume),
@@ -104,6 +105,8 @@ STATUS_RULES: list[tuple[str, Callable[[Data, str], str]]] = [
 
 
 def status_of(data: Data, proof: str) -> str:
+    if why := data.get("proofs_not_recorded", {}).get(proof):  # its command ran the proof; the file has no outcome
+        return f"not recorded here: {why}"
     for key, rule in STATUS_RULES:
         if key in data:
             return rule(data, proof)

@@ -22,9 +22,26 @@ from resultsdoc.topics.moe import moe, moe_routing
 from resultsdoc.topics.numerics import determinism, foreach_adam, max_rel_rows, onepass_after
 from resultsdoc.topics.offline_tools import ckpt_memory_after, ckpt_memory_caption, ckpt_memory_rows, convert
 from resultsdoc.topics.parallelism import tp2, zero_caption, zero_rows
-from resultsdoc.topics.throughput import profile_graph, throughput_caption, throughput_header, throughput_rows
-from resultsdoc.topics.training_runs import journey, local_baseline, nemo2, phase, stop_resume, train_proof
+from resultsdoc.topics.throughput import (
+    fast_vs_local_one_run,
+    profile_graph,
+    throughput_caption,
+    throughput_header,
+    throughput_rows,
+)
+from resultsdoc.topics.training_runs import (
+    journey,
+    local_baseline,
+    nemo2,
+    nemo2_optimizer_probe,
+    phase,
+    stop_resume,
+    train_proof,
+)
 from resultsdoc.topics.transformer_engine import (
+    one_call_after,
+    one_call_caption,
+    one_call_rows,
     recipe_te_after,
     recipe_te_caption,
     recipe_te_rows,
@@ -49,17 +66,22 @@ SECTIONS = [
         Text("latest:*_journey_foreground.json", journey),
         Text("latest:*_journey.json", journey),
         Text("latest:*_journey_fw2606.json", journey),
+        Text("latest:*_journey_te.json", journey),
     ]),
     Section("Training throughput", [
         Table("2026-12-01_train_throughput.json", throughput_caption, throughput_header(("qwen3_1p7b", "gpt_smoke")),
               throughput_rows),
         Image("results/2026-12-01_train_throughput.png", "training throughput"),
+        Text("2026-12-03_te_throughput_qwen3.json", fast_vs_local_one_run),
         Text("2026-12-01_profile_qwen3_1p7b_graph.json",
              lambda d: "The default step's profile, qwen3_1p7b: " + profile_graph(d) + " The step is bound by its "
              "kernels."),
     ]),
     Section("Transformer Engine", [
         Text("2026-12-02_te_env.json", te_env),
+        Table("2026-12-03_te_throughput_qwen3.json", one_call_caption,
+              ["qwen3_1p7b", "tokens/s/GPU", "model TFLOP/s", "peak memory"], one_call_rows, after=one_call_after),
+        Image("results/2026-12-03_te_throughput_qwen3.png", "the fast spec, TE's spec and the chunked loss on TE"),
         Table("2026-12-02_te_throughput_recipe_defaults.json", recipe_te_caption,
               ["qwen3_1p7b", "tokens/s/GPU", "model TFLOP/s", "peak memory"], recipe_te_rows, after=recipe_te_after),
         Image("results/2026-12-02_te_throughput_recipe_defaults.png", "the fast spec against TE's on the recipe"),
@@ -187,6 +209,7 @@ SECTIONS = [
     ]),
     Section("NeMo 2", [
         Text("2026-12-03_nemo2_gpu.json", nemo2),
+        Text("2026-12-03_nemo2_optimizer_probe.json", nemo2_optimizer_probe),
         Image("results/2026-12-03_nemo2_gpu.png", "NeMo 2 vs kaiyuan train loss curves"),
     ]),
     Section("Data conversion", [

@@ -55,6 +55,17 @@ def _ratio_or_reason(rows: Data, name: str) -> str:
     return f"not computed: {rows.get('ratios_not_computed', {}).get(name, 'no figure')}"
 
 
+def fast_vs_local_one_run(d: Data) -> str:
+    """The qwen3 ratio the table withdraws, measured in one process (rows run with TE hidden, as on a TE-less host)."""
+    q = d["results"]["qwen3_1p7b"]
+    fast, local = q["ours_without_te"], q["megatron_local_without_te"]
+    return (f"qwen3_1p7b's fast ÷ local spec measured in one run (rev {d['revision']}, the same batch, both rows with "
+            f"Transformer Engine hidden from their processes, as on this table's TE-less host): "
+            f"**{ratio(fast['tokens_per_s'] / local['tokens_per_s'])}** ({n0(fast['tokens_per_s'])} against "
+            f"{n0(local['tokens_per_s'])} tokens/s; peak {mem(fast['peak_mem_gb'], GB)} against "
+            f"{mem(local['peak_mem_gb'], GB)}). The file's other rows: Transformer Engine section.")
+
+
 def profile_graph(d: Data) -> str:
     tokens = d["micro_batch"] * d["micro_batches"] * d["seq_length"]
     return (f"{d['step']}: one graphed step of {n0(tokens)} tokens is {n0(d['kernels'])} kernels, "

@@ -17,9 +17,10 @@ def journey(d: Data) -> str:
     s = _steps(d)
     ok = [step for step in d["steps"] if step["ok"]]
     versions = d.get("versions") or {}
+    te = f", Transformer Engine {versions['transformer-engine']}" if versions.get("transformer-engine") else ""
     stack = (f"Stack {d['stack']}: megatron-bridge {versions.get('megatron-bridge')}, megatron-core "
              f"{versions.get('megatron-core')}, transformers {versions.get('transformers')}, torch "
-             f"{versions.get('torch')}. " if d.get("stack") and d["stack"] != "bridge" else "")
+             f"{versions.get('torch')}{te}. " if d.get("stack") and d["stack"] != "bridge" else "")
     verdict = s.get("doctor", {}).get("verdict")
     doctor = "" if not verdict else (
         f"`kaiyuan doctor` exits {s['doctor']['exit_code']}: " +
@@ -27,16 +28,21 @@ def journey(d: Data) -> str:
          f"not in the tested matrix ({verdict['stack']} but {'; '.join(verdict['mismatches'])}). "))
     parts = [_foreground(s) if "train" in s else "The foreground part is not in this file.",
              _detached(s) if "stop" in s else "The detached part is not in this file."]
+    beside = (" It ran detached beside other work on the same host (the file's command says what): its wall times "
+              "and tokens/s are not a run's alone." if d.get("ran_beside_other_work") else "")
     return (f"{stack}Overrides: {d.get('overrides', 'none recorded')}. {len(ok)} of {len(d['steps'])} steps ok"
-            f"{'' if d['all_ok'] else ' (NOT all ok)'}. {doctor}" + " ".join(parts))
+            f"{'' if d['all_ok'] else ' (NOT all ok)'}. {doctor}" + " ".join(parts) + beside)
 
 
 def _foreground(s: dict[str, Data]) -> str:
     train = s["train"]
     eval_rows = [r.split("|") for r in s["eval"].get("table", [])[2:]]
     samples = next(int(r[3]) for r in eval_rows if len(r) > 3 and r[1].strip() == "overall")
-    return (f"gpt_smoke trains {train['final_iteration']} steps (loss {train['first_loss']:.2f} → "
-            f"{train['final_loss']:.2f}, {n0(train['tokens_per_s_last10'])} tokens/s over the last 10), `status` "
+    spec = f" on `{train['transformer_impl']}`" if train.get("transformer_impl") else ""
+    last20 = f", mean of the last 20 {train['mean_loss_last20']:.2f}" if "mean_loss_last20" in train else ""
+    return (f"gpt_smoke trains {train['final_iteration']} steps{spec} (loss {train['first_loss']:.2f} → "
+            f"{train['final_loss']:.2f}{last20}, {n0(train['tokens_per_s_last10'])} tokens/s over the last 10), "
+            "`status` "
             f"says {s['status']['state']}, `export hf` takes {s['export']['export_s']} s, `serve` answers the "
             f"original `PUT /api` curl and an OpenAI completion ({s['openai_completion']['usage']['completion_tokens']}"
             f" tokens), `eval heldout` scores {samples} samples, `--phase 2` resumes at iteration "
@@ -107,3 +113,18 @@ def nemo2(d: Data) -> str:
             f"(NeMo / kaiyuan: NeMo's first step has no earlier step to time from): NeMo 2 "
             f"{n0(q['nemo2']['tokens_per_s'])} tokens/s, `kaiyuan train` {n0(q['kaiyuan']['tokens_per_s'])} "
             f"({q['kaiyuan_over_nemo2']:.3f}×).")
+
+
+def nemo2_optimizer_probe(d: Data) -> str:
+    """tests/gpu/nemo2_optimizer_probe.py: upstream's behaviour behind compat.nemo2_distributed_optimizer_saves."""
+    dist, plain = d["distributed_optimizer"], d["plain_optimizer"]
+    seen = (f"the distributed optimizer's save failed in `{dist['where']}` with `{dist['error']}` (torch AdamW's "
+            "scalar `step`)" if not dist["saved"] else "the distributed optimizer's save worked")
+    return (f"The probe of that workaround (rev {d['revision']}, megatron-core {d['megatron_core']}, torch "
+            f"{d['torch']}, {d['gpu']}): one Adam step on a two-layer GPT, the optimizer's `dp_reshardable` state "
+            f"saved as NeMo saves it: {seen}; the plain optimizer's save "
+            f"{'worked' if plain['saved'] else 'failed'}. compat's choice (distributed optimizer saves: "
+            f"{str(d['compat_says_distributed_optimizer_saves']).lower()}) "
+            f"{'agrees' if d['compat_agrees'] else 'DISAGREES'} with what upstream did; the probe fails once "
+            "upstream saves the scalar step.")
+

@@ -80,6 +80,43 @@ def recipe_te_after(d: Data) -> str:
             + (f" Not run: {', '.join(missing)} (the session's device time)." if missing else ""))
 
 
+ONE_CALL_ROWS = (("ours", "fast spec, recipe defaults, TE importable (as in an NGC container)"),
+                 ("ours_without_te", "the same with TE hidden from its process (as on a TE-less host)"),
+                 ("megatron_te", "TE spec on the recipe's TE defaults (= Megatron-LM's)"),
+                 ("megatron_te_chunked_loss", "the same + our chunked loss (`kaiyuan.chunked_loss=true`)"),
+                 ("megatron_local_without_te", "Megatron's local spec, TE hidden"))
+ONE_CALL_RATIOS = (("ours", "megatron_te", "fast spec ÷ TE spec, both with TE importable"),
+                   ("ours_without_te", "megatron_te", "fast spec with TE hidden ÷ TE spec"),
+                   ("ours", "ours_without_te", "fast spec with TE importable ÷ with TE hidden"),
+                   ("megatron_te_chunked_loss", "megatron_te", "TE spec + chunked loss ÷ TE spec"),
+                   ("ours_without_te", "megatron_local_without_te", "fast spec ÷ local spec, TE hidden from both"))
+
+
+def one_call_caption(d: Data) -> str:
+    return _caption(d, "The fast spec, TE's spec and our chunked loss on it, in one call", "") + \
+        " TE hidden: the row's process has TE's folders off its path."
+
+
+def one_call_rows(d: Data) -> list[list[str]]:
+    q = d["results"]["qwen3_1p7b"]
+    rows = [_row(q[k], label) for k, label in ONE_CALL_ROWS if "tokens_per_s" in q.get(k, {})]
+    rows += [[f"**{label}**", f"**{ratio(q[a]['tokens_per_s'] / q[b]['tokens_per_s'])}**", "", ""]
+             for a, b, label in ONE_CALL_RATIOS if "tokens_per_s" in q.get(a, {}) and "tokens_per_s" in q.get(b, {})]
+    return rows
+
+
+def one_call_after(d: Data) -> str:
+    q = d["results"]["qwen3_1p7b"]
+    settings = {k: q[k]["model_settings"]["fast_path"] for k in ("ours", "ours_without_te")}
+    differ = sorted(p for p in settings["ours"] if settings["ours"][p] != settings["ours_without_te"].get(p))
+    te, chunked = q["megatron_te"], q["megatron_te_chunked_loss"]
+    return (f"The chunked loss on TE's spec saves {te['peak_mem_gb'] - chunked['peak_mem_gb']:.1f} GB of peak "
+            f"memory; `auto` leaves it to the fast spec (one run, one model). With TE importable the fast spec is "
+            f"slower than with TE hidden; of the settings the two runs recorded, only "
+            f"{', '.join(f'`{p}`' for p in differ) or 'none'} differs (off where TE's clip imports), which was not "
+            "isolated as the cause.")
+
+
 def te_env(d: Data) -> str:
     s = d["summary"]
     return (f"`tests/gpu/te_env.sh` ({d['set']}): {s['calls_to_ready']} back-to-back calls from a cold machine "
