@@ -45,7 +45,12 @@ def test_journey_refuses_an_unknown_stack_and_a_missing_wheel_set(tmp_path):
                               capture_output=True, text=True, timeout=60)
 
     bad = journey("--stack", "fw2506")
-    assert bad.returncode == 2 and "--stack bridge|fw2606, not 'fw2506'" in bad.stderr, bad.stderr
+    assert bad.returncode == 2 and "--stack bridge|fw2606|te, not 'fw2506'" in bad.stderr, bad.stderr
     missing = journey("--stack", "fw2606", "--part", "foreground")
     assert missing.returncode == 2 and "needs .whl-fw2606 carried with the call" in missing.stderr, missing.stderr
     assert not (tmp_path / "out").exists()
+    # --stack te on a host where Transformer Engine does not import (this one): refused before any step runs
+    shutil.copy(ROOT / "tests" / "gpu" / "env.sh", tmp_path / "tests" / "gpu" / "env.sh")
+    no_te = journey("--stack", "te", "--part", "foreground")
+    assert no_te.returncode == 2 and "transformer_engine.pytorch does not import" in no_te.stderr, no_te.stderr
+    assert not (tmp_path / "out" / "journey_foreground.tgz").exists()
