@@ -100,15 +100,16 @@ def test_output_layer_and_masked_loss_read_nothing_on_the_host(megatron_parallel
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
-def test_gpt_model_output_layer_and_loss(megatron_parallel):
-    """A tiny gpt_smoke-shaped GPTModel (fast spec) with the pre-wrap hook against an identical one on
+@pytest.mark.parametrize("spec", ["fast", "local"])  # kaiyuan.chunked_loss=true puts it on any spec
+def test_gpt_model_output_layer_and_loss(megatron_parallel, spec):
+    """A tiny gpt_smoke-shaped GPTModel (fast and local spec) with the pre-wrap hook against an identical one on
     Megatron's exact (unfused) vocab-parallel cross-entropy: same [b, s] loss and gradients from the output
     layer + loss that GPTModel._postprocess runs, the state dict unchanged, and logits still materialised
     when asked for. (Megatron's compiled fused cross-entropy differs from exact by ~1e-4 in the gradient.)"""
     from kaiyuan_recipes.models.providers import build_provider, provide_on_cpu
 
     shape = tiny_gpt_shape(share_embeddings_and_output_weights=False)
-    plain, chunked = (provide_on_cpu(build_provider(shape, "fast")) for _ in range(2))
+    plain, chunked = (provide_on_cpu(build_provider(shape, spec)) for _ in range(2))
     chunked.load_state_dict(plain.state_dict())
     plain.config.cross_entropy_loss_fusion = False
     keys = sorted(chunked.state_dict())

@@ -33,6 +33,12 @@ def test_every_piece_has_a_decision_and_a_reason(tmp_path):
     moe = plan_of(tmp_path, "laoyao_moe_2b", "kaiyuan.layer_spec=fast")
     assert moe.on("grouped_experts") and moe.pieces["cuda_graph"].reason == "auto: MoE (per-batch expert shapes)"
     assert not plan_of(tmp_path, "gpt_smoke", "kaiyuan.layer_spec=fast", "kaiyuan.deterministic=true").on("fused_adamw")
+    # the chunked loss: auto on the fast spec only, asked for (true) on any spec, each with its reason
+    assert fast.pieces["chunked_loss"].reason == "auto: logits never whole"
+    assert local.pieces["chunked_loss"].reason == "auto: layer_spec=local"
+    for spec in ("fast", "local"):
+        asked = plan_of(tmp_path, "gpt_smoke", f"kaiyuan.layer_spec={spec}", "kaiyuan.chunked_loss=true")
+        assert asked.on("chunked_loss") and asked.pieces["chunked_loss"].reason.startswith("kaiyuan.chunked_loss=true")
 
 
 _PROBE = """

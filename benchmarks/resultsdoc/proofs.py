@@ -88,7 +88,8 @@ def _profile(data: Data, proof: str) -> str:
 
 STATUS_RULES: list[tuple[str, Callable[[Data, str], str]]] = [
     ("all_ok", lambda d, p: "passed" if d["all_ok"] else "failed"),
-    ("compat_agrees", lambda d, p: "passed" if d["ok"] else "failed: what upstream did disagrees with compat"),
+    ("compat_agrees", lambda d, p: "passed" if d["ok"] else "failed: " + (
+        "what upstream did disagrees with compat" if not d["compat_agrees"] else "the probe's own checks")),
     ("tests", lambda d, p: _tests_status(d, p) if isinstance(d["tests"][0], dict) else _pytest_line(d, p)),
     ("result", _pytest_line),
     ("identical_after_resume", _resume),

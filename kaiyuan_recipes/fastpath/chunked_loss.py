@@ -1,4 +1,4 @@
-"""Cross-entropy over a large vocabulary without materialising the logits (fast spec, tensor parallel 1).
+"""Cross-entropy over a large vocabulary without materialising the logits (tensor parallel 1; any layer spec).
 GPTModel's output layer hands its input and weight to the loss instead of computing [tokens, vocab]
 logits; the loss computes logits, log-sum-exp and the logits' gradient a chunk of tokens at a time in the
 forward, and keeps only that gradient (bf16) for the backward. For qwen3_1p7b at micro batch 2 × 4096 that is

@@ -96,14 +96,15 @@ def _step_fusion(cfg: Any, knobs: Knobs) -> tuple[Piece, Piece]:
     return graph, wgrad
 
 
-def _chunked_loss(cfg: Any, knobs: Knobs, fast: tuple[bool, str]) -> Piece:
+def _chunked_loss(cfg: Any, knobs: Knobs) -> Piece:
     """auto: with the fast spec, where it was measured; true: on any spec, since every spec has megatron-core's
     same output layer (TE's spec measured with it: benchmarks/RESULTS.md, Transformer Engine)."""
     from kaiyuan_recipes.fastpath.chunked_loss import unsupported_config_reason
 
     unsupported = unsupported_config_reason(cfg.model)
     if knobs.chunked_loss == AUTO:
-        return _gate((fast[0], f"auto: {fast[1]}"), (unsupported is None, f"auto: {unsupported}"),
+        return _gate((knobs.layer_spec == "fast", f"auto: layer_spec={knobs.layer_spec}"),
+                     (unsupported is None, f"auto: {unsupported}"),
                      reason_on="auto: logits never whole")
     return _gate((bool(knobs.chunked_loss), "kaiyuan.chunked_loss=false"), (unsupported is None, str(unsupported)),
                  reason_on="kaiyuan.chunked_loss=true: logits never whole")
@@ -122,7 +123,7 @@ def plan(cfg: Any, knobs: Knobs) -> FastPathPlan:
                                  (importlib.util.find_spec("triton") is not None, "no Triton"),
                                  reason_on="Triton kernel"),
         "grouped_experts": _gate(fast, (moe, "dense model"), reason_on="grouped GEMMs"),
-        "chunked_loss": _chunked_loss(cfg, knobs, fast),
+        "chunked_loss": _chunked_loss(cfg, knobs),
         "fused_adamw": _gate(fast, (knobs.fused_adamw, "kaiyuan.fused_adamw=false"),
                              (not knobs.deterministic, "deterministic"), reason_on="one kernel"),
         "foreach_grad_clip": _gate((knobs.foreach_grad_clip, "kaiyuan.foreach_grad_clip=false"),

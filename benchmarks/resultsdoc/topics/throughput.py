@@ -63,7 +63,10 @@ def fast_vs_local_one_run(d: Data) -> str:
             f"Transformer Engine hidden from their processes, as on this table's TE-less host): "
             f"**{ratio(fast['tokens_per_s'] / local['tokens_per_s'])}** ({n0(fast['tokens_per_s'])} against "
             f"{n0(local['tokens_per_s'])} tokens/s; peak {mem(fast['peak_mem_gb'], GB)} against "
-            f"{mem(local['peak_mem_gb'], GB)}). The file's other rows: Transformer Engine section.")
+            f"{mem(local['peak_mem_gb'], GB)})"
+            + (f"; the local row's process {local['incomplete']}, its {local['timed_steps']} timed steps as many as "
+               f"the fast spec's {fast['timed_steps']}" if "incomplete" in local else "")
+            + ". The file's other rows: Transformer Engine section.")
 
 
 def profile_graph(d: Data) -> str:

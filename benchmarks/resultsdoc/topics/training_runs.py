@@ -28,8 +28,8 @@ def journey(d: Data) -> str:
          f"not in the tested matrix ({verdict['stack']} but {'; '.join(verdict['mismatches'])}). "))
     parts = [_foreground(s) if "train" in s else "The foreground part is not in this file.",
              _detached(s) if "stop" in s else "The detached part is not in this file."]
-    beside = (" It ran detached beside other work on the same host (the file's command says what): its wall times "
-              "and tokens/s are not a run's alone." if d.get("ran_beside_other_work") else "")
+    beside = (" It ran detached, partly beside other work on the same host (the file's command says what and how "
+              "long): its wall times and tokens/s may not be a run's alone." if d.get("ran_beside_other_work") else "")
     return (f"{stack}Overrides: {d.get('overrides', 'none recorded')}. {len(ok)} of {len(d['steps'])} steps ok"
             f"{'' if d['all_ok'] else ' (NOT all ok)'}. {doctor}" + " ".join(parts) + beside)
 

@@ -17,11 +17,12 @@ def _caption(d: Data, lead: str, te_note: str) -> str:
     steps = len(d["results"]["qwen3_1p7b"]["ours"]["losses"])
     return (f"{lead}, rev {d['revision']}: qwen3_1p7b, seq {d['seq_length']}, micro batch {b['micro_batch']} × "
             f"{b['micro_batches']}, random tokens, {steps} steps, median of steps 4–{steps}; TE "
-            f"{d['te_version'].split()[0]}{te_note}; one process. Peak memory in GB.")
+            f"{d['te_version'].split()[0]}{te_note}; one call, each row its own process. Peak memory in GB.")
 
 
 def _row(r: dict, label: str) -> list[str]:
-    return [label, n0(r["tokens_per_s"]), f"{r['tflops']:.0f}", mem(r["peak_mem_gb"], GB)]
+    note = f" ({r['incomplete']})" if "incomplete" in r else ""  # a row past its time limit says how far it got
+    return [label + note, n0(r["tokens_per_s"]), f"{r['tflops']:.0f}", mem(r["peak_mem_gb"], GB)]
 
 
 def te_caption(d: Data) -> str:
@@ -100,21 +101,26 @@ def one_call_caption(d: Data) -> str:
 def one_call_rows(d: Data) -> list[list[str]]:
     q = d["results"]["qwen3_1p7b"]
     rows = [_row(q[k], label) for k, label in ONE_CALL_ROWS if "tokens_per_s" in q.get(k, {})]
-    rows += [[f"**{label}**", f"**{ratio(q[a]['tokens_per_s'] / q[b]['tokens_per_s'])}**", "", ""]
-             for a, b, label in ONE_CALL_RATIOS if "tokens_per_s" in q.get(a, {}) and "tokens_per_s" in q.get(b, {})]
+    for a, b, label in ONE_CALL_RATIOS:
+        if "tokens_per_s" in q.get(a, {}) and "tokens_per_s" in q.get(b, {}):
+            # merge_results would refuse a ratio with a row past its time limit; here it is stated with how far each got
+            why = "; ".join(f"{k} {q[k]['incomplete']}" for k in (a, b) if "incomplete" in q[k])
+            rows.append([f"**{label}**" + (f" ({why}; timed steps {q[a]['timed_steps']} and {q[b]['timed_steps']})"
+                                          if why else ""),
+                         f"**{ratio(q[a]['tokens_per_s'] / q[b]['tokens_per_s'])}**", "", ""])
     return rows
 
 
 def one_call_after(d: Data) -> str:
     q = d["results"]["qwen3_1p7b"]
-    settings = {k: q[k]["model_settings"]["fast_path"] for k in ("ours", "ours_without_te")}
-    differ = sorted(p for p in settings["ours"] if settings["ours"][p] != settings["ours_without_te"].get(p))
+    both = [{**q[k]["model_settings"], **q[k]["model_settings"]["fast_path"]} for k in ("ours", "ours_without_te")]
+    differ = sorted(p for p in both[0] if p != "fast_path" and both[0][p] != both[1].get(p))
     te, chunked = q["megatron_te"], q["megatron_te_chunked_loss"]
     return (f"The chunked loss on TE's spec saves {te['peak_mem_gb'] - chunked['peak_mem_gb']:.1f} GB of peak "
-            f"memory; `auto` leaves it to the fast spec (one run, one model). With TE importable the fast spec is "
-            f"slower than with TE hidden; of the settings the two runs recorded, only "
-            f"{', '.join(f'`{p}`' for p in differ) or 'none'} differs (off where TE's clip imports), which was not "
-            "isolated as the cause.")
+            "memory (one run, one model). With TE importable the fast spec is slower than with TE hidden; of the "
+            "kernel settings the two runs recorded, "
+            + (f"only {', '.join(f'`{p}`' for p in differ)} differs, which was not isolated as the cause."
+               if differ else "none differs."))
 
 
 def te_env(d: Data) -> str:
