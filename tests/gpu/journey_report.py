@@ -33,8 +33,9 @@ def _steps(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def key_figure(name: str, log: str, folder: Path) -> dict[str, Any]:
     """What the step shows, from its own output (or its run's metrics)."""
     if name == "train":
-        steps = [s for s in _steps(_json_lines(folder / "gpt_smoke_metrics.jsonl")) if s["iteration"] <= 200]
-        starts = [r for r in _json_lines(folder / "gpt_smoke_metrics.jsonl") if r.get("event") == "train_start"]
+        metrics = _json_lines(folder / "gpt_smoke_metrics.jsonl")
+        steps = [s for s in _steps(metrics) if s["iteration"] <= 200]
+        starts = [r for r in metrics if r.get("event") == "train_start"]
         if steps:
             last, last20 = steps[-10:], steps[-20:]
             return {"final_iteration": steps[-1]["iteration"], "final_loss": steps[-1]["loss"],
