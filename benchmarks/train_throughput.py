@@ -208,7 +208,8 @@ def hf_run(model: str, compiled: bool, mbs: int, micro: int, seq: int, steps: in
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     steady = times[3:] or times
-    out = {"tokens_per_s": mbs * micro * seq / statistics.median(steady), "loss": float(loss) * micro}
+    out = {"tokens_per_s": mbs * micro * seq / statistics.median(steady), "loss": float(loss) * micro,
+           "timed_steps": len(steady)}
     if device == "cuda":
         out["peak_mem_gb"] = torch.cuda.max_memory_allocated() / 1e9
     return out

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 VERSIONS = {"torch": "2.11.0+cu130", "megatron-core": "0.18.0", "megatron-bridge": "0.5.0", "transformers": "5.8.1"}
 
@@ -52,15 +54,22 @@ def test_parts_on_different_stacks_are_reported_each_and_a_failed_step_fails_the
     assert result["stack"] == ["bridge", "fw2606"] and result["versions"] == VERSIONS  # the same versions: one
 
 
-def test_the_train_figure_names_the_layer_spec_auto_picked_and_the_last_20_mean(tmp_path):
+# train_start's model settings -> the spec's name: the fast spec runs on megatron-core's local transformer_impl
+SPECS = [({"transformer_impl": "transformer_engine", "fast_path": {"fast_spec": False}}, "transformer_engine"),
+         ({"transformer_impl": "local", "fast_path": {"fast_spec": True}}, "fast"),
+         ({"transformer_impl": "local", "fast_path": {"fast_spec": False}}, "local")]
+
+
+@pytest.mark.parametrize("model, spec", SPECS)
+def test_the_train_figure_names_the_layer_spec_auto_picked_and_the_last_20_mean(tmp_path, model, spec):
     folder = part(tmp_path / "logs_foreground", "foreground", "te",
                   [{"step": "train", "rc": 0, "wall_s": 190.0, "ok": True, "command": "kaiyuan train gpt_smoke"}], {})
-    records = [{"event": "train_start", "iteration": 0, "model": {"transformer_impl": "transformer_engine"}}]
+    records = [{"event": "train_start", "iteration": 0, "model": model}]
     records += [{"event": "step", "iteration": i, "loss": 12.0 - i / 20, "tokens_per_s_per_gpu": 1000 + i}
                 for i in range(1, 201)]
     (folder / "gpt_smoke_metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     rc, result = report(tmp_path, folder)
     train = next(s["figure"] for s in result["steps"] if s["step"] == "train")
     assert rc == 0 and result["stack"] == "te"
-    assert train["transformer_impl"] == "transformer_engine" and train["final_iteration"] == 200
+    assert train["layer_spec"] == spec and train["final_iteration"] == 200
     assert abs(train["mean_loss_last20"] - (12.0 - 190.5 / 20)) < 1e-9 and train["tokens_per_s_last10"] == 1196

@@ -39,6 +39,9 @@ from resultsdoc.topics.training_runs import (
     train_proof,
 )
 from resultsdoc.topics.transformer_engine import (
+    gpt_smoke_after,
+    gpt_smoke_caption,
+    gpt_smoke_rows,
     one_call_after,
     one_call_caption,
     one_call_rows,
@@ -49,6 +52,7 @@ from resultsdoc.topics.transformer_engine import (
     te_caption,
     te_env,
     te_export_parity,
+    te_graph_qwen3,
     te_rows,
     te_stop_resume,
     te_stop_resume_deterministic,
@@ -82,6 +86,11 @@ SECTIONS = [
         Table("2026-12-03_te_throughput_qwen3.json", one_call_caption,
               ["qwen3_1p7b", "tokens/s/GPU", "model TFLOP/s", "peak memory"], one_call_rows, after=one_call_after),
         Image("results/2026-12-03_te_throughput_qwen3.png", "the fast spec, TE's spec and the chunked loss on TE"),
+        Text("2026-12-04_te_graph_qwen3.json", te_graph_qwen3),
+        Table("2026-12-04_te_throughput_gpt_smoke.json", gpt_smoke_caption,
+              ["gpt_smoke", "tokens/s/GPU", "model TFLOP/s", "peak memory"], gpt_smoke_rows, after=gpt_smoke_after),
+        Image("results/2026-12-04_te_throughput_gpt_smoke.png", "gpt_smoke: the fast spec, TE's spec with our pieces, "
+              "transformers + torch.compile"),
         Table("2026-12-02_te_throughput_recipe_defaults.json", recipe_te_caption,
               ["qwen3_1p7b", "tokens/s/GPU", "model TFLOP/s", "peak memory"], recipe_te_rows, after=recipe_te_after),
         Image("results/2026-12-02_te_throughput_recipe_defaults.png", "the fast spec against TE's on the recipe"),
@@ -168,6 +177,8 @@ SECTIONS = [
         Table("2026-11-30_generation_graph_decoder.json", lambda d: "Generation: " + generation_caption(d),
               batch_header, generation_rows, after=generation_after),
         Table("2026-12-03_generation_warm_batch1.json", generation_warm_caption,
+              batch_header, generation_warm_rows),
+        Table("2026-12-04_generation_warm_batch32.json", generation_warm_caption,
               batch_header, generation_warm_rows),
         Text("latest:*_serve_load.json", serve_load),
         Image("results/2026-12-02_serve_load.png", "serving under load, ours and the baseline of the same run"),

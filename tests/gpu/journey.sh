@@ -79,6 +79,10 @@ expect_state() {  # expect_state RUN STATE: `kaiyuan status RUN` (printed) says 
   echo "$status" | grep -q "\"state\": \"$2\""
 }
 
+stop_server() {  # stop_server PID: SIGTERM, the process exits, and nothing answers on port 5000 any more
+  kill "$1" && wait_until 60 eval "! kill -0 $1" && ! curl -sf http://localhost:5000/health
+}
+
 not_running() { ! kaiyuan status "$1" --run-root $runs | grep -q '"state": "running"'; }
 
 reached() {  # reached RUN ITERATION: the run's metrics log has a step at or past ITERATION
@@ -125,14 +129,17 @@ foreground() {
   prepare_data & local data_prep=$!  # CPU work, beside the export and the server
   step status 0 expect_state gpt_smoke finished
   step export 0 kaiyuan export hf $runs/gpt_smoke $root/hf || return 1
-  kaiyuan serve $root/hf --port 5000 > "$logs/serve.log" 2>&1 & local server=$!
+  # the interpreter itself in the background, not the `kaiyuan` function: $! of a backgrounded function is a
+  # subshell, and killing that left the server running (holding port 5000 and GPU memory) through the rest
+  "${opt_python:-python3}" -m kaiyuan_recipes.cli.main serve $root/hf --port 5000 > "$logs/serve.log" 2>&1 &
+  local server=$!
   step serve_ready 0 wait_until 300 curl -sf http://localhost:5000/health
   # The original scripts' curl, verbatim.
   step curl_megatron 0 curl -sf 'http://localhost:5000/api' -X 'PUT' -H 'Content-Type: application/json; charset=UTF-8' \
     -d '{"prompts":["The Jargon File is", "床前明月光，"], "tokens_to_generate":50, "temperature":0.8, "top_k":0, "top_p":0.9}'
   step openai_completion 0 curl -sf http://localhost:5000/v1/completions -H 'Content-Type: application/json' \
     -d '{"model":"kaiyuan","prompt":"A hacker is","max_tokens":32,"temperature":0}'
-  kill $server; wait $server 2>/dev/null
+  step server_stopped 0 stop_server $server
   step data_ready 0 wait $data_prep
   step eval 0 kaiyuan eval heldout --model $runs/gpt_smoke --data $root/heldout/heldout_prompt_completion.jsonl \
     --out "$logs/eval" --device cuda

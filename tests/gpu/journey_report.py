@@ -30,6 +30,12 @@ def _steps(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in metrics if r.get("event") == "step"]
 
 
+def _layer_spec(model: dict[str, Any]) -> str | None:
+    """The spec's name as `kaiyuan.layer_spec` spells it: the fast spec is built on megatron-core's local
+    transformer_impl, so that field alone would call it `local`."""
+    return "fast" if (model.get("fast_path") or {}).get("fast_spec") else model.get("transformer_impl")
+
+
 def key_figure(name: str, log: str, folder: Path) -> dict[str, Any]:
     """What the step shows, from its own output (or its run's metrics)."""
     if name == "train":
@@ -42,7 +48,7 @@ def key_figure(name: str, log: str, folder: Path) -> dict[str, Any]:
                     "first_loss": steps[0]["loss"], "mean_loss_last20": sum(s["loss"] for s in last20) / len(last20),
                     "tokens_per_s_last10": round(sum(s["tokens_per_s_per_gpu"] for s in last) / len(last)),
                     # what `auto` picked: the layer spec the run trained on (metrics' train_start)
-                    "transformer_impl": (starts[0].get("model") or {}).get("transformer_impl") if starts else None}
+                    "layer_spec": _layer_spec(starts[0].get("model") or {}) if starts else None}
     if name == "phase2":
         steps = _steps(_json_lines(folder / "gpt_smoke_metrics.jsonl"))
         if steps:

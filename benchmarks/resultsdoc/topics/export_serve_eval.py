@@ -59,9 +59,12 @@ def generation_warm_caption(d: Data) -> str:
     cut = "" if d.get("complete") else (" Cut short by the session's device time after "
                                        f"{', '.join(b.replace('_', ' ') for b in d['results'])}: no larger batch, no "
                                        "fp32 check in this file.")
+    fp32 = d.get("fp32_agreement_with_hf_generate")
+    fp32 = "" if not fp32 else (f" In fp32 (no bf16 near-ties) the compiled decoder's greedy tokens equal `generate`'s "
+                                f"in {fp32['identical_rows']} of {fp32['rows']} rows × {fp32['new_tokens']} tokens.")
     return (f"Generation with every side warm (issue 30, item 3): {d['statistic']}; qwen3_1p7b with random weights, "
             f"prompt {d['prompt_tokens']}, {d['new_tokens']} new tokens, "
-            f"{'greedy' if d['greedy'] else 'sampled'}, rev {d['revision']}.{cut}")
+            f"{'greedy' if d['greedy'] else 'sampled'}, rev {d['revision']}.{cut}{fp32}")
 
 
 WARM_SIDES = {"hf_generate": "transformers `generate` (dynamic cache, eager)",

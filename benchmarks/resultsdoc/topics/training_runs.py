@@ -38,7 +38,8 @@ def _foreground(s: dict[str, Data]) -> str:
     train = s["train"]
     eval_rows = [r.split("|") for r in s["eval"].get("table", [])[2:]]
     samples = next(int(r[3]) for r in eval_rows if len(r) > 3 and r[1].strip() == "overall")
-    spec = f" on `{train['transformer_impl']}`" if train.get("transformer_impl") else ""
+    spec = train.get("layer_spec") or train.get("transformer_impl")  # transformer_impl: files before 2026-12-04
+    spec = f" on `{spec}`" if spec else ""
     last20 = f", mean of the last 20 {train['mean_loss_last20']:.2f}" if "mean_loss_last20" in train else ""
     return (f"gpt_smoke trains {train['final_iteration']} steps{spec} (loss {train['first_loss']:.2f} → "
             f"{train['final_loss']:.2f}{last20}, {n0(train['tokens_per_s_last10'])} tokens/s over the last 10), "
