@@ -209,5 +209,13 @@ def te_export_parity(d: Data) -> str:
             f"{bf16['max_abs_logit_diff']:.3g}, agreement {pct(bf16['greedy_agreement_all_positions'])} at every "
             f"position and {pct(bf16['greedy_next_token_agreement'])} for the next token. Both gaps are wider than the "
             "local spec's export (Export, serve, eval). TE computes every fp32 GEMM in TF32 (cuBLASLt's fast-TF32 "
-            "compute type, no switch), which would explain the fp32 gap; that it does, and where the bf16 gap comes "
-            "from (TE's kernels against transformers' in bf16), were not separated by runs of their own.")
+            "compute type, no switch), which would explain the fp32 gap; " + _tf32_scale(p))
+
+
+def _tf32_scale(p: dict) -> str:
+    """What the file shows of TF32's share of the fp32 gap: files from export_parity.py after 51a800e measure it."""
+    if "fp32_tf32_hf_eager" not in p:
+        return ("that it does, and where the bf16 gap comes from (TE's kernels against transformers' in bf16), were "
+                "not separated by runs of their own.")
+    return (f"with TF32 matmuls on the HF side too the max |logit difference| is "
+            f"{p['fp32_tf32_hf_eager']['max_abs_logit_diff']:.3g} (this file's `fp32_tf32_hf_eager`).")
