@@ -29,6 +29,7 @@ if [ "${env_wheels:-.whl}" != .whl ] && [ ! -d "$env_wheels" ]; then
   echo "journey.sh: --stack $stack needs $env_wheels carried with the call (make gpu-wheels-$stack)" >&2; exit 2
 fi
 source tests/gpu/env.sh
+source tests/gpu/serve_lifecycle.sh  # wait_until, start_server, stop_server
 if [ "$stack" = te ] && ! python3 -c 'import torch, transformer_engine.pytorch' 2>/dev/null; then
   echo "journey.sh: --stack te: transformer_engine.pytorch does not import from /tmp/site-te: run" \
     "tests/gpu/te_env.sh to ready first (same lease)" >&2; exit 2
@@ -69,18 +70,9 @@ step() {
   [ $ok = true ]
 }
 
-wait_until() {  # wait_until SECONDS CMD...: poll CMD every second until it succeeds (bounded)
-  local deadline=$((SECONDS + $1)); shift
-  until "$@" > /dev/null 2>&1; do [ $SECONDS -gt $deadline ] && return 1; sleep 1; done
-}
-
 expect_state() {  # expect_state RUN STATE: `kaiyuan status RUN` (printed) says STATE
   local status; status=$(kaiyuan status "$1" --run-root $runs); echo "$status"
   echo "$status" | grep -q "\"state\": \"$2\""
-}
-
-stop_server() {  # stop_server PID: SIGTERM, the process exits, and nothing answers on port 5000 any more
-  kill "$1" && wait_until 60 eval "! kill -0 $1" && ! curl -sf http://localhost:5000/health
 }
 
 not_running() { ! kaiyuan status "$1" --run-root $runs | grep -q '"state": "running"'; }
@@ -129,17 +121,14 @@ foreground() {
   prepare_data & local data_prep=$!  # CPU work, beside the export and the server
   step status 0 expect_state gpt_smoke finished
   step export 0 kaiyuan export hf $runs/gpt_smoke $root/hf || return 1
-  # the interpreter itself in the background, not the `kaiyuan` function: $! of a backgrounded function is a
-  # subshell, and killing that left the server running (holding port 5000 and GPU memory) through the rest
-  "${opt_python:-python3}" -m kaiyuan_recipes.cli.main serve $root/hf --port 5000 > "$logs/serve.log" 2>&1 &
-  local server=$!
+  start_server "$logs/serve.log" 5000 $root/hf
   step serve_ready 0 wait_until 300 curl -sf http://localhost:5000/health
   # The original scripts' curl, verbatim.
   step curl_megatron 0 curl -sf 'http://localhost:5000/api' -X 'PUT' -H 'Content-Type: application/json; charset=UTF-8' \
     -d '{"prompts":["The Jargon File is", "床前明月光，"], "tokens_to_generate":50, "temperature":0.8, "top_k":0, "top_p":0.9}'
   step openai_completion 0 curl -sf http://localhost:5000/v1/completions -H 'Content-Type: application/json' \
     -d '{"model":"kaiyuan","prompt":"A hacker is","max_tokens":32,"temperature":0}'
-  step server_stopped 0 stop_server $server
+  step server_stopped 0 stop_server $server_pid 5000
   step data_ready 0 wait $data_prep
   step eval 0 kaiyuan eval heldout --model $runs/gpt_smoke --data $root/heldout/heldout_prompt_completion.jsonl \
     --out "$logs/eval" --device cuda

@@ -1,0 +1,53 @@
+"""tests/gpu/serve_lifecycle.sh, as journey.sh uses it, against a real `kaiyuan serve` (tiny model, CPU): the server
+it starts is gone, and its port free, once stop_server returns. The control starts the server the way journey.sh
+did before (a backgrounded shell function), where stopping $! left the server running: the check must see that."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import free_port
+from test_serve import tiny_model  # noqa: F401  (fixture)
+
+ROOT = Path(__file__).resolve().parents[1]
+LIB = ROOT / "tests/gpu/serve_lifecycle.sh"
+
+# Each script ends by printing the server's pid and stop_server's exit code; the server runs on the CPU.
+THROUGH_LIB = """source {lib}
+start_server {log} {port} {model} --device cpu
+wait_until 180 port_open {port} || {{ echo "never listened"; exit 3; }}
+stop_server $server_pid {port}; rc=$?; echo "$server_pid $rc"
+"""
+THROUGH_FUNCTION = """source {lib}
+kaiyuan() {{ "$opt_python" -m kaiyuan_recipes.cli.main "$@"; }}
+kaiyuan serve {model} --device cpu --port {port} > {log} 2>&1 & pid=$!
+wait_until 180 port_open {port} || {{ echo "never listened"; exit 3; }}
+server_pid=$(cat /proc/$pid/task/$pid/children)  # the interpreter: the function subshell's child
+stop_server $pid {port}; rc=$?; echo "$server_pid $rc"
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("script, stopped", [(THROUGH_LIB, True), (THROUGH_FUNCTION, False)],
+                         ids=["start_server", "backgrounded_function_control"])
+def test_stop_server_leaves_nothing_running(tiny_model, tmp_path, script, stopped):  # noqa: F811
+    port = free_port()
+    text = script.format(lib=LIB, log=tmp_path / "serve.log", port=port, model=tiny_model)
+    env = {**os.environ, "opt_python": sys.executable}
+    done = subprocess.run(["bash", "-c", text], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stdout + done.stderr + (tmp_path / "serve.log").read_text()
+    pid, rc = (int(x) for x in done.stdout.split()[-2:])
+    try:
+        assert (rc == 0) is stopped and alive(pid) is not stopped, (tmp_path / "serve.log").read_text()[-2000:]
+    finally:
+        if alive(pid):
+            os.kill(pid, 9)
