@@ -153,3 +153,12 @@ def test_a_missing_field_names_its_file(results_copy, tmp_path):
                "--proofs-readme", str(tmp_path / "README.md"))
     assert proc.returncode != 0 and "results/2026-11-30_export_time_cpu.json" in proc.stderr
     assert "export_s" in proc.stderr and not (tmp_path / "R.md").exists()
+
+
+def test_the_te_parity_text_states_tf32s_own_shift_only_where_the_file_measured_it():
+    from resultsdoc.topics.transformer_engine import _tf32_scale
+
+    assert "not separated by runs of their own" in _tf32_scale({"fp32_hf_eager": {"max_abs_logit_diff": 0.0117}})
+    measured = _tf32_scale({"hf_fp32_vs_hf_tf32": {"max_abs_logit_diff": 0.0091},
+                            "fp32_tf32_hf_eager": {"max_abs_logit_diff": 0.0104}})
+    assert "0.0091" in measured and "0.0104" in measured and "not separated" not in measured

@@ -1,7 +1,8 @@
 """GPU proof for [export] §3: the Megatron model (read from the training run's torch_dist checkpoint)
 and the exported HF model, forward on the same 32 prompts: max |Δlogit| and greedy next-token agreement,
-in bf16 (HF SDPA and eager attention), in fp32 (the conversion itself, without bf16 kernel noise) and in fp32 with
-TF32 matmuls on both sides (the scale of TF32's rounding, which TE's fp32 GEMMs always have).
+in bf16 (HF SDPA and eager attention), in fp32 (the conversion itself, without bf16 kernel noise), in fp32 with
+TF32 matmuls on both sides, and the HF model against itself with TF32 on (TF32's own rounding on these logits, which
+TE's fp32 GEMMs always have).
 
 usage: python tests/gpu/export_parity.py CHECKPOINT HF_DIR --name gpt_smoke --out parity.json"""
 
@@ -110,6 +111,22 @@ def compare(megatron, hf, batch: list[list[int]], vocab: int) -> dict:
 HEADLINE_SETTING = "bf16_hf_sdpa"
 
 
+def tf32_shift(hf, batch: list[list[int]], vocab: int) -> dict:
+    """How far the same HF model's fp32 logits move when its matmuls run in TF32: TF32's own rounding here."""
+    max_diff = 0.0
+    with torch.no_grad():
+        for ids in batch:
+            x = torch.tensor([ids], device=next(hf.parameters()).device)
+            exact = hf(x).logits[..., :vocab].float()
+            torch.set_float32_matmul_precision("high")
+            try:
+                rounded = hf(x).logits[..., :vocab].float()
+            finally:
+                torch.set_float32_matmul_precision("highest")
+            max_diff = max(max_diff, (exact - rounded).abs().max().item())
+    return {"max_abs_logit_diff": max_diff, "prompts": len(batch)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("checkpoint", type=Path)
@@ -157,6 +174,7 @@ def main() -> None:
     torch.set_float32_matmul_precision("high")  # TF32
     results["fp32_tf32_hf_eager"] = compare(megatron, hf, batch, vocab)
     torch.set_float32_matmul_precision("highest")
+    results["hf_fp32_vs_hf_tf32"] = tf32_shift(hf, batch, vocab)  # one-sided: both sides in TF32 partly cancel
     # the headline is the setting users get: transformers' default attention (SDPA), which `kaiyuan serve` and
     # `kaiyuan eval` load too; eager attention stays in by_setting
     headline = results[HEADLINE_SETTING]
@@ -169,6 +187,7 @@ def main() -> None:
         "bf16_within_1e-2": headline["max_abs_logit_diff"] <= 1e-2,
         "max_abs_logit_diff_fp32": results["fp32_hf_eager"]["max_abs_logit_diff"],
         "max_abs_logit_diff_fp32_tf32_both_sides": results["fp32_tf32_hf_eager"]["max_abs_logit_diff"],
+        "max_abs_logit_diff_hf_fp32_vs_hf_tf32": results["hf_fp32_vs_hf_tf32"]["max_abs_logit_diff"],
         **({"max_abs_logit_diff_fp32_before_first_routing_flip":
             results["fp32_hf_eager"]["routing"]["max_abs_logit_diff_before_first_flip"]}
            if "routing" in results["fp32_hf_eager"] else {}),

@@ -37,7 +37,8 @@ fi
 # Every log goes to $logs, packed into one $OUT/journey_PART.tgz at the end (the device returns at most 8 files).
 root=/tmp/journey; runs=$root/runs; logs=$root/logs_$part; steps=$logs/journey_steps_$part.jsonl
 rm -rf "$logs"; mkdir -p "$logs"; : > "$steps"
-trap 'tar czf "$out/journey_$part.tgz" -C "$root" "logs_$part"' EXIT
+# (a server still running at exit, a timeout's during serving, is stopped: nothing outlives the journey)
+trap '[ -n "${server_pid:-}" ] && kill "$server_pid" 2>/dev/null; tar czf "$out/journey_$part.tgz" -C "$root" "logs_$part"' EXIT
 trap 'exit 143' TERM  # (a timeout's SIGTERM still packs the logs)
 python3 - "$part" "$rev" "$stack" > "$logs/journey_meta_$part.json" <<'PY'
 import json, socket, subprocess, sys
@@ -121,6 +122,7 @@ foreground() {
   prepare_data & local data_prep=$!  # CPU work, beside the export and the server
   step status 0 expect_state gpt_smoke finished
   step export 0 kaiyuan export hf $runs/gpt_smoke $root/hf || return 1
+  step port_free 0 eval "! port_open 5000"  # else serve_ready and the curls would reach a leftover server
   start_server "$logs/serve.log" 5000 $root/hf
   step serve_ready 0 wait_until 300 curl -sf http://localhost:5000/health
   # The original scripts' curl, verbatim.
