@@ -97,8 +97,9 @@ def _step_fusion(cfg: Any, knobs: Knobs) -> tuple[Piece, Piece]:
 
 
 def _chunked_loss(cfg: Any, knobs: Knobs) -> Piece:
-    """auto: with the fast spec, where it was measured; true: on any spec, since every spec has megatron-core's
-    same output layer (TE's spec measured with it: benchmarks/RESULTS.md, Transformer Engine)."""
+    """auto: with the fast spec only, as the journeys on TE's spec trained; true: on any spec, since every spec has
+    megatron-core's same output layer (TE's spec measured with it on both models: benchmarks/RESULTS.md, Transformer
+    Engine; what turning auto on for TE needs: docs/te.md)."""
     from kaiyuan_recipes.fastpath.chunked_loss import unsupported_config_reason
 
     unsupported = unsupported_config_reason(cfg.model)
