@@ -42,6 +42,8 @@ BATCH = {"qwen3_1p7b": (2, 4), "gpt_smoke": (4, 4)}
 # TE's). At 3e7174c it also set cross_entropy_fusion_impl=te: 2026-12-02_te_throughput.json's megatron_te row.
 MEGATRON_TE_FUSIONS = ("model.apply_rope_fusion=true", "model.bias_activation_fusion=true",
                        "model.cross_entropy_loss_fusion=true", "model.cross_entropy_fusion_impl=native")
+# The peer computes its logits whole, as Megatron-LM does (the recipe's `auto` puts our chunked loss on TE's spec).
+MEGATRON_TE = (*MEGATRON_TE_FUSIONS, "kaiyuan.chunked_loss=false")
 MEGATRON_IMPLS = {"ours": ("fast", ()), "megatron_local": ("local", ()),
                   "ours_eager": ("fast", ("kaiyuan.cuda_graph=false",)),
                   "ours_eager_wgrad_fusion": ("fast", ("kaiyuan.cuda_graph=false", "kaiyuan.wgrad_fusion=true")),
@@ -54,10 +56,11 @@ MEGATRON_IMPLS = {"ours": ("fast", ()), "megatron_local": ("local", ()),
                   # defaults move; bridge_te is Megatron-Bridge's defaults (RoPE and SwiGLU unfused);
                   # megatron_te_graph adds our whole-step CUDA graph, megatron_te_chunked_loss our chunked loss.
                   "recipe_te": ("transformer_engine", ()),
-                  "megatron_te": ("transformer_engine", MEGATRON_TE_FUSIONS),
+                  "megatron_te": ("transformer_engine", MEGATRON_TE),
                   "bridge_te": ("transformer_engine", ("model.apply_rope_fusion=false",
-                                                       "model.bias_activation_fusion=false")),
-                  "megatron_te_graph": ("transformer_engine", (*MEGATRON_TE_FUSIONS, "kaiyuan.cuda_graph=true")),
+                                                       "model.bias_activation_fusion=false",
+                                                       "kaiyuan.chunked_loss=false")),
+                  "megatron_te_graph": ("transformer_engine", (*MEGATRON_TE, "kaiyuan.cuda_graph=true")),
                   "megatron_te_chunked_loss": ("transformer_engine", (*MEGATRON_TE_FUSIONS,
                                                                       "kaiyuan.chunked_loss=true"))}
 # A row run as another row with Transformer Engine hidden from its process (PYTHONPATH without the folders that

@@ -33,7 +33,7 @@ def test_every_piece_has_a_decision_and_a_reason(tmp_path):
     moe = plan_of(tmp_path, "laoyao_moe_2b", "kaiyuan.layer_spec=fast")
     assert moe.on("grouped_experts") and moe.pieces["cuda_graph"].reason == "auto: MoE (per-batch expert shapes)"
     assert not plan_of(tmp_path, "gpt_smoke", "kaiyuan.layer_spec=fast", "kaiyuan.deterministic=true").on("fused_adamw")
-    # the chunked loss: auto on the fast spec only, asked for (true) on any spec, each with its reason
+    # the chunked loss: auto on the fast and TE specs, asked for (true) on any spec, each with its reason
     assert fast.pieces["chunked_loss"].reason == "auto: logits never whole"
     assert local.pieces["chunked_loss"].reason == "auto: layer_spec=local"
     for spec in ("fast", "local"):
@@ -61,6 +61,24 @@ def installed_after_build(tmp_path, *overrides) -> dict:
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_auto_puts_the_chunked_loss_on_te_s_spec_and_not_on_the_local_spec(tmp_path):
+    # TE does not import on a CPU host, so the config is the fast spec's and the decision is asked for each spec
+    import dataclasses
+
+    from kaiyuan_recipes.fastpath.decisions import _chunked_loss
+
+    cfg, run = build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=mock",
+                                          "kaiyuan.layer_spec=fast"])
+    said = {spec: _chunked_loss(cfg, dataclasses.replace(run, layer_spec=spec))
+            for spec in ("fast", "transformer_engine", "local")}
+    assert said["fast"].on and said["fast"].reason == "auto: logits never whole"
+    assert said["transformer_engine"].on and said["transformer_engine"].reason == "auto: logits never whole"
+    assert not said["local"].on and said["local"].reason == "auto: layer_spec=local"
+    cfg.model.tensor_model_parallel_size = 2  # TP stands it aside on TE's spec too
+    te_tp2 = _chunked_loss(cfg, dataclasses.replace(run, layer_spec="transformer_engine"))
+    assert not te_tp2.on and te_tp2.reason.startswith("auto: tensor parallel")
 
 
 def test_megatron_core_is_patched_only_where_the_plan_says(tmp_path):

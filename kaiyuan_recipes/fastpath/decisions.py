@@ -96,15 +96,18 @@ def _step_fusion(cfg: Any, knobs: Knobs) -> tuple[Piece, Piece]:
     return graph, wgrad
 
 
+# The specs `kaiyuan.chunked_loss=auto` puts the chunked loss on: the local spec stays upstream's reference as is.
+CHUNKED_LOSS_AUTO_SPECS = ("fast", "transformer_engine")
+
+
 def _chunked_loss(cfg: Any, knobs: Knobs) -> Piece:
-    """auto: with the fast spec only, as the journeys on TE's spec trained; true: on any spec, since every spec has
-    megatron-core's same output layer (TE's spec measured with it on both models: benchmarks/RESULTS.md, Transformer
-    Engine; what turning auto on for TE needs: docs/te.md)."""
+    """auto: on the fast spec and TE's (TE's measured with it on both models: benchmarks/RESULTS.md, Transformer
+    Engine), off on the local spec; true: on any spec, since every spec has megatron-core's same output layer."""
     from kaiyuan_recipes.fastpath.chunked_loss import unsupported_config_reason
 
     unsupported = unsupported_config_reason(cfg.model)
     if knobs.chunked_loss == AUTO:
-        return _gate((knobs.layer_spec == "fast", f"auto: layer_spec={knobs.layer_spec}"),
+        return _gate((knobs.layer_spec in CHUNKED_LOSS_AUTO_SPECS, f"auto: layer_spec={knobs.layer_spec}"),
                      (unsupported is None, f"auto: {unsupported}"),
                      reason_on="auto: logits never whole")
     return _gate((bool(knobs.chunked_loss), "kaiyuan.chunked_loss=false"), (unsupported is None, str(unsupported)),

@@ -44,7 +44,8 @@ class Knobs:
     # The fast path's pieces (fastpath/decisions.py decides each on the final config; the dry run shows why)
     chunked_loss: bool | str = knob(AUTO, "Tensor parallel 1: cross-entropy chunk by chunk from the output layer's "
                                           "input; the [tokens, vocab] logits are never materialised. auto = on for "
-                                          "the fast spec; true = on every spec (one output layer on all).", TRI_STATE)
+                                          "the fast and TE specs; true = on every spec (one output layer on all).",
+                                    TRI_STATE)
     sdpa_backend: str = knob(AUTO, "Fast spec: the SDPA kernels tried first (the rest stay as fallbacks).",
                              SDPA_BACKENDS)
     compiled_norm: bool = knob(True, "Fast spec: RMSNorm compiled (one fused kernel each way) instead of torch's.")
