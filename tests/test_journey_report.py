@@ -55,9 +55,10 @@ def test_parts_on_different_stacks_are_reported_each_and_a_failed_step_fails_the
 
 
 # train_start's model settings -> the spec's name: the fast spec runs on megatron-core's local transformer_impl
-SPECS = [({"transformer_impl": "transformer_engine", "fast_path": {"fast_spec": False}}, "transformer_engine"),
-         ({"transformer_impl": "local", "fast_path": {"fast_spec": True}}, "fast"),
-         ({"transformer_impl": "local", "fast_path": {"fast_spec": False}}, "local")]
+SPECS = [({"transformer_impl": "transformer_engine", "fast_path": {"fast_spec": False, "chunked_loss": True}},
+          "transformer_engine"),
+         ({"transformer_impl": "local", "fast_path": {"fast_spec": True, "chunked_loss": True}}, "fast"),
+         ({"transformer_impl": "local", "fast_path": {"fast_spec": False, "chunked_loss": False}}, "local")]
 
 
 @pytest.mark.parametrize("model, spec", SPECS)
@@ -72,4 +73,5 @@ def test_the_train_figure_names_the_layer_spec_auto_picked_and_the_last_20_mean(
     train = next(s["figure"] for s in result["steps"] if s["step"] == "train")
     assert rc == 0 and result["stack"] == "te"
     assert train["layer_spec"] == spec and train["final_iteration"] == 200
+    assert train["chunked_loss"] is model["fast_path"]["chunked_loss"]  # the loss it trained with, as recorded
     assert abs(train["mean_loss_last20"] - (12.0 - 190.5 / 20)) < 1e-9 and train["tokens_per_s_last10"] == 1196

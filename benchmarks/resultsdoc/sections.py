@@ -45,6 +45,9 @@ from resultsdoc.topics.transformer_engine import (
     one_call_after,
     one_call_caption,
     one_call_rows,
+    qwen3_hf_after,
+    qwen3_hf_caption,
+    qwen3_hf_rows,
     recipe_te_after,
     recipe_te_caption,
     recipe_te_rows,
@@ -60,10 +63,11 @@ from resultsdoc.topics.transformer_engine import (
 
 INTRO = """The current figures, each from the result file under `benchmarks/results/` it names (with that file's
 revision, host, date and command). Results that newer runs replaced are in
-[`results/archive/`](results/archive/README.md). How each is produced: [`tests/gpu/README.md`](../tests/gpu/README.md)
-and the scripts in this folder; which revision each GPU proof last ran at is tabled there. The GPU host: 1 or 2 ×
-H200, bf16, no Transformer Engine except in the section of that name. Peak memory carries its unit: GB (10⁹ bytes)
-in files from rev 46ff3c1 on, GiB (2³⁰ bytes) before it (kaiyuan's metrics divided by 2³⁰ until then)."""
+[`results/archive/`](results/archive/README.md). How each is produced:
+[`tests/gpu/README.md`](../tests/gpu/README.md) and the scripts in this folder; which revision each GPU
+proof last ran at is tabled there. The GPU host: 1 or 2 × H200 (an H100 where a file's host says so), bf16,
+no Transformer Engine except in the section of that name. Peak memory carries its unit: GB (10⁹ bytes) in
+files from rev 46ff3c1 on, GiB (2³⁰ bytes) before it (kaiyuan's metrics divided by 2³⁰ until then)."""
 
 SECTIONS = [
     Section("The user journey", [
@@ -83,6 +87,10 @@ SECTIONS = [
     ]),
     Section("Transformer Engine", [
         Text("2026-12-02_te_env.json", te_env),
+        Table("2026-12-05_te_throughput_qwen3_hf.json", qwen3_hf_caption,
+              ["qwen3_1p7b", "tokens/s/GPU", "model TFLOP/s", "peak memory"], qwen3_hf_rows, after=qwen3_hf_after),
+        Image("results/2026-12-05_te_throughput_qwen3_hf.png", "qwen3_1p7b: the fast spec, TE's spec (Megatron-LM's "
+              "settings and the recipe's), transformers + torch.compile"),
         Table("2026-12-03_te_throughput_qwen3.json", one_call_caption,
               ["qwen3_1p7b", "tokens/s/GPU", "model TFLOP/s", "peak memory"], one_call_rows, after=one_call_after),
         Image("results/2026-12-03_te_throughput_qwen3.png", "the fast spec, TE's spec and the chunked loss on TE"),
@@ -100,7 +108,7 @@ SECTIONS = [
         Text("2026-12-02_te_stop_resume_deterministic.json", te_stop_resume_deterministic),
         Image("results/2026-12-02_te_stop_resume_deterministic.png", "exact stop and resume on TE's spec"),
         Text("2026-12-02_te_stop_resume.json", te_stop_resume),
-        Text("2026-12-02_te_proof.json", te_export_parity),
+        Text("2026-12-05_te_proof.json", te_export_parity),
     ]),
     Section("What each fast-path piece adds", [
         Text(None, "Each an A/B inside one process (`benchmarks/train_throughput.py`); peak memory in GiB (files "

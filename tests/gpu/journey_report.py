@@ -30,10 +30,14 @@ def _steps(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in metrics if r.get("event") == "step"]
 
 
+def _fast_path(model: dict[str, Any]) -> dict[str, Any]:
+    return model.get("fast_path") or {}
+
+
 def _layer_spec(model: dict[str, Any]) -> str | None:
     """The spec's name as `kaiyuan.layer_spec` spells it: the fast spec is built on megatron-core's local
     transformer_impl, so that field alone would call it `local`."""
-    return "fast" if (model.get("fast_path") or {}).get("fast_spec") else model.get("transformer_impl")
+    return "fast" if _fast_path(model).get("fast_spec") else model.get("transformer_impl")
 
 
 def key_figure(name: str, log: str, folder: Path) -> dict[str, Any]:
@@ -47,8 +51,9 @@ def key_figure(name: str, log: str, folder: Path) -> dict[str, Any]:
             return {"final_iteration": steps[-1]["iteration"], "final_loss": steps[-1]["loss"],
                     "first_loss": steps[0]["loss"], "mean_loss_last20": sum(s["loss"] for s in last20) / len(last20),
                     "tokens_per_s_last10": round(sum(s["tokens_per_s_per_gpu"] for s in last) / len(last)),
-                    # what `auto` picked: the layer spec the run trained on (metrics' train_start)
-                    "layer_spec": _layer_spec(starts[0].get("model") or {}) if starts else None}
+                    # what `auto` picked: the layer spec the run trained on and its loss (metrics' train_start)
+                    "layer_spec": _layer_spec(starts[0].get("model") or {}) if starts else None,
+                    "chunked_loss": _fast_path(starts[0].get("model") or {}).get("chunked_loss") if starts else None}
     if name == "phase2":
         steps = _steps(_json_lines(folder / "gpt_smoke_metrics.jsonl"))
         if steps:
