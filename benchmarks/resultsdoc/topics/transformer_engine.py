@@ -83,7 +83,7 @@ def recipe_te_after(d: Data) -> str:
 
 ONE_CALL_ROWS = (("ours", "fast spec, recipe defaults, TE importable (as in an NGC container)"),
                  ("ours_without_te", "the same with TE hidden from its process (as on a TE-less host)"),
-                 ("megatron_te", "TE spec on the recipe's TE defaults (= Megatron-LM's)"),
+                 ("megatron_te", "TE spec, Megatron-LM's settings (the recipe's TE defaults before 4dc1ccc)"),
                  ("megatron_te_chunked_loss", "the same + our chunked loss (`kaiyuan.chunked_loss=true`)"),
                  ("megatron_local_without_te", "Megatron's local spec, TE hidden"))
 ONE_CALL_RATIOS = (("ours", "megatron_te", "fast spec ÷ TE spec, both with TE importable"),
@@ -128,7 +128,7 @@ def one_call_after(d: Data) -> str:
 
 
 GPT_SMOKE_ROWS = (("ours", "fast spec, recipe defaults, TE importable (as in an NGC container)"),
-                  ("megatron_te", "TE spec on the recipe's TE defaults (= Megatron-LM's)"),
+                  ("megatron_te", "TE spec, Megatron-LM's settings (the recipe's TE defaults before 4dc1ccc)"),
                   ("megatron_te_chunked_loss", "the same + our chunked loss (`kaiyuan.chunked_loss=true`)"),
                   ("megatron_te_graph", "the same + our whole-step CUDA graph (`kaiyuan.cuda_graph=true`)"),
                   ("hf_compile", "transformers + torch.compile (SDPA, fused AdamW)"))
@@ -180,12 +180,17 @@ def qwen3_hf_rows(d: Data) -> list[list[str]]:
     return _one_call_table(d["results"]["qwen3_1p7b"], QWEN3_HF_ROWS, QWEN3_HF_RATIOS)
 
 
+def _loss_split(a: list[float], b: list[float]) -> tuple[int, float]:
+    """The step (0-based) where two loss curves differ most, and how far apart they are at every other step."""
+    diffs = [abs(x - y) for x, y in zip(a, b)]
+    worst = max(range(len(diffs)), key=diffs.__getitem__)
+    return worst, max(x for i, x in enumerate(diffs) if i != worst)
+
+
 def qwen3_hf_after(d: Data) -> str:
     q = d["results"]["qwen3_1p7b"]
     te, recipe = q["megatron_te"], q["recipe_te"]
-    diffs = [abs(a - b) for a, b in zip(te["losses"], recipe["losses"])]
-    worst = max(range(len(diffs)), key=diffs.__getitem__)
-    rest = max(x for i, x in enumerate(diffs) if i != worst)
+    worst, rest = _loss_split(te["losses"], recipe["losses"])
     return (f"The chunked loss, on through `auto` on TE's spec from this revision, saves "
             f"{te['peak_mem_gb'] - recipe['peak_mem_gb']:.1f} GB of peak memory here; its losses are within "
             f"{rest:.4f} of the whole-logits row's except at step {worst + 1} ({te['losses'][worst]:.3f} against "
@@ -196,9 +201,7 @@ def qwen3_hf_after(d: Data) -> str:
 def te_graph_qwen3(d: Data) -> str:
     q = d["results"]["qwen3_1p7b"]
     te, graph = q["megatron_te"], q["megatron_te_graph"]
-    diffs = [abs(a - b) for a, b in zip(te["losses"], graph["losses"])]
-    worst = max(range(len(diffs)), key=diffs.__getitem__)
-    rest = max(d for i, d in enumerate(diffs) if i != worst)
+    worst, rest = _loss_split(te["losses"], graph["losses"])
     return (f"Our whole-step CUDA graph on TE's spec, qwen3_1p7b (rev {d['revision']}, one call, TE importable, "
             f"{te['timed_steps']} and {graph['timed_steps']} timed steps): {n0(te['tokens_per_s'])} → "
             f"{n0(graph['tokens_per_s'])} tokens/s ({gain(graph['tokens_per_s'], te['tokens_per_s'])}), peak "
