@@ -54,7 +54,8 @@ MEGATRON_IMPLS = {"ours": ("fast", ()), "megatron_local": ("local", ()),
                   # Transformer Engine (a TE host): recipe_te is what `auto` trains there; megatron_te is TE's spec
                   # with Megatron-LM's fusions beside it, stated here so the peer stays fixed when the recipe's
                   # defaults move; bridge_te is Megatron-Bridge's defaults (RoPE and SwiGLU unfused);
-                  # megatron_te_graph adds our whole-step CUDA graph, megatron_te_chunked_loss our chunked loss.
+                  # megatron_te_graph adds our whole-step CUDA graph, megatron_te_chunked_loss our chunked loss
+                  # (since 4dc1ccc the same settings as recipe_te, kept so earlier files' rows keep their name).
                   "recipe_te": ("transformer_engine", ()),
                   "megatron_te": ("transformer_engine", MEGATRON_TE),
                   "bridge_te": ("transformer_engine", ("model.apply_rope_fusion=false",

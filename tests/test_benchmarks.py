@@ -247,6 +247,32 @@ def test_every_throughput_variant_is_a_config_upstream_accepts(tmp_path):
         resolve_with_upstream(cfg, world_size=1)
 
 
+# The TE rows' loss: the peers (Megatron-LM's, Bridge's settings) keep whole logits whatever the recipe's auto does
+TE_ROWS_CHUNKED = {"recipe_te": True, "megatron_te": False, "bridge_te": False, "megatron_te_graph": False,
+                   "megatron_te_chunked_loss": True}
+
+
+def test_the_te_peers_keep_whole_logits_and_the_recipe_row_trains_what_auto_does(tmp_path):
+    """The chunked-loss decision each TE row's overrides give on TE's spec (fastpath/decisions.py, asked with the
+    layer spec set to TE: TE does not import here)."""
+    import dataclasses
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from train_throughput import MEGATRON_IMPLS
+
+    from kaiyuan_recipes.fastpath.decisions import _chunked_loss
+    from kaiyuan_recipes.training.config import build_config
+
+    te_rows = {impl: extra for impl, (spec, extra) in MEGATRON_IMPLS.items() if spec == "transformer_engine"}
+    assert set(te_rows) == set(TE_ROWS_CHUNKED)
+    for impl, extra in te_rows.items():
+        knobs = [o for o in extra if o.startswith("kaiyuan.")]
+        cfg, run = build_config("qwen3_1p7b", [f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=mock",
+                                               "kaiyuan.layer_spec=fast", *knobs])
+        piece = _chunked_loss(cfg, dataclasses.replace(run, layer_spec="transformer_engine"))
+        assert piece.on is TE_ROWS_CHUNKED[impl], (impl, piece.reason)
+
+
 def test_row_settings_are_what_each_rows_overrides_change(tmp_path, monkeypatch):
     """benchmarks/row_settings.py builds each row's config as train_throughput's command states it: `ours` and
     `ours_eager` differ in the whole-step graph (and the weight-gradient fusion auto ties to it) and nothing else;

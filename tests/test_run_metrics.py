@@ -73,4 +73,4 @@ def test_train_start_records_the_kernel_settings_the_run_trains_with(tmp_path):
     assert set(start["model"]) == {*metrics.KERNEL_FIELDS, "fast_path", "sdpa_backend"}
     assert start["model"]["attention_backend"] == "AttnBackend.auto"  # an enum, written as text
     assert start["model"]["fast_path"] == {name: piece.on for name, piece in run.fastpath.pieces.items()}
-    assert start["model"]["fast_path"]["chunked_loss"] is False  # off the fast spec
+    assert start["model"]["fast_path"]["chunked_loss"] is False  # auto leaves it off the local spec

@@ -43,7 +43,7 @@ def te_after(d: Data) -> str:
     return (f"In that run the whole-step graph added {gain(graph, te)} on top of TE, and the three fusions "
             f"{gain(te, bridge)} over Bridge's defaults. One of the three, TE's cross-entropy, is a setting "
             "Megatron-LM refuses for stability; the recipe keeps Megatron's native fused one. The run "
-            "above measures the recipe's TE defaults as they are now. The gpt_smoke rows and the local spec's row are "
+            "above measures the recipe's TE defaults as they were until 4dc1ccc. The gpt_smoke rows and the local spec's row are "
             "missing here: the call's own time box ended during them (the file's notes).")
 
 
@@ -57,18 +57,19 @@ def _same_as_recipe(d: Data) -> bool:
 
 def recipe_te_rows(d: Data) -> list[list[str]]:
     q = d["results"]["qwen3_1p7b"]
-    te_label = ("TE spec, the recipe's defaults = Megatron-LM's: fused RoPE and SwiGLU, fused native cross-entropy"
-                if _same_as_recipe(d) else "megatron_te")
+    te_label = (f"TE spec, the recipe's defaults at {d['revision']} = Megatron-LM's: fused RoPE and SwiGLU, fused "
+                "native cross-entropy" if _same_as_recipe(d) else "megatron_te")
     rows = [_row(q["ours"], "fast spec, recipe defaults"), _row(q["megatron_te"], te_label)]
-    rows.append(["**fast spec ÷ TE spec on the recipe's defaults**", f"**{ratio(q['ours_vs_megatron_te'])}**", "",
+    rows.append([f"**fast spec ÷ TE spec on the recipe's defaults at {d['revision']}**", f"**{ratio(q['ours_vs_megatron_te'])}**", "",
                  ""])
     return rows
 
 
 def recipe_te_after(d: Data) -> str:
     q = d["results"]["qwen3_1p7b"]
-    same = ("`benchmarks/row_settings.py` found recipe_te (what `auto` trains where TE imports) and megatron_te "
-            "building the same kernel settings on both models, so one row stands for both; each row's "
+    same = (f"At {d['revision']} `benchmarks/row_settings.py` found recipe_te (what `auto` trained where TE imports) "
+            "and megatron_te building the same kernel settings on both models (until 4dc1ccc put the chunked loss "
+            "on TE's spec), so one row stands for both; each row's "
             "`model_settings` is what its run recorded at train start. " if _same_as_recipe(d) else "")
     hf = q.get("hf_compile", {})
     hf_text = (f"transformers + torch.compile: {hf['error']} (no HF figure in this process). " if "error" in hf
@@ -121,7 +122,7 @@ def one_call_after(d: Data) -> str:
     differ = sorted(p for p in both[0] if p != "fast_path" and both[0][p] != both[1].get(p))
     te, chunked = q["megatron_te"], q["megatron_te_chunked_loss"]
     return (f"The chunked loss on TE's spec saves {te['peak_mem_gb'] - chunked['peak_mem_gb']:.1f} GB of peak "
-            "memory (one run, one model). With TE importable the fast spec is slower than with TE hidden; of the "
+            "memory here. With TE importable the fast spec is slower than with TE hidden; of the "
             "kernel settings the two runs recorded, "
             + (f"only {', '.join(f'`{p}`' for p in differ)} differs, which was not isolated as the cause."
                if differ else "none differs."))
