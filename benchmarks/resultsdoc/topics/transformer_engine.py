@@ -43,8 +43,8 @@ def te_after(d: Data) -> str:
     return (f"In that run the whole-step graph added {gain(graph, te)} on top of TE, and the three fusions "
             f"{gain(te, bridge)} over Bridge's defaults. One of the three, TE's cross-entropy, is a setting "
             "Megatron-LM refuses for stability; the recipe keeps Megatron's native fused one. The run "
-            "above measures the recipe's TE defaults as they were until 4dc1ccc. The gpt_smoke rows and the local spec's row are "
-            "missing here: the call's own time box ended during them (the file's notes).")
+            "above measures the recipe's TE defaults as they were until 4dc1ccc. The gpt_smoke rows and the local "
+            "spec's row are missing here: the call's own time box ended during them (the file's notes).")
 
 
 def recipe_te_caption(d: Data) -> str:
@@ -60,8 +60,8 @@ def recipe_te_rows(d: Data) -> list[list[str]]:
     te_label = (f"TE spec, the recipe's defaults at {d['revision']} = Megatron-LM's: fused RoPE and SwiGLU, fused "
                 "native cross-entropy" if _same_as_recipe(d) else "megatron_te")
     rows = [_row(q["ours"], "fast spec, recipe defaults"), _row(q["megatron_te"], te_label)]
-    rows.append([f"**fast spec ÷ TE spec on the recipe's defaults at {d['revision']}**", f"**{ratio(q['ours_vs_megatron_te'])}**", "",
-                 ""])
+    rows.append([f"**fast spec ÷ TE spec on the recipe's defaults at {d['revision']}**",
+                 f"**{ratio(q['ours_vs_megatron_te'])}**", "", ""])
     return rows
 
 
