@@ -62,6 +62,26 @@ def test_only_fast_path_runs_that_need_not_be_deterministic_use_it(tmp_path):
     assert not run("kaiyuan.layer_spec=fast", "kaiyuan.fused_adamw=false")  # the A/B knob
 
 
+def test_it_is_off_where_megatron_core_steps_te_or_apex_fused_adam(tmp_path, monkeypatch):
+    # With TE or Apex importable megatron-core binds optimizer.Adam to their FusedAdam at import, which the
+    # callback cannot switch: the plan says so instead of claiming one kernel.
+    from megatron.core import optimizer
+
+    from kaiyuan_recipes.training.config import build_config
+
+    def piece():
+        return build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", "kaiyuan.layer_spec=fast"])[1] \
+            .fastpath.pieces["fused_adamw"]
+
+    assert optimizer.Adam is torch.optim.AdamW and piece().on  # this host: no TE, no Apex
+
+    class FusedAdam(torch.optim.Optimizer):  # TE's and Apex's derive from torch.optim.Optimizer, not Adam
+        pass
+
+    monkeypatch.setattr(optimizer, "Adam", FusedAdam)
+    assert piece() == type(piece())(False, "TE/Apex FusedAdam")
+
+
 def test_megatron_fsdp_dtensor_params_are_left_alone(megatron_parallel):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor

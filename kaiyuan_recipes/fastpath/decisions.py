@@ -71,6 +71,16 @@ def upstream_clip_is_per_parameter() -> bool:
     return clip_grads.l2_norm_impl in (utils.local_multi_tensor_l2_norm, _foreach_l2_norm)
 
 
+def upstream_adam_is_torch() -> bool:
+    """megatron-core steps torch's Adam/AdamW only where neither TE nor Apex imports (their FusedAdam otherwise),
+    and only torch's can be switched to its fused kernel."""
+    from megatron.core import optimizer
+
+    from kaiyuan_recipes.fastpath.fused_adamw import FUSABLE
+
+    return issubclass(optimizer.Adam, FUSABLE)
+
+
 def _step_fusion(cfg: Any, knobs: Knobs) -> tuple[Piece, Piece]:
     """cuda_graph / wgrad_fusion. auto turns both on together where graph_ineligible_reason finds nothing: the fused
     weight-gradient GEMMs paid off only in a replayed graph (benchmarks/RESULTS.md, step fusion)."""
@@ -129,7 +139,8 @@ def plan(cfg: Any, knobs: Knobs) -> FastPathPlan:
         "grouped_experts": _gate(fast, (moe, "dense model"), reason_on="grouped GEMMs"),
         "chunked_loss": _chunked_loss(cfg, knobs),
         "fused_adamw": _gate(fast, (knobs.fused_adamw, "kaiyuan.fused_adamw=false"),
-                             (not knobs.deterministic, "deterministic"), reason_on="one kernel"),
+                             (not knobs.deterministic, "deterministic"),
+                             (upstream_adam_is_torch(), "TE/Apex FusedAdam"), reason_on="one kernel"),
         "foreach_grad_clip": _gate((knobs.foreach_grad_clip, "kaiyuan.foreach_grad_clip=false"),
                                    (upstream_clip_is_per_parameter(), "Apex/TE clip"), reason_on="no Apex/TE"),
         "cuda_graph": graph,

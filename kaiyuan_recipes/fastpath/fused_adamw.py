@@ -19,7 +19,7 @@ compat.apply()
 from megatron.bridge.training.callbacks import Callback  # noqa: E402
 
 log = logging.getLogger(__name__)
-_FUSABLE = (torch.optim.Adam, torch.optim.AdamW)
+FUSABLE = (torch.optim.Adam, torch.optim.AdamW)
 
 
 def inner_optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
@@ -35,7 +35,7 @@ def fuse_adamw(optimizer: Any) -> int:
     devices = set(_get_fused_kernels_supported_devices())
     switched = 0
     for inner in inner_optimizers(optimizer):
-        if type(inner) not in _FUSABLE:
+        if type(inner) not in FUSABLE:
             continue
         for group in inner.param_groups:
             params = group["params"]
