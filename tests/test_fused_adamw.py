@@ -67,19 +67,23 @@ def test_it_is_off_where_megatron_core_steps_te_or_apex_fused_adam(tmp_path, mon
     # callback cannot switch: the plan says so instead of claiming one kernel.
     from megatron.core import optimizer
 
+    from kaiyuan_recipes.fastpath.decisions import Piece
     from kaiyuan_recipes.training.config import build_config
 
-    def piece():
-        return build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", "kaiyuan.layer_spec=fast"])[1] \
+    def piece(*overrides):
+        return build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", "kaiyuan.layer_spec=fast", *overrides])[1] \
             .fastpath.pieces["fused_adamw"]
 
     assert optimizer.Adam is torch.optim.AdamW and piece().on  # this host: no TE, no Apex
+    # nor where upstream builds no torch Adam on the GPU: another optimizer, or its CPU-offload hybrid
+    assert piece("optimizer.optimizer=sgd") == Piece(False, "optimizer=sgd")
+    assert piece("optimizer.optimizer_cpu_offload=true") == Piece(False, "optimizer CPU offload")
 
     class FusedAdam(torch.optim.Optimizer):  # TE's and Apex's derive from torch.optim.Optimizer, not Adam
         pass
 
     monkeypatch.setattr(optimizer, "Adam", FusedAdam)
-    assert piece() == type(piece())(False, "TE/Apex FusedAdam")
+    assert piece() == Piece(False, "TE/Apex FusedAdam")
 
 
 def test_megatron_fsdp_dtensor_params_are_left_alone(megatron_parallel):

@@ -140,6 +140,8 @@ def plan(cfg: Any, knobs: Knobs) -> FastPathPlan:
         "chunked_loss": _chunked_loss(cfg, knobs),
         "fused_adamw": _gate(fast, (knobs.fused_adamw, "kaiyuan.fused_adamw=false"),
                              (not knobs.deterministic, "deterministic"),
+                             (cfg.optimizer.optimizer == "adam", f"optimizer={cfg.optimizer.optimizer}"),
+                             (not getattr(cfg.optimizer, "optimizer_cpu_offload", False), "optimizer CPU offload"),
                              (upstream_adam_is_torch(), "TE/Apex FusedAdam"), reason_on="one kernel"),
         "foreach_grad_clip": _gate((knobs.foreach_grad_clip, "kaiyuan.foreach_grad_clip=false"),
                                    (upstream_clip_is_per_parameter(), "Apex/TE clip"), reason_on="no Apex/TE"),

@@ -51,8 +51,8 @@ class Knobs:
     compiled_norm: bool = knob(True, "Fast spec: RMSNorm compiled (one fused kernel each way) instead of torch's.")
     swiglu_backward: bool = knob(True, "Fast spec: SwiGLU's backward as one Triton kernel (CUDA hosts with Triton).")
     fused_adamw: bool = knob(True, "Fast spec: torch's fused AdamW step (one kernel) instead of the foreach one; "
-                                   "off under deterministic and where TE/Apex imports "
-                                   "(megatron-core steps their FusedAdam).")
+                                   "off under deterministic, for another optimizer or CPU offload, "
+                                   "and where TE/Apex imports (megatron-core steps their FusedAdam).")
     foreach_grad_clip: bool = knob(True, "Without Apex/TE: gradient norm and clipping through torch's foreach "
                                          "kernels instead of one host sync per parameter.")
     cuda_graph: bool | str = knob(AUTO, "Each step captured once as a CUDA graph and replayed. auto = on for the "
