@@ -55,6 +55,11 @@ def loglikelihoods(result: dict, task: str) -> list[float]:
     return [float(v) for v in values if isinstance(v, (int, float))]
 
 
+def generated_texts(result: dict, task: str) -> list[str]:
+    return [r for s in sorted(result["samples"][task], key=lambda s: s["doc_id"]) for r in s["filtered_resps"]
+            if isinstance(r, str)]
+
+
 def compare(hf: dict, served: dict, tolerance: float) -> dict:
     tasks = {}
     for task in hf["results"]:
@@ -64,6 +69,7 @@ def compare(hf: dict, served: dict, tolerance: float) -> dict:
                    if isinstance(v, (int, float)) and "stderr" not in k}
         tasks[task] = {"requests": len(theirs), "worst_abs_diff": worst, "within_tolerance": worst <= tolerance,
                        "metrics_served_vs_hf": metrics,
+                       "generated_texts_equal": generated_texts(served, task) == generated_texts(hf, task),
                        "metrics_equal": all(a == b for a, b in metrics.values()) and len(ours) == len(theirs)}
     return tasks
 
@@ -100,7 +106,8 @@ def main() -> int:
               "wall_s": round(time.time() - started, 1), "tasks": tasks}
     args.out.write_text(json.dumps(record, indent=1))
     print(json.dumps(record))
-    return 0 if all(t["within_tolerance"] and t["metrics_equal"] for t in tasks.values()) else 1
+    checks = ("within_tolerance", "metrics_equal", "generated_texts_equal")
+    return 0 if all(t[c] for t in tasks.values() for c in checks) else 1
 
 
 if __name__ == "__main__":
