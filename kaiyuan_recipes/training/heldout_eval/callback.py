@@ -72,7 +72,8 @@ def evaluating(model: list[Any], optimizer: Any, cfg: Any) -> Iterator[None]:
         if hooked:
             disable_forward_pre_hook(hooked, optimizer=optimizer)  # with a synchronous parameter all-gather
         else:  # the first iteration: Bridge turns the hooks on after it, and nothing has gathered the update yet
-            force_param_sync(model, optimizer)
+            force_param_sync([chunk for chunk in model if hasattr(chunk, "remove_forward_pre_hook_handles")],
+                             optimizer)
     for chunk in model:
         chunk.eval()
     try:
