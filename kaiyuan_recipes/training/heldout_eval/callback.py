@@ -162,8 +162,10 @@ class HeldoutEvalCallback(Callback):
         if state.comet_logger is not None:
             state.comet_logger.log_metrics(figures, step=iteration)
         self.layout.heldout_eval.mkdir(parents=True, exist_ok=True)
+        # the shape of `kaiyuan eval heldout`'s results.json, with this run as the one model
+        results = {OVERALL: record["overall"], **record["dimensions"]}
         write_text_atomic(self.layout.heldout_eval / f"iter_{iteration:07d}.json", json.dumps(
-            {"iteration": iteration, "results": {"in_training": {OVERALL: record["overall"], **record["dimensions"]}},
+            {"iteration": iteration, "max_length": self.max_length, "results": {"in_training": results},
              "samples": {"in_training": rows}}, indent=1))
         self.layout.state.mkdir(parents=True, exist_ok=True)
         with open(self.layout.state / METRICS_FILE, "a", encoding="utf-8") as fh:
