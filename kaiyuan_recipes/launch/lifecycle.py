@@ -188,6 +188,8 @@ class LocalRun(Run):
                        tokens_per_s_per_gpu=sum(r["tokens_per_s_per_gpu"] for r in recent) / len(recent),
                        train_iters=total,
                        eta_s=(total - last["iteration"]) * step_time if total and state == "running" else None)
+        if evals := [r for r in read_metrics(layout.state) if r.get("event") == "heldout_eval"]:  # kaiyuan.heldout_eval
+            out["heldout_eval"] = {"iteration": evals[-1]["iteration"], **evals[-1]["overall"]}
         return out
 
     def logs(self, follow: bool = False, out: TextIO | None = None, poll: float = 0.5,
