@@ -34,8 +34,9 @@ class PerNodeLogs(SlurmJobDetails):
     node's index in the job) as RunLayout.node_log names it, appended across requeues (open_mode)."""
 
     @property
-    def srun_stdout(self) -> Path:
-        return RunLayout(Path(self.folder).parent).node_log("%n")
+    def srun_stdout(self) -> str:  # type: ignore[override]
+        # NeMo-Run puts this path on the srun line as written (its own holds a shell expansion): quoted here.
+        return shlex.quote(str(RunLayout(Path(self.folder).parent).node_log("%n")))
 
 
 def make_tunnel(spec: SlurmSpec, job_dir: str) -> Any:
