@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Transformer Engine path on the GPU host ([te] item 2), once tests/gpu/te_env.sh has said "ready" in this lease
+# The Transformer Engine path on the GPU host ([te] item 2), once lab/te_env.sh has said "ready" in this lease
 # (TE in /tmp/site-te; the project's wheels in .whl or already in /tmp/site). From the repo root:
 #   bash tests/gpu/te_proof.sh [--parts "dry-run stop-resume export"]
 # dry-run:     `kaiyuan train gpt_smoke --dry-run` and `kaiyuan doctor` on the defaults: `auto` picks TE's spec, and
@@ -11,11 +11,11 @@
 set -euo pipefail
 source tests/gpu/flags.sh
 flag parts "dry-run stop-resume export" "which parts, in order"
-flag te-site /tmp/site-te "where te_env.sh installed TE"
+flag te-site /tmp/site-te "where lab/te_env.sh installed TE"
 flag export-run /tmp/stop_resume/reference "the run the export part exports (/tmp/te_run/gpt_smoke: the train part's)"
 parse_flags "$@"
 if [ ! -e "$opt_te_site/.te-ready" ]; then
-  echo "te_proof: no built TE in $opt_te_site (.te-ready missing): run tests/gpu/te_env.sh first, in this lease" >&2
+  echo "te_proof: no built TE in $opt_te_site (.te-ready missing): run lab/te_env.sh first, in this lease" >&2
   exit 4
 fi
 export PYTHONPATH="$opt_te_site${PYTHONPATH:+:$PYTHONPATH}"
