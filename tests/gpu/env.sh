@@ -1,5 +1,5 @@
 # Sourced by the GPU scripts (run from the repo root through the device tool) after tests/gpu/flags.sh: results go
-# to $out (--out; default $OUT); a wheel set carried with the call (default .whl: `make gpu-wheels`) is installed
+# to $out (--out; default $OUT); a wheel set carried with the call (default .whl: `make -C lab gpu-wheels`) is installed
 # once into its site folder (default /tmp/site), reinstalled when the carried set differs from the installed one;
 # the package runs from the source tree. A script picks another set by setting env_wheels / env_site first (e.g.
 # journey.sh --stack fw2606: .whl-fw2606 into /tmp/site-fw2606; names of env.sh's own, so that a script's flags of

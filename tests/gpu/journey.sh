@@ -8,14 +8,14 @@
 #   tar xzf journey_PART.tgz; python3 tests/gpu/journey_report.py logs_foreground logs_detached \
 #       --out benchmarks/results/DATE_journey.json                                        (on the CPU host)
 # --rev REV records the git revision the tree was at (the device has no .git). --stack fw2606: the same journey on
-# NeMo Framework 26.06's Megatron side (carry .whl-fw2606, `make gpu-wheels-fw2606`, instead of .whl). --stack te:
-# the Bridge set with Transformer Engine importable (/tmp/site-te, built by tests/gpu/te_env.sh in this lease), so
+# NeMo Framework 26.06's Megatron side (carry .whl-fw2606, `make -C lab gpu-wheels-fw2606`, instead of .whl). --stack te:
+# the Bridge set with Transformer Engine importable (/tmp/site-te, built by lab/te_env.sh in this lease), so
 # the defaults' `auto` trains on TE's spec, as in an NGC container.
 set -uo pipefail
 source tests/gpu/flags.sh
 flag part all "foreground, detached, or all (both, one after the other)"
 flag rev unknown "the git revision the tree was at, recorded in the results"
-flag stack bridge "bridge (.whl, make gpu-wheels), fw2606 (.whl-fw2606, make gpu-wheels-fw2606) or te (.whl + TE)"
+flag stack bridge "bridge (.whl, make -C lab gpu-wheels), fw2606 (.whl-fw2606, make -C lab gpu-wheels-fw2606) or te (.whl + TE)"
 parse_flags "$@"
 part=$opt_part rev=$opt_rev stack=$opt_stack
 case $part in foreground|detached|all) ;; *) echo "journey.sh: --part foreground|detached|all, not '$part'" >&2; exit 2 ;; esac
@@ -26,13 +26,13 @@ case $stack in
   *) echo "journey.sh: --stack bridge|fw2606|te, not '$stack'" >&2; exit 2 ;;
 esac
 if [ "${env_wheels:-.whl}" != .whl ] && [ ! -d "$env_wheels" ]; then
-  echo "journey.sh: --stack $stack needs $env_wheels carried with the call (make gpu-wheels-$stack)" >&2; exit 2
+  echo "journey.sh: --stack $stack needs $env_wheels carried with the call (make -C lab gpu-wheels-$stack)" >&2; exit 2
 fi
 source tests/gpu/env.sh
 source tests/gpu/serve_lifecycle.sh  # wait_until, start_server, stop_server
 if [ "$stack" = te ] && ! python3 -c 'import torch, transformer_engine.pytorch' 2>/dev/null; then
   echo "journey.sh: --stack te: transformer_engine.pytorch does not import from /tmp/site-te: run" \
-    "tests/gpu/te_env.sh to ready first (same lease)" >&2; exit 2
+    "lab/te_env.sh to ready first (same lease)" >&2; exit 2
 fi
 # Every log goes to $logs, packed into one $OUT/journey_PART.tgz at the end (the device returns at most 8 files).
 root=/tmp/journey; runs=$root/runs; logs=$root/logs_$part; steps=$logs/journey_steps_$part.jsonl

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The NeMo 2 environment on the GPU host, beside the host's own torch 2.11 (kept): installs the wheel set of
-# `make gpu-wheels-nemo2` (tests/gpu/nemo2-wheels.txt; ~260 MB, so it is staged in parts) into --site once per set,
+# `make -C lab gpu-wheels-nemo2` (lab/nemo2-wheels.txt; ~260 MB, so it is staged in parts) into --site once per set,
 # makes this package's entry points (the `nemo_run.cli` factories) visible from the source tree, puts both in
 # front of the host's packages on PYTHONPATH, and defines `nemo`. Run it to check the environment:
 #   bash tests/gpu/nemo2_env.sh --wheels DIR    # install, print the versions and the head of a factory dry run
@@ -9,7 +9,7 @@
 # It also runs on a CPU host (the check before GPU time): --python a venv with torch 2.11, --site a scratch folder.
 
 nemo2_flags() {
-  flag wheels .whl-nemo2 "the NeMo 2 wheel set (make gpu-wheels-nemo2, or the folder it was staged into)"
+  flag wheels .whl-nemo2 "the NeMo 2 wheel set (make -C lab gpu-wheels-nemo2, or the folder it was staged into)"
   flag site /tmp/site-nemo2 "the install target, in front of the host's packages on PYTHONPATH"
   flag python python3 "the interpreter (the host's, with its torch)"
 }
@@ -18,10 +18,10 @@ nemo2_setup() {
   out=${opt_out:-${OUT:-/tmp/out}}; mkdir -p "$out"
   local wheels=$opt_wheels site=$opt_site py=$opt_python marker=$opt_site/.kaiyuan-nemo2-wheels
   if [ ! -d "$wheels" ]; then
-    echo "nemo2_env: no wheel folder '$wheels' (make gpu-wheels-nemo2 on a CPU host, then carry or stage it)" >&2
+    echo "nemo2_env: no wheel folder '$wheels' (make -C lab gpu-wheels-nemo2 on a CPU host, then carry or stage it)" >&2
     return 1
   fi
-  "$py" tests/gpu/nemo2_wheels.py check-dir "$wheels" || return 1
+  "$py" lab/nemo2_wheels.py check-dir "$wheels" || return 1
   if [ "$(ls "$wheels")" != "$(cat "$marker" 2>/dev/null)" ]; then
     echo "nemo2_env: installing $(ls "$wheels" | wc -l) wheels into $site"
     rm -rf "$site"  # a package left from another set would shadow the host's

@@ -11,7 +11,7 @@
 #   bash tests/gpu/nemo2_pretrain.sh --wheels DIR --part nemo      # 100 steps
 #   bash tests/gpu/nemo2_pretrain.sh --wheels DIR --part resume    # restart: resumes at 100, on to --resume-to;
 #                                                                  #   then the checkpoint's weights (NeMo's loader)
-#   bash tests/gpu/nemo2_pretrain.sh --part kaiyuan                # Megatron-Bridge side; carry .whl (make gpu-wheels)
+#   bash tests/gpu/nemo2_pretrain.sh --part kaiyuan                # Megatron-Bridge side; carry .whl (make -C lab gpu-wheels)
 #   bash tests/gpu/nemo2_pretrain.sh --part export                 # the resumed NeMo 2 weights -> HF -> kaiyuan serve
 #                                                                  #   (/tmp/site from the kaiyuan part, or carry .whl)
 #   bash tests/gpu/nemo2_pretrain.sh --wheels DIR --part qwen      # both sides' qwen3_1p7b, --qwen-steps each

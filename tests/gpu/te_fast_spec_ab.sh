@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The fast spec with Transformer Engine importable against TE hidden (docs/te.md, "What the next person should
-# measure"), through the device tool from the repo root once `te_env.sh` says ready:
+# measure"), through the device tool from the repo root once `lab/te_env.sh` says ready:
 #   bash tests/gpu/te_fast_spec_ab.sh [--variants "without_te with_te"] [--extra "..."]
 # For each variant, profile_fast_spec.sh (qwen3_1p7b, seq 4096, micro batch 2 x 4; a trace of step 7 summarised
 # by kernel family) with PYTHONPATH with or without --te-site; then train_throughput.py's ours and
@@ -8,7 +8,7 @@
 # (setsid ... --out /tmp/te_ab) can be read by a later call of the same lease; `done` holds the exit code.
 set -uo pipefail
 source tests/gpu/flags.sh
-flag te-site /tmp/site-te "where te_env.sh installed TE"
+flag te-site /tmp/site-te "where lab/te_env.sh installed TE"
 flag variants "without_te with_te" "which profiles to take, in order"
 flag extra "" "more overrides for every profile, space-separated"
 flag throughput 1 "1: also the ours / ours_without_te rows of train_throughput.py"

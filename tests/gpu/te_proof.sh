@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The Transformer Engine path on the GPU host ([te] item 2), once tests/gpu/te_env.sh has said "ready" in this lease
-# (TE in /tmp/site-te; the project's wheels in .whl or already in /tmp/site). From the repo root:
+# The Transformer Engine path on a CUDA host where TE imports (or in --te-site, built by lab/te_env.sh). From the
+# repo root:
 #   bash tests/gpu/te_proof.sh [--parts "dry-run stop-resume export"]
 # dry-run:     `kaiyuan train gpt_smoke --dry-run` and `kaiyuan doctor` on the defaults: `auto` picks TE's spec, and
 #              the compat items that exist for TE-less hosts are not applied ($out/te_dry_run.txt)
@@ -11,20 +11,24 @@
 set -euo pipefail
 source tests/gpu/flags.sh
 flag parts "dry-run stop-resume export" "which parts, in order"
-flag te-site /tmp/site-te "where te_env.sh installed TE"
+flag te-site /tmp/site-te "where lab/te_env.sh installed TE (unused where TE imports without it)"
 flag export-run /tmp/stop_resume/reference "the run the export part exports (/tmp/te_run/gpt_smoke: the train part's)"
 parse_flags "$@"
-if [ ! -e "$opt_te_site/.te-ready" ]; then
-  echo "te_proof: no built TE in $opt_te_site (.te-ready missing): run tests/gpu/te_env.sh first, in this lease" >&2
+# TE from --te-site (a folder lab/te_env.sh built: .te-ready names its version), else the environment's own
+if [ -e "$opt_te_site/.te-ready" ]; then
+  te_version=$(cut -d" " -f2 "$opt_te_site/.te-ready")
+  export PYTHONPATH="$opt_te_site${PYTHONPATH:+:$PYTHONPATH}"
+elif ! te_version=$(python3 -c 'import torch, transformer_engine as te, transformer_engine.pytorch
+print(te.__version__)' 2>/dev/null); then
+  echo "te_proof: transformer_engine.pytorch does not import here, and $opt_te_site has no built TE" >&2
   exit 4
 fi
-export PYTHONPATH="$opt_te_site${PYTHONPATH:+:$PYTHONPATH}"
 source tests/gpu/env.sh
 : > "$out/te_proof_parts.jsonl"
 command=$(printf '%q ' bash tests/gpu/te_proof.sh "$@"); command=${command% }
 # On any exit (a failed part, a timeout's SIGTERM): $out/te_proof.json from what the parts left (te_proof_report.py).
 trap 'python3 tests/gpu/te_proof_report.py "$out" --command "$command" --parts "$opt_parts" \
-        --te-version "$(cut -d" " -f2 "$opt_te_site/.te-ready")" > /dev/null || true' EXIT
+        --te-version "$te_version" > /dev/null || true' EXIT
 trap 'exit 143' TERM
 part_done() {  # part_done PART EXIT START: one line of te_proof_parts.jsonl
   printf '{"part": "%s", "exit": %s, "seconds": %s}\n' "$1" "$2" "$(( $(date +%s) - $3 ))" >> "$out/te_proof_parts.jsonl"

@@ -65,7 +65,7 @@ def main() -> None:
     if parity_file.exists():
         parity = json.loads(parity_file.read_text())
         report["parity"] = {k: v for k, v in parity.items() if k.startswith(("max_abs", "greedy", "bf16_within"))}
-        report["parity_detail"] = parity  # every setting's figures (RESULTS.md reads them from here)
+        report["parity_detail"] = parity  # every setting's figures
     write_json(out / "te_proof.json", {**provenance(args.command), **report})
     print(json.dumps(report, indent=1))
 

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run through the device tool)")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 # The end of a full_iteration CUDA-graph run, as Megatron-Bridge and megatron-core do it: the training step is
 # captured into megatron-core's shared pool (use_single_mempool=True, upstream's default) and its static output

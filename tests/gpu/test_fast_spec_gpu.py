@@ -18,7 +18,7 @@ import torch
 from kaiyuan_recipes.recipe_tree import load_model_file
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-pytestmark = pytest.mark.skipif(DEVICE != "cuda", reason="needs CUDA (run through the device tool)")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(DEVICE != "cuda", reason="needs CUDA")]
 
 
 @pytest.fixture(scope="module", autouse=True)

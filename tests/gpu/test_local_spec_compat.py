@@ -10,7 +10,7 @@ import torch
 
 from kaiyuan_recipes import compat
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run through the device tool)")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
 @pytest.fixture(scope="module", autouse=True)

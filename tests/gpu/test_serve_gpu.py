@@ -11,7 +11,7 @@ kernels under capture), enough to flip a sampled near-tie (seen on the H200 at f
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")]
 
 
 @pytest.fixture(scope="module")

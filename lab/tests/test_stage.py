@@ -1,4 +1,4 @@
-"""tests/gpu/stage.py, the real script in subprocesses on real files: pack here, then one `receive` per simulated
+"""lab/stage.py, the real script in subprocesses on real files: pack here, then one `receive` per simulated
 device call (a folder holding only what that call carries), against a temporary --root standing for the GPU host's
 /tmp/stage."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-STAGE = REPO / "tests" / "gpu" / "stage.py"
+REPO = Path(__file__).resolve().parents[2]
+STAGE = REPO / "lab" / "stage.py"
 BUDGET = 1_000_000  # bytes one call carries of the payload: the manifest and one part
 
 

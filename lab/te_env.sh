@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Transformer Engine on the GPU host, over back-to-back device calls (docs/te.md). Every call runs, from the repo root:
-#   bash tests/gpu/te_env.sh [--wait 480]
+#   bash lab/te_env.sh [--wait 480]
 # carrying that call's line of `make te-wheels` (the manifest and one part; nothing once the set is staged).
 #  1. `stage.py receive te`: keeps the carried part, says what is missing, or that the machine is cold.
 #  2. Once all parts are there: installs the wheels (core library, Python package, build tools) into --site and
@@ -25,7 +25,7 @@ switch dry-run "stage for real, print the installs, the build and the import che
 parse_flags "$@"
 out=$opt_out; mkdir -p "$out"
 py=$opt_python site=$opt_site bdir=$opt_build_dir files=$opt_stage_root/te/files
-stage() { "$py" tests/gpu/stage.py "$@"; }
+stage() { "$py" lab/stage.py "$@"; }
 run() { if [ "$opt_dry_run" = 1 ]; then echo "dry run, would run: $*"; else "$@"; fi; }
 report() {  # report STATE [EXTRA_JSON_FIELDS]: the call's outcome for the next person's measurements
   printf '{"state": "%s", "time": %s, "dry_run": %s%s}\n' "$1" "$(date +%s)" "$opt_dry_run" "${2:+, $2}" \
@@ -111,7 +111,7 @@ if [ ! -e "$bdir/started" ]; then
   sdist=$(ls "$files"/transformer_engine_torch-*.tar.gz 2>/dev/null | head -1)
   if [ -z "$sdist" ]; then echo "te: FAILED: no transformer_engine_torch sdist in $files"; report failed; exit 1; fi
   cat > "$bdir/build.sh" <<SH
-# Written by tests/gpu/te_env.sh; runs detached. The exit code goes to done, last.
+# Written by lab/te_env.sh; runs detached. The exit code goes to done, last.
 echo \$\$ > "$bdir/pid"
 trap 'echo \$? > "$bdir/done.tmp"; mv "$bdir/done.tmp" "$bdir/done"' EXIT
 set -ex

@@ -2,9 +2,9 @@
 """A payload larger than one device call, carried in parts over back-to-back calls. Standard library only: the GPU
 host runs it with its plain python3.
 
-  python3 tests/gpu/stage.py pack NAME FILE_OR_DIR... [--part-mb 56 | --part-bytes N] [--out .stage]   (this host)
-  python3 tests/gpu/stage.py receive NAME [--src .stage] [--root /tmp/stage]                           (GPU host)
-  python3 tests/gpu/stage.py status NAME [--root /tmp/stage]
+  python3 lab/stage.py pack NAME FILE_OR_DIR... [--part-mb 56 | --part-bytes N] [--out .stage]   (this host)
+  python3 lab/stage.py receive NAME [--src .stage] [--root /tmp/stage]                           (GPU host)
+  python3 lab/stage.py status NAME [--root /tmp/stage]
 
 `pack` cuts the files into .stage/NAME/part-NN (a big file spans parts) and writes .stage/NAME/manifest.json (every
 file's size and sha256, every chunk's place and sha256); it prints the `carry` list of each call: the manifest and

@@ -2,7 +2,7 @@
 every wheel whose package constraints/fw2606.txt pins at another version swapped for that version; what the lock
 does not name (the host-only serving and client wheels) is kept as it is.
 
-    python tests/gpu/fw2606_wheels.py .whl .whl-fw2606      # `make gpu-wheels-fw2606`"""
+    python lab/fw2606_wheels.py .whl .whl-fw2606      # `make gpu-wheels-fw2606`"""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from nemo2_wheels import PLATFORMS, read_lock, wheel_key
 
-LOCK = Path(__file__).resolve().parents[2] / "constraints" / "fw2606.txt"
+LOCK = Path(__file__).resolve().parents[1] / "constraints" / "fw2606.txt"
 CARRY_LIMIT = 64 * 2**20  # what one device call carries, the working tree included
 
 
@@ -56,7 +56,7 @@ def main(argv: list[str]) -> None:
     print(f"{dest}: {len(list(dest.iterdir()))} files, {size / 1e6:.1f} MB; swapped in: {' '.join(swapped)}")
     if size > CARRY_LIMIT - 6 * 2**20:
         print(f"{dest} with the working tree may exceed one call's 64 MiB: send it in parts "
-              f"(python tests/gpu/stage.py pack fw2606 {dest})")
+              f"(python lab/stage.py pack fw2606 {dest})")
 
 
 if __name__ == "__main__":

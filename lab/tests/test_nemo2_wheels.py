@@ -1,4 +1,4 @@
-"""The NeMo 2 wheel set for the GPU host (tests/gpu/nemo2-wheels.txt, `make gpu-wheels-nemo2`): every entry at its
+"""The NeMo 2 wheel set for the GPU host (lab/nemo2-wheels.txt, `make gpu-wheels-nemo2`): every entry at its
 constraints/nemo2.txt pin, none of the host's torch/CUDA stack, the check itself catches each kind of mistake, a
 received folder is compared with the list, and the source tree's entry points become visible from a generated
 dist-info (what tests/gpu/nemo2_env.sh does on the offline host)."""
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / "gpu" / f"{name}.py")
+def load(name: str, folder: str = "lab"):
+    spec = importlib.util.spec_from_file_location(name, ROOT / folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up while the class is made
     spec.loader.exec_module(module)
@@ -72,8 +72,8 @@ def test_a_received_folder_is_compared_with_the_list(tmp_path):
 
 
 def test_the_source_trees_entry_points_from_a_generated_dist_info(tmp_path):
-    info = load("entry_points").write_dist_info(tmp_path)
-    load("entry_points").write_dist_info(tmp_path)  # again: the older one is replaced, not duplicated
+    info = load("entry_points", "tests/gpu").write_dist_info(tmp_path)
+    load("entry_points", "tests/gpu").write_dist_info(tmp_path)  # again: the older one is replaced, not duplicated
     assert [p.name for p in tmp_path.iterdir()] == [info.name]
     dist = importlib.metadata.PathDistribution(info)
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]

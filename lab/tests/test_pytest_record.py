@@ -1,4 +1,4 @@
-"""tests/gpu/pytest_record.py: a real pytest run of a small test file read back into a result file; a failure,
+"""lab/pytest_record.py: a real pytest run of a small test file read back into a result file; a failure,
 a skip and a parametrised case each recorded as such; no test collected is a failure, not a pass."""
 
 import json
@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 SAMPLE = '''
 import atexit
@@ -32,7 +32,7 @@ def test_on_a_gpu():
 
 def record(tmp_path: Path, *files: str) -> tuple[subprocess.CompletedProcess, dict]:
     out = tmp_path / "result.json"
-    done = subprocess.run([sys.executable, str(ROOT / "tests/gpu/pytest_record.py"), "--what", "a sample run",
+    done = subprocess.run([sys.executable, str(ROOT / "lab/pytest_record.py"), "--what", "a sample run",
                            "--rev", "abc1234", "--out", str(out), *files], cwd=tmp_path, capture_output=True,
                           text=True, timeout=120)
     return done, json.loads(out.read_text())
@@ -49,7 +49,7 @@ def test_each_case_is_recorded_with_its_status_and_the_run_fails_as_pytest_did(t
                         "test_sample::test_even[2]": "passed", "test_sample::test_on_a_gpu": "skipped"}
     failed = next(t for t in result["tests"] if t["status"] == "failed")
     assert "1 is odd" in failed["message"]
-    assert result["command"].startswith("python3 tests/gpu/pytest_record.py --what 'a sample run'")
+    assert result["command"].startswith("python3 lab/pytest_record.py --what 'a sample run'")
 
 
 def test_no_test_collected_is_a_failure_with_the_log(tmp_path):

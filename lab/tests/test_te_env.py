@@ -1,4 +1,4 @@
-"""tests/gpu/te_env.sh's walk over the device calls, on this CPU host: --dry-run stages for real (stage.py) and prints
+"""lab/te_env.sh's walk over the device calls, on this CPU host: --dry-run stages for real (stage.py) and prints
 the installs and the build; the build's states are the markers the detached job leaves in --build-dir."""
 
 import json
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-SCRIPT = "tests/gpu/te_env.sh"
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = "lab/te_env.sh"
 
 
 @pytest.fixture
@@ -28,7 +28,7 @@ def te(tmp_path):
         (src / name).write_bytes(rng.randbytes(size))
     host = tmp_path / "host"
     host.mkdir()
-    r = subprocess.run([sys.executable, str(REPO / "tests/gpu/stage.py"), "pack", "te", str(src), "--part-bytes",
+    r = subprocess.run([sys.executable, str(REPO / "lab/stage.py"), "pack", "te", str(src), "--part-bytes",
                         "300000"], cwd=host, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     dirs = {k: tmp_path / k for k in ("call", "stage", "site", "build", "out")}

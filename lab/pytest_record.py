@@ -1,7 +1,7 @@
 """Run GPU test files and write their result file, so no result of a GPU test is written by hand: pytest's own
 JUnit XML read back into benchmarks/results' shape (what, command, revision, host, date, the summary line, each
 test's status and, for a failure, its message), written atomically.
-    python3 tests/gpu/pytest_record.py --what "..." --rev REV --out $OUT/DATE_NAME.json tests/gpu/test_x.py [...]
+    python3 lab/pytest_record.py --what "..." --rev REV --out $OUT/DATE_NAME.json tests/gpu/test_x.py [...]
 Arguments after `--` go to pytest. The exit code is pytest's, except that no test collected (pytest's 5) is 1."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from provenance import provenance, write_json  # noqa: E402
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     # pytest's own summary line, not whatever was printed last (a warning at interpreter exit, on the same pipe)
     lines = [line.strip("= ") for line in text.splitlines() if SUMMARY.search(line)]
     summary = lines[-1] if lines else f"pytest exited {returncode} with no summary line"
-    record = {"what": args.what, **provenance(shlex.join(["python3", "tests/gpu/pytest_record.py", *argv])),
+    record = {"what": args.what, **provenance(shlex.join(["python3", "lab/pytest_record.py", *argv])),
               "result": summary, "pytest_exit_code": returncode, "tests": tests}
     if returncode != 0 and not tests:
         record["log_tail"] = text[-3000:]

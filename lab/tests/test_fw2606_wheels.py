@@ -1,4 +1,4 @@
-"""The fw2606 wheel set for the GPU host (tests/gpu/fw2606_wheels.py, `make gpu-wheels-fw2606`): the Bridge set with
+"""The fw2606 wheel set for the GPU host (lab/fw2606_wheels.py, `make gpu-wheels-fw2606`): the Bridge set with
 each package constraints/fw2606.txt pins differently swapped, the rest kept; and journey.sh's --stack refusals."""
 
 import importlib.util

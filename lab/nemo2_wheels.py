@@ -1,8 +1,8 @@
-"""The NeMo 2 wheel set for the GPU host (tests/gpu/nemo2-wheels.txt): read it, check it against
+"""The NeMo 2 wheel set for the GPU host (lab/nemo2-wheels.txt): read it, check it against
 constraints/nemo2.txt, download it (CPU host), check a received folder against it (GPU host, standard library only).
 
-    python tests/gpu/nemo2_wheels.py download DEST     # `make gpu-wheels-nemo2`: exactly the listed set in DEST
-    python3 tests/gpu/nemo2_wheels.py check-dir DIR    # DIR holds the listed wheels, nothing else (nemo2_env.sh)
+    python lab/nemo2_wheels.py download DEST     # `make gpu-wheels-nemo2`: exactly the listed set in DEST
+    python3 lab/nemo2_wheels.py check-dir DIR    # DIR holds the listed wheels, nothing else (nemo2_env.sh)
 
 List lines are `name==version`, `name==version  # sdist` (no wheel exists: downloaded as source and built into a
 wheel here, because pip on the offline host cannot get setuptools for an isolated build), or
@@ -18,7 +18,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 LIST = HERE / "nemo2-wheels.txt"
-LOCK = HERE.parents[1] / "constraints" / "nemo2.txt"
+LOCK = HERE.parent / "constraints" / "nemo2.txt"
 # The GPU host: glibc 2.39, CPython 3.12; pip matches each manylinux tag exactly, so all are named.
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in range(39, 16, -1)] + ["manylinux2014_x86_64", "any"]
 # Kept from the host, never shipped: its torch build and the CUDA runtime that build was made with.
@@ -105,7 +105,7 @@ def download(dest: Path, python: str = sys.executable) -> None:
     entries = [e for e in read_list() if not e.host]
     bad = problems(read_list(), read_lock())
     if bad:
-        sys.exit("tests/gpu/nemo2-wheels.txt: " + "; ".join(bad))
+        sys.exit("lab/nemo2-wheels.txt: " + "; ".join(bad))
     dest.mkdir(parents=True, exist_ok=True)
     pip = [python, "-m", "pip"]
     plat = [x for p in PLATFORMS for x in ("--platform", p)]
@@ -137,7 +137,7 @@ def main(argv: list[str]) -> None:
     elif len(argv) == 2 and argv[0] == "check-dir":
         missing, extra = compare_dir(Path(argv[1]), read_list())
         if missing or extra:
-            sys.exit(f"{argv[1]} is not the set of tests/gpu/nemo2-wheels.txt: missing {missing or 'none'}, "
+            sys.exit(f"{argv[1]} is not the set of lab/nemo2-wheels.txt: missing {missing or 'none'}, "
                      f"not listed {extra or 'none'} (make gpu-wheels-nemo2; staged completely?)")
     else:
         sys.exit(__doc__)

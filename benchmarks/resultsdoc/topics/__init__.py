@@ -1,1 +1,0 @@
-"""How each topic's rows, captions and prose come out of its result files' JSON; sections.py places them."""
