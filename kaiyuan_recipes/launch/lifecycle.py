@@ -231,11 +231,11 @@ class LocalRun(Run):
         out: dict[str, Any] = {"run": self.name}
         if alive.state is not None:
             state, shown = alive.state, phase or f"{SETTING_UP}: starting"
-        elif exit_info is None:
-            state = shown = "lost"
-        elif stop is not None:
+        elif stop is not None:  # by `kaiyuan stop` (also one that found the supervisor gone) or a SIGTERM to it
             state = "stopped"
             shown = BEFORE_FIRST_STEP if phase is None or phase.startswith(SETTING_UP) else "stopped"
+        elif exit_info is None:
+            state = shown = "lost"
         elif exit_info["exit_code"] == 0:
             state = shown = "finished"
         else:
@@ -301,7 +301,7 @@ def run_in_foreground(run_dir: Path, argv: list[str], log_path: Path, extra: dic
     supervisor: it holds the run's lock, its children carry the run's token), so `kaiyuan status` tells finished /
     failed / stopped and a second start is refused. Under a supervisor (`kaiyuan start`), that one records it."""
     if os.environ.get(SUPERVISED_ENV):
-        return run_foreground(argv, log_path)
+        return run_foreground(argv, log_path, state_dir=Path(os.environ[SUPERVISED_ENV]))
     run = LocalRun(run_dir)
     claim = run.prepare_state(argv, {**(extra or {}), "log": str(log_path)})
     os.environ.update(claim.env())  # for torchrun and the ranks below it
@@ -315,7 +315,7 @@ def run_in_foreground(run_dir: Path, argv: list[str], log_path: Path, extra: dic
 
     code = 1
     try:
-        code = run_foreground(argv, log_path, on_stop=stopped)
+        code = run_foreground(argv, log_path, on_stop=stopped, state_dir=run.layout.state)
     finally:
         record_exit(run.layout.state, code)
     return code

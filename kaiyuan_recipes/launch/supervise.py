@@ -30,7 +30,7 @@ from kaiyuan_recipes.atomic import write_text_atomic
 from kaiyuan_recipes.launch import membership
 from kaiyuan_recipes.launch.identity import IdentityError, ProcessIdentity
 from kaiyuan_recipes.launch.run import RunError
-from kaiyuan_recipes.launch.run_records import read_exit
+from kaiyuan_recipes.launch.run_records import read_exit, read_object
 from kaiyuan_recipes.run_layout import CHILD_PID_FILE, EXIT_FILE, IDENTITY_FILE, PHASE_FILE
 
 SUPERVISED_ENV = "KAIYUAN_SUPERVISED"  # set for the command a supervisor runs: it records nothing itself
@@ -103,17 +103,25 @@ def forward_stop(child_pid: int) -> list[int]:
     return ranks
 
 
-def run_foreground(argv: list[str], log_path: Path, on_stop: Callable[[], None] | None = None) -> int:
+def run_foreground(argv: list[str], log_path: Path, on_stop: Callable[[], None] | None = None,
+                   state_dir: Path | None = None) -> int:
     """Run `argv` (torchrun) in the foreground, its output to stdout and `log_path`; a SIGTERM to this
     process (a scheduler's, `timeout`'s) is handed to the ranks as `kaiyuan stop` would, so they save a
-    checkpoint and exit instead of being killed by torchrun (`on_stop` is called first)."""
+    checkpoint and exit instead of being killed by torchrun (`on_stop` is called first). A stop that ended the
+    run before its first step (the phase in `state_dir` still set-up: the ranks end at once, nothing to save)
+    says so and counts as a clean end (0), as a stop during training does."""
 
     proc: subprocess.Popen | None = None
     pending: list[bool] = []
+    stopped: list[bool] = []
 
     def stop(*_: Any) -> None:
+        stopped.append(True)
         if on_stop is not None:
-            on_stop()
+            try:
+                on_stop()
+            except OSError as err:  # the record is for status; the stop itself must still go through
+                print(f"kaiyuan: could not record the stop: {err}", file=sys.stderr, flush=True)
         if proc is None:
             pending.append(True)
         else:
@@ -132,9 +140,23 @@ def run_foreground(argv: list[str], log_path: Path, on_stop: Callable[[], None] 
                 sys.stdout.write(line)
                 sys.stdout.flush()
                 log.write(line)
-            return proc.wait()
+            code = proc.wait()
         finally:
             signal.signal(signal.SIGTERM, previous)
+        if stopped and code != 0 and state_dir is not None and _still_setting_up(state_dir):
+            line = "kaiyuan: stopped before its first step; nothing to save, no checkpoint written\n"
+            sys.stdout.write(line)
+            log.write(line)
+            return 0
+        return code
+
+
+def _still_setting_up(state_dir: Path) -> bool:
+    try:
+        record = read_object(Path(state_dir) / PHASE_FILE, {"phase": (str,)})
+    except RunError:
+        return False
+    return record is None or record["phase"].startswith("setting up")
 
 
 @dataclass(frozen=True)
@@ -213,7 +235,9 @@ def node_verb(verb: str, state_dir: Path) -> int:
         alive = run_alive(state_dir)
         if verb == "--status":
             exit_info = read_exit(Path(state_dir) / EXIT_FILE)
-            print(json.dumps({"supervisor": alive.supervisor, "alive": list(alive.processes), "exit": exit_info}))
+            phase = read_object(Path(state_dir) / PHASE_FILE, {"phase": (str,)})
+            print(json.dumps({"supervisor": alive.supervisor, "alive": list(alive.processes), "exit": exit_info,
+                              "phase": phase and phase["phase"]}))
             return 0
     except (IdentityError, RunError) as err:
         print(f"kaiyuan supervisor: {err}", file=sys.stderr)
