@@ -19,6 +19,7 @@ IDENTITY_FILE = "supervisor.json"  # the supervisor's ProcessIdentity
 EXIT_FILE = "exit.json"
 CHILD_PID_FILE = "child.pid"
 METRICS_FILE = "metrics.jsonl"  # training.metrics.RunMetricsCallback writes it into the run's state folder
+STOP_FILE = "stop.json"  # a stop was asked for (kaiyuan stop, or a SIGTERM to a foreground `kaiyuan train`)
 PHASE_FILE = "phase.json"  # what the run is doing now (training/run_phase.py): setting up: ..., training, saving
 # Megatron's checkpoint folder: one iter_NNNNNNN/ per save, each with the config it was trained with.
 LATEST_ITERATION_FILE = "latest_checkpointed_iteration.txt"
@@ -96,7 +97,7 @@ class RunLayout:
 
     @property
     def stop_request(self) -> Path:
-        return self.state / "stop.json"
+        return self.state / STOP_FILE
 
     @property
     def nemo_run_role(self) -> Path:

@@ -31,7 +31,7 @@ from kaiyuan_recipes.launch import membership
 from kaiyuan_recipes.launch.identity import IdentityError, ProcessIdentity
 from kaiyuan_recipes.launch.run import RunError
 from kaiyuan_recipes.launch.run_records import read_exit, read_object
-from kaiyuan_recipes.run_layout import CHILD_PID_FILE, EXIT_FILE, IDENTITY_FILE, PHASE_FILE
+from kaiyuan_recipes.run_layout import CHILD_PID_FILE, EXIT_FILE, IDENTITY_FILE, PHASE_FILE, STOP_FILE
 
 SUPERVISED_ENV = "KAIYUAN_SUPERVISED"  # set for the command a supervisor runs: it records nothing itself
 
@@ -143,7 +143,9 @@ def run_foreground(argv: list[str], log_path: Path, on_stop: Callable[[], None] 
             code = proc.wait()
         finally:
             signal.signal(signal.SIGTERM, previous)
-        if stopped and code != 0 and state_dir is not None and _still_setting_up(state_dir):
+        # under a supervisor the stop reaches the ranks, not this process: `kaiyuan stop` records it first
+        asked = stopped or (state_dir is not None and (Path(state_dir) / STOP_FILE).is_file())
+        if asked and code != 0 and state_dir is not None and _still_setting_up(state_dir):
             line = "kaiyuan: stopped before its first step; nothing to save, no checkpoint written\n"
             sys.stdout.write(line)
             log.write(line)
