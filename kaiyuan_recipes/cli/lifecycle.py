@@ -114,15 +114,16 @@ def status(args: Any) -> int:
     from kaiyuan_recipes.run_layout import RunLayout, dumps_record
 
     if args.run_name is not None:
-        print(dumps_record(open_run(args.run_root / checked_run_name(args.run_name)).status()))
+        print(dumps_record(open_run(args.run_root / checked_run_name(args.run_name)).status(), ensure_ascii=False))
         return 0
     failed = 0
     for run_dir in RunLayout.run_dirs_under(args.run_root):
         try:
-            print(dumps_record(open_run(run_dir).status()), flush=True)
+            print(dumps_record(open_run(run_dir).status(), ensure_ascii=False), flush=True)
         except (RunError, OSError, ValueError) as err:
             failed += 1
-            print(dumps_record({"run": run_dir.name, "state": "unreadable", "error": str(err)}), flush=True)
+            print(dumps_record({"run": run_dir.name, "state": "unreadable", "error": str(err)}, ensure_ascii=False),
+                  flush=True)
     return 1 if failed else 0
 
 

@@ -215,7 +215,11 @@ def kill_all(state_dir: Path, rounds: int = 20, pause: float = 0.1) -> bool:
     """SIGKILL every process of the run (each one checked as the run's right before); True when any was sent."""
     sent = False
     for _ in range(rounds):  # a process may start another while we kill: look again, a bounded number of times
-        alive = run_alive(state_dir)
+        try:
+            alive = run_alive(state_dir)
+        except IdentityError:  # a damaged supervisor record must not spare the rest of the run
+            resolved = Path(state_dir).resolve()
+            alive = Alive(None, tuple(membership.members(resolved)), resolved)
         if not alive.processes:
             break
         for pid in alive.processes:
