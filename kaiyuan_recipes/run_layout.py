@@ -47,6 +47,11 @@ class RunLayout:
         return self.logs / "console.log"
 
     @property
+    def heldout_eval(self) -> Path:
+        """kaiyuan.heldout_eval's per-sample results, one iter_NNNNNNN.json per evaluation."""
+        return self.run_dir / "heldout_eval"
+
+    @property
     def dataset_cache(self) -> Path:
         return self.run_dir / "dataset_cache"
 

@@ -17,7 +17,7 @@ import pytest
 from slurm_cluster import PARTITION, SlurmCluster, missing_programs
 
 from kaiyuan_recipes.launch.backends import open_run
-from kaiyuan_recipes.launch.slurm import SlurmRun, SlurmSpec
+from kaiyuan_recipes.launch.slurm import SlurmError, SlurmRun, SlurmSpec
 
 JOB = str(Path(__file__).parent / "fixtures" / "slurm_job.py")
 CHECK = ["-m", "kaiyuan_recipes.launch.allreduce_check"]
@@ -88,7 +88,11 @@ def time_limit_job(slurm, tmp_path_factory):
 
 
 def test_two_ranks_all_reduce_and_the_status_goes_to_completed(slurm, time_limit_job, tmp_path):
-    job = SlurmRun(tmp_path / "runs" / "ar", cpu_spec())
+    """In a run root whose path holds a space, quotes and $(...): sbatch's log, the node logs and the job's
+    working directory all land in it, and nothing of the path runs."""
+    runs = tmp_path / f"runs 'q\" $(touch {tmp_path}/ran)"
+    job = SlurmRun(runs / "ar", cpu_spec(workdir=str(runs)))
+    runs.mkdir(parents=True)
     job.start([*CHECK, "--tag", "a b;$(x)"])
     seen = set()
 
@@ -103,13 +107,18 @@ def test_two_ranks_all_reduce_and_the_status_goes_to_completed(slurm, time_limit
     log = job.node_log(0)
     for rank in (0, 1):  # the tag arrives as one literal argument, metacharacters and all
         assert f"allreduce ok rank={rank} world=2 sum=3 expected=3 host={slurm.node} tag=a b;$(x)" in log
-    out = cli("status", "ar", run_root=tmp_path / "runs")
+    assert not (tmp_path / "ran").exists() and list((runs / "ar" / "logs").glob("sbatch_kaiyuan-ar_*.out"))
+    out = cli("status", "ar", run_root=runs)
     assert out.returncode == 0 and json.loads(out.stdout)["state"] == "finished", out.stderr
     for follow in ([], ["-f"]):  # -f returns once the job has ended
-        logs = cli("logs", "ar", *follow, run_root=tmp_path / "runs")
+        logs = cli("logs", "ar", *follow, run_root=runs)
         assert "allreduce ok rank=1" in logs.stdout and "==> node 0" in logs.stdout, logs.stderr
-    stacks = cli("stacks", "ar", run_root=tmp_path / "runs")
+    stacks = cli("stacks", "ar", run_root=runs)
     assert stacks.returncode == 2 and "not offered for Slurm jobs" in stacks.stderr and "Traceback" not in stacks.stderr
+    stop = cli("stop", "ar", run_root=runs)  # a finished job: said so, nothing cancelled or recorded
+    assert stop.returncode == 2 and "is not running: Slurm job" in stop.stderr and "COMPLETED" in stop.stderr, stop
+    assert not job.layout.stop_request.exists() and json.loads(cli("status", "ar", run_root=runs).stdout)[
+        "state"] == "finished"
 
 
 def test_the_same_executor_through_run_experiment_and_nemo_runs_own_status(slurm, tmp_path):
@@ -166,11 +175,47 @@ def test_kaiyuan_stop_cancels_a_pending_job(slurm, tmp_path):
     try:
         job.start(CHECK)
         wait_for(lambda: job.status()["slurm_state"] == "PENDING", 30, "the job pending in sacct")
+        with pytest.raises(SlurmError, match=r"already Slurm job \d+ \(PENDING\)"):  # pending is alive too
+            SlurmRun(tmp_path / "runs" / "pend", cpu_spec()).start(CHECK)
         result = job.stop(grace=30)
     finally:
         subprocess.run([*partition, "State=UP"], check=True, timeout=30)
     assert (result["state"], result["slurm_state"]) == ("stopped", "CANCELLED"), result
     assert job.stop_problems(result) == []
+
+
+def test_a_job_ended_outside_kaiyuan_is_lost_with_its_progress(slurm, tmp_path):
+    """scancel by an operator (as a node failure, the time limit or an OOM kill would end it): not `stopped`
+    and not `running` but `lost`, with the last iteration and checkpoint; `kaiyuan stop` then cancels nothing."""
+    marks, run_dir = tmp_path / "m", tmp_path / "runs" / "gone"
+    job = SlurmRun(run_dir, cpu_spec())
+    job.start([JOB, "--mode", "signal", "--marker-dir", str(marks), "--run-dir", str(run_dir)])
+    wait_for(lambda: len(markers(marks, "ready")) == 2, 90, "both ranks ready")
+    running = job.status()
+    assert (running["state"], running["iteration"], running["last_checkpoint"]) == ("running", 3, 2), running
+    subprocess.run(["scancel", job.job_id], check=True, timeout=30)  # not `kaiyuan stop`
+    wait_for(lambda: job.status()["state"] not in ("pending", "running"), 60, "the cancelled job to end")
+    status = json.loads(cli("status", "gone", run_root=tmp_path / "runs").stdout)
+    assert (status["state"], status["slurm_state"]) == ("lost", "CANCELLED"), status
+    assert (status["iteration"], status["loss"], status["last_checkpoint"]) == (3, 6.0, 2), status
+    assert "without a `kaiyuan stop`" in status["error"]
+    stop = cli("stop", "gone", run_root=tmp_path / "runs")
+    assert stop.returncode == 2 and f"is not running: Slurm job {job.job_id} is CANCELLED (lost)" in stop.stderr, stop
+    assert json.loads(cli("status", "gone", run_root=tmp_path / "runs").stdout)["state"] == "lost"
+
+
+def test_a_slurm_start_is_refused_while_the_run_trains_on_this_node(tmp_path):
+    """Two trainings in one run directory: a Slurm job is not submitted while the run's local supervisor lives."""
+    from kaiyuan_recipes.launch.lifecycle import LocalRun
+
+    local = LocalRun(tmp_path / "runs" / "busy")
+    pid = local.start([sys.executable, "-c", "import time; time.sleep(120)"])[0]
+    try:
+        with pytest.raises(SlurmError, match=f"run 'busy' is running on this node \\(supervisor pid {pid}\\)"):
+            SlurmRun(tmp_path / "runs" / "busy", cpu_spec()).start(CHECK)
+    finally:
+        local.stop(grace=10)
+    assert not local.layout.slurm_state.exists()
 
 
 def test_a_requeued_job_finds_its_previous_state(slurm, tmp_path):
@@ -214,7 +259,7 @@ def test_dry_run_prints_the_sbatch_script_for_gpus_containers_and_many_nodes(tmp
     assert srun.endswith(f"-m kaiyuan_recipes.training.entry gpt_smoke train.global_batch_size=128 "
                          "kaiyuan.run_name=exp "
                          f"kaiyuan.run_root={run_dir.parent}")
-    assert not (run_dir / "run_state").exists()  # nothing submitted, nothing recorded
+    assert not run_dir.exists()  # nothing submitted, recorded or made (not even logs/)
 
 
 def test_the_time_limit_signal_reaches_the_ranks(time_limit_job):

@@ -2,83 +2,53 @@
 (nats, summed over completion tokens), NLL/token, perplexity and bits per UTF-8 byte; for samples with
 choices, each candidate scored by its log-probability given the prompt — accuracy by mean token
 log-probability (`mcq_acc_avg_norm`, the main one) and by sum (`mcq_acc_sum`, biased to short options).
-Aggregated per capability dimension and overall."""
+Aggregated per capability dimension and overall. The definitions, the sample reader and the truncation rule are
+kaiyuan_recipes.data.heldout_scoring's, shared with the evaluation in training (kaiyuan.heldout_eval); this module
+runs the HF model."""
 
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kaiyuan_recipes.data.heldout import sample_problems
-from kaiyuan_recipes.data.jsonl import read_jsonl_objects
+from kaiyuan_recipes.data.heldout_scoring import (
+    Encoded,
+    LoadReport,
+    Sample,
+    aggregate,
+    encode_pair,
+    hf_encoder,
+    load_samples,
+    sample_rows,
+    scoring_pairs,
+)
+
+__all__ = ["LoadReport", "Sample", "aggregate", "continuation_logprobs", "evaluate_models", "load_samples", "score"]
 
 
-@dataclass
-class Sample:
-    line: int
-    dimension: str
-    prompt: str
-    completion: str
-    choices: list[str] | None = None
-    answer: int | None = None
-
-
-@dataclass
-class LoadReport:
-    samples: list[Sample] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-
-
-def load_samples(path: Path) -> LoadReport:
-    """Every line is checked; bad ones are reported with their line number and skipped."""
-    report = LoadReport()
-    for lineno, row, problem in read_jsonl_objects(path):
-        if row is None:
-            report.problems.append(problem)
-            continue
-        problems = sample_problems(row)
-        if problems:
-            report.problems += [f"line {lineno}: {p}" for p in problems]
-            continue
-        choices, answer = row.get("choices"), row.get("answer")
-        report.samples.append(Sample(lineno, str(row.get("dimension", "unknown")), str(row.get("prompt", "")),
-                                     row["completion"], choices, answer))
-    if not report.samples and not report.problems:
-        report.problems.append("the file holds no samples")
-    return report
-
-
-def continuation_logprobs(model: Any, tokenizer: Any, pairs: list[tuple[str, str]], max_length: int,
-                          batch_size: int, device: str) -> list[list[float]]:
+def continuation_logprobs(model: Any, tokenizer: Any, encoded: list[Encoded], batch_size: int,
+                          device: str) -> list[list[float]]:
     """Log-probability of every continuation token given its context, batched (right padding)."""
     import torch
 
-    encoded = []
-    for context, continuation in pairs:
-        ctx = tokenizer(context, add_special_tokens=False)["input_ids"]
-        cont = tokenizer(continuation, add_special_tokens=False)["input_ids"]
-        ids = (ctx + cont)[-max_length:]  # keep the continuation; trim the context from the left
-        encoded.append((ids, min(len(cont), len(ids) - 1)))
-    results: list[list[float]] = [[] for _ in pairs]
-    order = sorted(range(len(pairs)), key=lambda i: -len(encoded[i][0]))  # similar lengths share a batch
+    results: list[list[float]] = [[] for _ in encoded]
+    order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i].ids))  # similar lengths share a batch
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
-        width = max(len(encoded[i][0]) for i in idx)
+        width = max(len(encoded[i].ids) for i in idx)
         input_ids = torch.full((len(idx), width), pad, dtype=torch.long)
         mask = torch.zeros((len(idx), width), dtype=torch.long)
         for row, i in enumerate(idx):
-            ids = encoded[i][0]
+            ids = encoded[i].ids
             input_ids[row, : len(ids)] = torch.tensor(ids)
             mask[row, : len(ids)] = 1
         with torch.no_grad():
             logits = model(input_ids=input_ids.to(device), attention_mask=mask.to(device)).logits.float()
         logp = torch.log_softmax(logits, dim=-1)
         for row, i in enumerate(idx):
-            ids, n_cont = encoded[i]
+            ids, n_cont = encoded[i].ids, encoded[i].n_scored
             positions = torch.arange(len(ids) - n_cont, len(ids), device=logp.device)
             targets = torch.tensor(ids[len(ids) - n_cont:], device=logp.device)
             results[i] = logp[row, positions - 1, targets].tolist()
@@ -87,54 +57,18 @@ def continuation_logprobs(model: Any, tokenizer: Any, pairs: list[tuple[str, str
 
 def score(model: Any, tokenizer: Any, samples: list[Sample], max_length: int = 2048, batch_size: int = 8,
           device: str = "cpu", progress: bool = True) -> list[dict[str, Any]]:
-    pairs: list[tuple[str, str]] = []
-    owners: list[tuple[int, int | None]] = []  # (sample index, choice index or None)
-    for s_idx, s in enumerate(samples):
-        pairs.append((s.prompt, s.completion))
-        owners.append((s_idx, None))
-        for c_idx, choice in enumerate(s.choices or []):
-            pairs.append((s.prompt, choice))  # candidates of one prompt are scored in the same pass
-            owners.append((s_idx, c_idx))
+    """Per-sample figures (kaiyuan_recipes.data.heldout_scoring.sample_rows); the candidates of one prompt are
+    scored in the same pass."""
     from rich.progress import track
 
+    pairs = scoring_pairs(samples)
+    encode = hf_encoder(tokenizer)
+    encoded = [encode_pair(encode, p.context, p.continuation, max_length) for p in pairs]
     chunks = [list(range(i, min(i + 256, len(pairs)))) for i in range(0, len(pairs), 256)]
     logprobs: list[list[float]] = []
     for chunk in track(chunks, description="scoring", disable=not progress):
-        logprobs += continuation_logprobs(model, tokenizer, [pairs[i] for i in chunk], max_length, batch_size, device)
-    rows = [{"line": s.line, "dimension": s.dimension} for s in samples]
-    choice_scores: dict[int, list[tuple[float, float]]] = {}
-    for (s_idx, c_idx), lp in zip(owners, logprobs):
-        if c_idx is None:
-            nll = -sum(lp)
-            n_bytes = len(samples[s_idx].completion.encode("utf-8"))
-            rows[s_idx].update(nll=nll, tokens=len(lp), nll_per_token=nll / len(lp), ppl=math.exp(nll / len(lp)),
-                               bytes=n_bytes, bits_per_byte=nll / math.log(2) / n_bytes)
-        else:
-            choice_scores.setdefault(s_idx, []).append((sum(lp), sum(lp) / len(lp)))
-    for s_idx, scores in choice_scores.items():
-        pred_sum = max(range(len(scores)), key=lambda k: scores[k][0])
-        pred_avg = max(range(len(scores)), key=lambda k: scores[k][1])
-        rows[s_idx].update(choice_logprob_sum=[a for a, _ in scores], choice_logprob_avg=[b for _, b in scores],
-                           pred_sum=pred_sum, pred_avg_norm=pred_avg, answer=samples[s_idx].answer)
-    return rows
-
-
-def aggregate(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for r in rows:
-        groups.setdefault(r["dimension"], []).append(r)
-    groups["overall"] = rows
-    out = {}
-    for name, rs in groups.items():
-        nll, tokens, n_bytes = sum(r["nll"] for r in rs), sum(r["tokens"] for r in rs), sum(r["bytes"] for r in rs)
-        mcq = [r for r in rs if "pred_sum" in r]
-        out[name] = {
-            "samples": len(rs), "nll_per_token": nll / tokens, "ppl": math.exp(nll / tokens),
-            "bits_per_byte": nll / math.log(2) / n_bytes, "mcq_samples": len(mcq),
-            "mcq_acc_avg_norm": sum(r["pred_avg_norm"] == r["answer"] for r in mcq) / len(mcq) if mcq else None,
-            "mcq_acc_sum": sum(r["pred_sum"] == r["answer"] for r in mcq) / len(mcq) if mcq else None,
-        }
-    return out
+        logprobs += continuation_logprobs(model, tokenizer, [encoded[i] for i in chunk], batch_size, device)
+    return sample_rows(samples, pairs, encoded, [sum(lp) for lp in logprobs])
 
 
 def markdown_table(results: dict[str, dict[str, dict[str, Any]]]) -> str:

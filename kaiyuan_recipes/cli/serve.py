@@ -54,6 +54,9 @@ def add_parser(sub: Any) -> None:
                    help="the name GET /v1/models reports and requests' `model` must match (default: kaiyuan)")
     p.add_argument("--api-token-env", metavar="VAR",
                    help="require 'Authorization: Bearer <token>', the token read from environment variable VAR")
+    p.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
+                   help="weights and activations: auto = bfloat16 on CUDA, float32 on the CPU; float32 on CUDA "
+                        "scores as transformers does in fp32 (lm-eval parity checks)")
     p.set_defaults(func=serve)
 
 
@@ -83,7 +86,8 @@ def serve(args: Any) -> int:
     envelope = Envelope(args.max_batch, args.max_seq_len or min(positions, DEFAULT_MAX_SEQ_LEN), capture,
                         compile_step)
     join = JoinPolicy(args.join_min_rows, args.join_max_wait_s)
-    engine = GenerationEngine(hf_dir, device, envelope, join=join)  # warms up in its worker; /health: when ready
+    dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
+    engine = GenerationEngine(hf_dir, device, envelope, join=join, dtype=dtype)  # warms up; /health: when ready
     app = create_app(engine, token, args.max_body_bytes, model_name=args.model_name,
                      body_timeout_s=args.body_timeout_s, max_tokens=args.max_tokens)
     server.run(app, engine, args.host, args.port, args.drain_timeout_s)

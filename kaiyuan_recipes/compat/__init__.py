@@ -33,6 +33,7 @@ from kaiyuan_recipes.compat.megatron_core import (
     restore_adam_step_per_parameter,
     separate_full_graph_pools,
 )
+from kaiyuan_recipes.compat.nemo_run import quote_srun_arguments
 from kaiyuan_recipes.compat.torch_cuda import graph_capture
 
 
@@ -82,6 +83,9 @@ WORKAROUNDS = (
     Workaround("nemo2_distributed_optimizer_saves", "megatron-core", "0.15.3 (NeMo 2 environment), no TE/Apex",
                "the distributed optimizer cannot save torch AdamW's scalar step: the first checkpoint fails",
                "test_nemo2.py::test_upstream_megatron_core_0_15_still_falls_back_to_torch_adamw_without_te_or_apex"),
+    Workaround("quote_srun_arguments", "nemo-run", "0.11.1 (core/execution/slurm.py)",
+               "`noquote` is an alias of str, so no argument of the sbatch script's srun line is shell-quoted",
+               "test_slurm_script.py::test_upstream_nemo_run_still_leaves_srun_arguments_unquoted"),
 )
 
 
@@ -113,6 +117,6 @@ __all__ = ["WORKAROUNDS", "LOCAL_SPEC_SETTINGS", "LoRAUnavailableError", "Workar
            "apply_local_spec_settings", "cpu_checkpoint_save", "cpu_cuda_arch_list", "dataset_helpers_prebuilt",
            "ensure_optimizer_state_for_load", "import_megatron_bridge", "init_optimizer_state_before_load",
            "install_lora_placeholder", "nemo2_distributed_optimizer_saves",
-           "patch_method", "restore_adam_step_per_parameter",
+           "patch_method", "quote_srun_arguments", "restore_adam_step_per_parameter",
            "separate_full_graph_pools", "size_weight_decay_by_max_steps", "skip_prebuilt_helpers_build",
            "te_importing_modules", "transformer_engine_available", "wgrad_fusion_without_apex"]

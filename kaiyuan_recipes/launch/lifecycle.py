@@ -72,8 +72,10 @@ class LocalRun(Run):
             raise RunStateError(str(err)) from None
 
     def running_pid(self) -> int | None:
-        """The run's supervisor while it runs (None once it is gone, even with ranks still alive)."""
-        return self.alive().supervisor
+        """While anything of the run is alive: its supervisor, or with the supervisor gone a process of the run
+        that is still alive; None when nothing is."""
+        alive = self.alive()
+        return alive.supervisor or (alive.processes[0] if alive.processes else None)
 
     def _check_inside_run_dir(self) -> None:
         """Run state is written only inside the run directory: a state or log folder that is a symlink leading out
@@ -256,6 +258,10 @@ class LocalRun(Run):
                        eta_s=(total - last["iteration"]) * sum(times) / len(times)
                        if total and times and state == "running" else None)
         out["last_checkpoint"] = last_checkpoint(layout, metrics)
+        evals = [r for r in metrics if r.get("event") == "heldout_eval" and type(r.get("iteration")) is int
+                 and isinstance(r.get("overall"), dict)]
+        if evals:  # kaiyuan.heldout_eval
+            out["heldout_eval"] = {"iteration": evals[-1]["iteration"], **evals[-1]["overall"]}
         return out
 
     def _error(self, command: dict[str, Any]) -> str | None:

@@ -12,21 +12,22 @@ srun step, one torchrun per node, `sbatch --requeue`); what this module adds is 
   latest checkpoint (training/config.py sets checkpoint.load to the run's checkpoints);
 - the NCCL / GLOO interface variables of the launching shell are passed to the job (ssh.PASS_THROUGH_ENV).
 
-status = sacct's State/ExitCode (+ the last exception in the node logs when it failed), stop = `scancel
---signal=TERM` (the ranks save), then `scancel` after the grace period, logs = the node logs; all through the
-tunnel, as argument lists quoted with shlex. State: run_state/slurm.json (run_layout.py)."""
+status = sacct's State/ExitCode as run_state() words it (a job ended from outside is `lost`), with the last
+exception in the node logs when it failed and the last iteration and checkpoint reached; stop = `scancel
+--signal=TERM` (the ranks save), then `scancel` after the grace period (refused for a job that has ended);
+logs = the node logs; all through the tunnel, as argument lists quoted with shlex. What the job asks of Slurm
+is launch/slurm_spec.py (SlurmSpec, checked for the places of the script its values go). State:
+run_state/slurm.json (run_layout.py)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
-import re
 import shlex
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any, TextIO
@@ -34,84 +35,47 @@ from typing import Any, TextIO
 from kaiyuan_recipes.atomic import redacted_env, write_text_atomic
 from kaiyuan_recipes.launch.failure import TAIL_BYTES, last_exception
 from kaiyuan_recipes.launch.run import Run, RunError
-from kaiyuan_recipes.launch.ssh import PASS_THROUGH_ENV, Node
-from kaiyuan_recipes.run_layout import RunLayout
+from kaiyuan_recipes.launch.slurm_spec import SlurmSpec, job_name, time_limit_seconds
+from kaiyuan_recipes.launch.ssh import Node
+from kaiyuan_recipes.run_layout import LATEST_ITERATION_FILE, RunLayout
 
-# sacct's states, as `kaiyuan status` words them (anything not listed: "failed").
+# sacct's states of a job that has not ended, as `kaiyuan status` words them; the ended ones: run_state().
 STATES = {"PENDING": "pending", "REQUEUED": "pending", "REQUEUE_HOLD": "pending", "REQUEUE_FED": "pending",
           "RESV_DEL_HOLD": "pending", "RUNNING": "running", "COMPLETING": "running", "CONFIGURING": "running",
-          "SUSPENDED": "running", "STAGE_OUT": "running", "SIGNALING": "running", "RESIZING": "running",
-          "COMPLETED": "finished", "CANCELLED": "stopped"}
+          "SUSPENDED": "running", "STAGE_OUT": "running", "SIGNALING": "running", "RESIZING": "running"}
 ACTIVE = ("pending", "running")
+
+
+def run_state(slurm_state: str, stop_requested: bool) -> str:
+    """A job's sacct State as the run's state. An ended job that `kaiyuan stop` asked to end is `stopped`
+    (torchrun exits non-zero on that SIGTERM after the ranks saved; scancel after the grace gives CANCELLED).
+    Otherwise COMPLETED is `finished` and FAILED (the job's own non-zero exit) `failed`; any other end came from
+    outside the run (scancel by someone else, NODE_FAIL, TIMEOUT, OUT_OF_MEMORY, PREEMPTED, BOOT_FAIL, DEADLINE):
+    the run is `lost`, never `stopped` or `running`."""
+    if slurm_state in STATES:
+        return STATES[slurm_state]
+    if stop_requested:
+        return "stopped"
+    return {"COMPLETED": "finished", "FAILED": "failed"}.get(slurm_state, "lost")
+
+
+def metrics_records(text: str) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl tail (run_layout.read_metrics' format); a line cut by the tail or a kill
+    is skipped."""
+    records = []
+    for line in text.splitlines():
+        with contextlib.suppress(json.JSONDecodeError):
+            record = json.loads(line)
+            if isinstance(record, dict):
+                records.append(record)
+    return records
+
+__all__ = ["ACTIVE", "STATES", "SlurmError", "SlurmRun", "SlurmSpec", "metrics_records", "require_known_host",
+           "run_state", "time_limit_seconds"]
 
 
 class SlurmError(RunError):
     pass
-
-
-SLURM_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
-
-
-def time_limit_seconds(text: str) -> int:
-    """sbatch --time in seconds: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (sbatch's forms)."""
-    match = SLURM_TIME.fullmatch(str(text).strip())
-    if not match or str(text).strip() in ("0", ""):
-        raise ValueError(f"--time {text!r}: expected MM, MM:SS, HH:MM:SS or D-HH[:MM[:SS]]")
-    days, a, b, c = (int(g) if g else None for g in match.groups())
-    if days is not None:  # D-HH[:MM[:SS]]
-        return ((days * 24 + a) * 60 + (b or 0)) * 60 + (c or 0)
-    if c is not None:
-        return (a * 60 + b) * 60 + c
-    return a * 60 + (b or 0)  # MM or MM:SS
-
-
-@dataclass
-class SlurmSpec:
-    partition: str
-    nodes: int = 1
-    gpus_per_node: int | None = 8  # asked of Slurm (--gpus-per-node); None on a CPU partition
-    nproc_per_node: int | None = None  # ranks per node (torchrun); default: gpus_per_node
-    account: str | None = None
-    time: str = "04:00:00"
-    container_image: str | None = None  # through Pyxis (srun --container-image); None: on the node itself
-    container_mounts: list[str] = field(default_factory=list)
-    tunnel: str = "local"  # "local" (on the login node) or ssh://[user@]host[:port] (from a laptop)
-    identity_file: str | None = None  # the SSH key for an ssh:// tunnel
-    cluster_run_dir: str | None = None  # the run directory as the cluster sees it; default: this one's path
-    workdir: str | None = None  # the job's working directory (no container); default: where `start` ran
-    # (local tunnel) or the cluster run directory (ssh://)
-    signal_grace_s: int = 300  # SIGTERM to the ranks this long before the time limit (--signal=TERM@N)
-    retries: int = 0  # NeMo-Run requeues a job that failed this many times (TORCHX_MAX_RETRIES)
-    env: dict[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if not self.partition or self.partition.startswith("-"):
-            raise ValueError(f"--slurm {self.partition!r}: expected a partition name")
-        if self.nodes < 1 or (self.ranks_per_node < 1):
-            raise ValueError(f"--nodes {self.nodes} / ranks per node {self.ranks_per_node}: expected at least 1 "
-                             "(on a CPU partition: --gpus-per-node 0 --nproc-per-node N)")
-        if self.signal_grace_s < 0 or self.retries < 0:
-            raise ValueError("signal_grace_s and retries: expected >= 0")
-        if self.signal_grace_s >= time_limit_seconds(self.time):  # Slurm would signal the ranks at once
-            raise ValueError(f"--signal-grace {self.signal_grace_s}: expected fewer seconds than the time limit "
-                             f"(--time {self.time})")
-        self.ssh_node()  # checks an ssh:// tunnel's form
-        if self.tunnel != "local" and not self.cluster_run_dir:
-            raise ValueError(f"--tunnel {self.tunnel}: give --cluster-run-root (the run root on the cluster)")
-        for key in PASS_THROUGH_ENV:
-            if key in os.environ:
-                self.env.setdefault(key, os.environ[key])
-
-    @property
-    def ranks_per_node(self) -> int:
-        return self.nproc_per_node or self.gpus_per_node or 0
-
-    def ssh_node(self) -> Node | None:
-        if self.tunnel == "local":
-            return None
-        if not self.tunnel.startswith("ssh://"):
-            raise ValueError(f"--tunnel {self.tunnel!r}: expected 'local' or ssh://[user@]host[:port]")
-        return Node.parse(self.tunnel.removeprefix("ssh://"))
 
 
 def require_known_host(node: Node, known_hosts: Path | None = None) -> None:
@@ -183,7 +147,9 @@ class SlurmRun(Run):
     def _add(self, exp: Any, target: list[str]) -> None:
         from kaiyuan_recipes.launch.slurm_executor import slurm_executor, torchrun_task
 
-        executor = slurm_executor(self.spec, str(self.cluster_layout.run_dir))
+        job_name(self.name)  # the #SBATCH --job-name NeMo-Run makes of it: a Slurm name
+        # The log folder: made by start (on the cluster), never by a dry run.
+        executor = slurm_executor(self.spec, str(self.cluster_layout.run_dir), make_log_folder=False)
         exp.add(torchrun_task(target), executor=executor, name=self.name)
 
     def sbatch_script(self, target: list[str]) -> str:
@@ -205,10 +171,11 @@ class SlurmRun(Run):
         the job this run directory submitted before is pending or running."""
         self.tunnel()  # an ssh:// login node with an unknown host key is refused before anything is made
         if self.layout.slurm_state.is_file():
-            previous = SlurmRun(self.run_dir)
-            if previous.status()["state"] in ACTIVE:
-                raise SlurmError(f"run {self.name!r} is already Slurm job {previous.job_id} "
-                                 f"({previous.status()['slurm_state']}); stop it first")
+            previous = SlurmRun(self.run_dir).status()
+            if previous["state"] in ACTIVE:
+                raise SlurmError(f"run {self.name!r} is already Slurm job {previous['job_id']} "
+                                 f"({previous['slurm_state']}); stop it first")
+        self._refuse_if_running_elsewhere()
         self.layout.stop_request.unlink(missing_ok=True)
         self.layout.state.mkdir(parents=True, exist_ok=True)
         self._on_cluster(["mkdir", "-p", str(self.cluster_layout.logs)], warn=False)
@@ -225,6 +192,19 @@ class SlurmRun(Run):
                        "experiment_id": experiment_id, "target": target, **(extra or {})}
         write_text_atomic(self.layout.slurm_state, json.dumps(self.record, indent=2), mode=0o600)
         return {0: int(job_id)}
+
+    def _refuse_if_running_elsewhere(self) -> None:
+        """The same run directory trained by a run on this node or over SSH as well would interleave two
+        trainings in one directory: refused while one of those is alive."""
+        from kaiyuan_recipes.launch.lifecycle import LocalRun
+        from kaiyuan_recipes.launch.ssh import MultiNodeRun
+
+        if (pid := LocalRun(self.run_dir).running_pid()) is not None:
+            raise SlurmError(f"run {self.name!r} is running on this node (supervisor pid {pid}); "
+                             f"`kaiyuan stop {self.name}` first")
+        if self.layout.multinode_state.is_file() and MultiNodeRun(self.run_dir).status()["state"] == "running":
+            raise SlurmError(f"run {self.name!r} is running on several nodes over SSH; `kaiyuan stop {self.name}` "
+                             "first")
 
     # -- ask ------------------------------------------------------------------------------------------------
     def sacct(self) -> dict[str, str] | None:
@@ -244,15 +224,27 @@ class SlurmRun(Run):
         res = self._on_cluster(["tail", "-n", str(int(lines)), str(self.cluster_layout.node_log(rank))])
         return res.stdout if res.exited == 0 else ""
 
+    def progress(self) -> dict[str, Any]:
+        """How far the job got: the last step's iteration and loss (the run's metrics.jsonl) and the newest
+        checkpoint (Megatron's tracker file), read on the cluster; {} before the first of each."""
+        layout = self.cluster_layout
+        metrics = self._on_cluster(["tail", "-c", str(TAIL_BYTES), str(layout.metrics)])
+        steps = [r for r in metrics_records(metrics.stdout if metrics.exited == 0 else "") if r.get("event") == "step"]
+        tracker = self._on_cluster(["cat", str(layout.checkpoints / LATEST_ITERATION_FILE)])
+        out: dict[str, Any] = {}
+        if steps:
+            out.update(iteration=steps[-1].get("iteration"), loss=steps[-1].get("loss"))
+        if tracker.exited == 0 and tracker.stdout.strip().isdigit():
+            out["last_checkpoint"] = int(tracker.stdout.strip())
+        return out
+
     def status(self) -> dict[str, Any]:
         row = self.sacct()
         base = {"run": self.name, "backend": "slurm", "job_id": self.job_id}
         if row is None:  # submitted, not yet in the accounting database
             return base | {"state": "pending", "slurm_state": "SUBMITTED"}
         slurm_state = row["state"].split()[0]  # "CANCELLED by 0" -> CANCELLED
-        state = STATES.get(slurm_state, "failed")
-        if state == "failed" and self.layout.stop_request.is_file():
-            state = "stopped"  # torchrun exits non-zero on the SIGTERM of `kaiyuan stop`, after the ranks saved
+        state = run_state(slurm_state, self.layout.stop_request.is_file())
         info = base | {"state": state, "slurm_state": slurm_state, "exit_code": row["exit_code"],
                        "nodes": row["nodes"], "elapsed": row["elapsed"]}
         if state == "pending":
@@ -262,15 +254,25 @@ class SlurmRun(Run):
                      for r in range(self.spec.nodes)]
             info["error"] = next((e for e in map(last_exception, tails) if e), None) or \
                 f"Slurm: {slurm_state} (exit {row['exit_code']})"
+        if state == "lost":
+            info["error"] = (f"Slurm ended the job ({row['state']}, exit {row['exit_code']}) without a `kaiyuan "
+                             "stop`; nothing of the run is alive")
+        if state != "pending":
+            info |= {"train_iters": self.record.get("train_iters"), **self.progress()}
         return info
 
     # -- stop -----------------------------------------------------------------------------------------------
     def stop(self, grace: float = 300.0, poll: float = 2.0) -> dict[str, Any]:
         """SIGTERM to the job's step (its ranks save a checkpoint), then scancel after `grace` seconds if it is
-        still running (or was requeued meanwhile). A pending job is cancelled at once."""
+        still running (or was requeued meanwhile). A pending job is cancelled at once; a job that has ended is
+        refused (nothing is cancelled or recorded)."""
+        before = self.status()
+        if before["state"] not in ACTIVE:  # nothing to signal, and no stop request to change what status says
+            raise SlurmError(f"run {self.name!r} is not running: Slurm job {self.job_id} is {before['slurm_state']} "
+                             f"({before['state']}); nothing cancelled")
         self.layout.state.mkdir(parents=True, exist_ok=True)
         write_text_atomic(self.layout.stop_request, json.dumps({"reason": "requested", "at": time.time()}))
-        state = self.status()["state"]
+        state = before["state"]
         if state == "running":
             self._on_cluster(["scancel", "--signal=TERM", self.job_id])
             deadline = time.monotonic() + grace

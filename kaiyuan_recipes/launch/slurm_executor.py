@@ -21,8 +21,11 @@ from typing import Any
 import nemo_run as run
 from nemo_run.core.execution.slurm import SlurmJobDetails
 
-from kaiyuan_recipes.launch.slurm import SlurmSpec
+from kaiyuan_recipes.compat.nemo_run import quote_srun_arguments
+from kaiyuan_recipes.launch.slurm_spec import SlurmSpec, mount_path, one_line
 from kaiyuan_recipes.run_layout import RunLayout
+
+__all__ = ["PerNodeLogs", "SlurmSpec", "make_tunnel", "slurm_executor", "torchrun_task"]
 
 
 @dataclass(kw_only=True)
@@ -31,8 +34,9 @@ class PerNodeLogs(SlurmJobDetails):
     node's index in the job) as RunLayout.node_log names it, appended across requeues (open_mode)."""
 
     @property
-    def srun_stdout(self) -> Path:
-        return RunLayout(Path(self.folder).parent).node_log("%n")
+    def srun_stdout(self) -> str:  # type: ignore[override]
+        # NeMo-Run puts this path on the srun line as written (its own holds a shell expansion): quoted here.
+        return shlex.quote(str(RunLayout(Path(self.folder).parent).node_log("%n")))
 
 
 def make_tunnel(spec: SlurmSpec, job_dir: str) -> Any:
@@ -45,23 +49,28 @@ def make_tunnel(spec: SlurmSpec, job_dir: str) -> Any:
                          identity=spec.identity_file, job_dir=job_dir)
 
 
-def slurm_executor(spec: SlurmSpec, cluster_run_dir: str) -> Any:
-    """NeMo-Run's SlurmExecutor for `spec`, the job's files in `cluster_run_dir` (NeMo-Run's under nemo_run/)."""
-    layout = RunLayout(Path(cluster_run_dir))
-    # Slurm fails a job whose log folder is missing; over SSH, SlurmRun.start makes it on the cluster.
-    if spec.ssh_node() is None:
+def slurm_executor(spec: SlurmSpec, cluster_run_dir: str, make_log_folder: bool = True) -> Any:
+    """NeMo-Run's SlurmExecutor for `spec`, the job's files in `cluster_run_dir` (NeMo-Run's under nemo_run/).
+    Slurm fails a job whose log folder is missing: with `make_log_folder` it is made here (local tunnel only);
+    SlurmRun makes it itself when it submits, so that a dry run makes nothing."""
+    quote_srun_arguments()  # every srun argument below reaches the script shell-quoted
+    layout = RunLayout(Path(one_line("--cluster-run-root", str(cluster_run_dir))))
+    if make_log_folder and spec.ssh_node() is None:
         layout.logs.mkdir(parents=True, exist_ok=True)
     # The step's working directory: where `start` ran on the login node; over SSH, the run directory there.
     workdir = spec.workdir or (os.getcwd() if spec.ssh_node() is None else str(layout.run_dir))
-    srun_args = [] if spec.container_image else ["--chdir", workdir]
+    srun_args = [] if spec.container_image else ["--chdir", one_line("working directory", workdir)]
     # In a container the run directory is mounted at its own path, so checkpoints land where the logs are.
-    mounts = [*spec.container_mounts, f"{layout.run_dir}:{layout.run_dir}"] if spec.container_image else []
+    run_dir = str(layout.run_dir)
+    mounts = [*spec.container_mounts, f"{mount_path('--cluster-run-root', run_dir)}:{run_dir}"] \
+        if spec.container_image else []
     return run.SlurmExecutor(
         account=spec.account, job_name_prefix="kaiyuan-", partition=spec.partition, nodes=spec.nodes,
         ntasks_per_node=spec.ranks_per_node, gpus_per_node=spec.gpus_per_node or None, time=spec.time,
         container_image=spec.container_image, container_mounts=mounts,
         signal=f"TERM@{spec.signal_grace_s}",
-        # NeMo-Run writes `export K=V` into the script as it is: quoted here, a value arrives literally.
+        # NeMo-Run writes `export K=V` into the script as it is (so that V may use the job's variables): quoted
+        # here, a value arrives literally.
         env_vars={k: shlex.quote(v) for k, v in spec.env.items()}, srun_args=srun_args,
         tunnel=make_tunnel(spec, str(layout.run_dir / "nemo_run")), packager=run.Packager(),
         launcher="torchrun", retries=spec.retries, job_details=PerNodeLogs(folder=str(layout.logs)),

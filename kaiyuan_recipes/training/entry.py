@@ -30,6 +30,10 @@ def worker_callbacks(cfg: Any, run: RunSettings, phase: Any = None) -> list[Any]
     from kaiyuan_recipes.training.profiling import ProfileSummaryCallback
 
     callbacks = [RunMetricsCallback(run.layout.state, cfg.dataset.seq_length, run.fastpath)]
+    if run.heldout_eval is not None:  # after the step's metrics line; the next step's clock restarts after it
+        from kaiyuan_recipes.training.heldout_eval.callback import heldout_eval_callback
+
+        callbacks.append(heldout_eval_callback(cfg, run, after_eval=callbacks[0].on_eval_start))
     if phase is not None:
         callbacks.append(phase)
     if cfg.profiling is not None and cfg.profiling.use_pytorch_profiler:

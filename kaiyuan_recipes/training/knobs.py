@@ -75,6 +75,11 @@ class Knobs:
     phase: int | None = knob(None, "data=curriculum: the phase to train (`kaiyuan train … --phase N`).")
     heldout: str | None = knob(None, "A held-out validation prefix (`kaiyuan data heldout`); null = split from "
                                      "the blend.")
+    heldout_eval: str | None = knob(None, "A prompt/completion JSONL (`kaiyuan data heldout`; what `kaiyuan eval "
+                                          "heldout` reads) scored on the model during training: NLL, PPL, bits per "
+                                          "byte and MCQ accuracy per dimension, in TensorBoard and `kaiyuan status`.")
+    heldout_eval_interval: int | None = knob(None, "Iterations between held-out evaluations; null = "
+                                                   "validation.eval_interval.")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(Knobs):
@@ -90,6 +95,11 @@ class Knobs:
             self.tokenizer_sha256 = self.tokenizer_sha256.lower()  # as hashing tools print it, either case
         if self.run_name is not None and ("/" in self.run_name or self.run_name in {".", ".."}):
             raise KnobError(f"kaiyuan.run_name: {self.run_name!r} must be a plain directory name")
+        if self.heldout_eval_interval is not None and self.heldout_eval_interval < 1:
+            raise KnobError(f"kaiyuan.heldout_eval_interval: expected a positive number of iterations or null; got "
+                            f"{self.heldout_eval_interval}")
+        if self.heldout_eval == "":
+            self.heldout_eval = None  # `kaiyuan.heldout_eval=`: off
         if self.phase is not None and self.phase < 1:
             raise KnobError(f"kaiyuan.phase: expected a phase number from 1, got {self.phase}")
         if self.tokenizer_sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", self.tokenizer_sha256):

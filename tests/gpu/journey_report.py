@@ -40,8 +40,39 @@ def _layer_spec(model: dict[str, Any]) -> str | None:
     return "fast" if _fast_path(model).get("fast_spec") else model.get("transformer_impl")
 
 
+def _launch_to_step(folder: Path, launch: int) -> dict[str, Any]:
+    """Launch N of the qwen3 journey: seconds from `kaiyuan start` to its first step (and to that step's loss
+    in the metrics), the iteration it began at, and every distinct state `kaiyuan status` showed meanwhile."""
+    launched = json.loads((folder / f"launch_{launch}.json").read_text())
+    metrics = _json_lines(folder / "q1_metrics.jsonl")
+    after = [r for r in _steps(metrics) if r.get("time", 0) >= launched["t"]]
+    states: list[str] = []
+    for answer in _json_lines(folder / f"status_{launch}.jsonl"):
+        status = answer["status"]
+        shown = status.get("state", status.get("raw")) if isinstance(status, dict) else None
+        if isinstance(status, dict) and status.get("phase"):
+            shown = f"{shown}: {status['phase']}"
+        if shown and (not states or states[-1] != shown):
+            states.append(shown)
+    figure: dict[str, Any] = {"states_seen": states}
+    if after:
+        figure |= {"first_iteration": after[0]["iteration"], "first_loss": after[0]["loss"],
+                   "seconds_launch_to_first_step_logged": round(after[0]["time"] - launched["t"], 1)}
+    if "resumes_from" in launched:
+        figure["resumes_from_checkpoint"] = launched["resumes_from"]
+    return figure
+
+
 def key_figure(name: str, log: str, folder: Path) -> dict[str, Any]:
     """What the step shows, from its own output (or its run's metrics)."""
+    if name in ("first_step", "resumed_step"):
+        return _launch_to_step(folder, 1 if name == "first_step" else 2)
+    if name == "lm_eval_parity" and (record := _last_json(log)):
+        return {"gpu": record.get("gpu"), "dtype": record.get("dtype"),
+                "tasks": {task: {k: v for k, v in t.items() if k != "metrics_served_vs_hf"}
+                          | {"metrics": t["metrics_served_vs_hf"]} for task, t in record["tasks"].items()}}
+    if name == "openai_client" and (body := _last_json(log)):
+        return {"text": body["choices"][0]["text"][:120], "usage": body.get("usage")}
     if name == "train":
         metrics = _json_lines(folder / "gpt_smoke_metrics.jsonl")
         steps = [s for s in _steps(metrics) if s["iteration"] <= 200]
@@ -54,6 +85,12 @@ def key_figure(name: str, log: str, folder: Path) -> dict[str, Any]:
                     # what `auto` picked: the layer spec the run trained on and its loss (metrics' train_start)
                     "layer_spec": _layer_spec(starts[0].get("model") or {}) if starts else None,
                     "chunked_loss": _fast_path(starts[0].get("model") or {}).get("chunked_loss") if starts else None}
+    if name == "phase2" and (folder / "q1_metrics.jsonl").is_file():
+        metrics = _json_lines(folder / "q1_metrics.jsonl")
+        starts = [r["iteration"] for r in metrics if r.get("event") == "train_start"]
+        steps = _steps(metrics)
+        return {"train_starts_at": starts, "final_iteration": steps[-1]["iteration"] if steps else None,
+                "final_loss": steps[-1]["loss"] if steps else None}
     if name == "phase2":
         steps = _steps(_json_lines(folder / "gpt_smoke_metrics.jsonl"))
         if steps:
@@ -114,14 +151,16 @@ def main() -> int:
     revs = sorted({p["rev"] for p in parts})
     result = {
         "name": "journey", "date": time.strftime("%Y-%m-%d"),
-        "command": [f"bash tests/gpu/journey.sh --part {p['part']} --rev {p['rev']}"
+        "command": [(f"bash tests/gpu/journey_qwen3.sh --rev {p['rev']}" if p["part"] == "qwen3" else
+                     f"bash tests/gpu/journey.sh --part {p['part']} --rev {p['rev']}")
                     + (f" --stack {p['stack']}" if p.get("stack", "bridge") != "bridge" else "") for p in parts],
         "report_command": "python3 tests/gpu/journey_report.py " + " ".join(map(str, args.folders)),
         "rev": revs[0] if len(revs) == 1 else revs, "host": sorted({p["host"] for p in parts}),
         "gpu": sorted({p["gpu"] for p in parts}),
         "stack": _one([p.get("stack", "bridge") for p in parts]),
         "versions": _one([p["versions"] for p in parts if "versions" in p]),
-        "overrides": "kaiyuan.run_root only (recipe defaults)",
+        "overrides": ("kaiyuan.run_root and train.train_iters only (recipe defaults)" if any(
+            p["part"] == "qwen3" for p in parts) else "kaiyuan.run_root only (recipe defaults)"),
         "all_ok": bool(steps) and all(s["ok"] for s in steps), "steps": steps,
     }
     args.out.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
