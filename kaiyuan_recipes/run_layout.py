@@ -7,6 +7,7 @@ back-ends read it through read_metrics here, so neither imports the other for it
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,8 @@ IDENTITY_FILE = "supervisor.json"  # the supervisor's ProcessIdentity
 EXIT_FILE = "exit.json"
 CHILD_PID_FILE = "child.pid"
 METRICS_FILE = "metrics.jsonl"  # training.metrics.RunMetricsCallback writes it into the run's state folder
+STOP_FILE = "stop.json"  # a stop was asked for (kaiyuan stop, or a SIGTERM to a foreground `kaiyuan train`)
+PHASE_FILE = "phase.json"  # what the run is doing now (training/run_phase.py): setting up: ..., training, saving
 # Megatron's checkpoint folder: one iter_NNNNNNN/ per save, each with the config it was trained with.
 LATEST_ITERATION_FILE = "latest_checkpointed_iteration.txt"
 RUN_CONFIG_FILE = "run_config.yaml"
@@ -84,6 +87,10 @@ class RunLayout:
         return self.state / METRICS_FILE
 
     @property
+    def phase(self) -> Path:
+        return self.state / PHASE_FILE
+
+    @property
     def multinode_state(self) -> Path:
         """Present exactly when the run was started on several nodes over SSH."""
         return self.state / "multinode.json"
@@ -95,7 +102,7 @@ class RunLayout:
 
     @property
     def stop_request(self) -> Path:
-        return self.state / "stop.json"
+        return self.state / STOP_FILE
 
     @property
     def nemo_run_role(self) -> Path:
@@ -135,15 +142,35 @@ class RunLayout:
         return RunLayout.iteration_dir(checkpoints, int(tracker.read_text().strip()))
 
 
+def json_safe(value: Any) -> Any:
+    """`value` with every non-finite float as the string "nan", "inf" or "-inf": JSON has no NaN, and a NaN loss
+    is worth keeping as what it was (not as a missing value)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def dumps_record(value: Any, **kwargs: Any) -> str:
+    """Strict JSON of `value` (json_safe first), as metrics.jsonl and `kaiyuan status` write it."""
+    return json.dumps(json_safe(value), allow_nan=False, **kwargs)
+
+
 def read_metrics(state_dir: Path) -> list[dict[str, Any]]:
-    """The records of <state_dir>/metrics.jsonl, oldest first ([] before the first one)."""
+    """The records of <state_dir>/metrics.jsonl, oldest first ([] before the first one). A line that is not a
+    JSON object (cut short by a kill, damaged) is skipped; the rest are intact."""
     path = Path(state_dir) / METRICS_FILE
     if not path.is_file():
         return []
     records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut short by a kill; the rest are intact
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
     return records

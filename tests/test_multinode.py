@@ -229,3 +229,42 @@ def test_a_node_with_no_supervisor_on_record_is_lost_not_running(sshd, tmp_path)
     job = MultiNodeRun(tmp_path / "run", spec_for(sshd))
     job.pids = {}  # a partial start: nothing on record for either node
     assert [n["state"] for n in job.status()["nodes"]] == ["lost", "lost"]
+
+
+def test_a_nodes_supervisor_killed_takes_that_nodes_ranks_with_it(sshd, tmp_path):
+    """kill -9 of one node's supervisor: that node's torchrun gets SIGTERM from the kernel and ends its rank; the
+    node is lost (not running), the watch stops the other node, and a stop afterwards signals nothing."""
+    tag = f"orphan-check-{os.getpid()}-{time.monotonic_ns()}"
+    job = MultiNodeRun(tmp_path / "run", spec_for(sshd))
+    pids = job.start(CHECK + ["--hold", "300", "--tag", tag])
+    wait_for(lambda: all("allreduce ok" in job.node_log(r) for r in (0, 1)), what="both nodes up")
+    node0 = set(_processes_with(tag))
+    os.kill(pids[1], 9)
+    wait_for(lambda: job.status()["nodes"][1]["state"] == "lost", what="node 1 lost")
+    wait_for(lambda: set(_processes_with(tag)) <= node0, what="node 1's processes gone")
+    result = job.watch(poll=0.5, grace=60)
+    assert result["state"] == "failed" and result["failed_nodes"] == [1]
+    wait_for(lambda: not _processes_with(tag), what="every process of the job gone")
+    with pytest.raises(MultiNodeError, match="not running on any node.*nothing signalled"):
+        job.stop(grace=1)
+
+
+def test_ranks_that_outlive_their_nodes_supervisor_are_reported_refused_and_stopped(sshd, tmp_path):
+    """Node 1's torchrun agent held stopped (the kernel's SIGTERM stays pending), its supervisor killed: the rank
+    lives on. Status says `running — supervisor lost`, a second start is refused, and stop ends what is alive
+    on that node through the node's run token (there is no supervisor to hand it on)."""
+    tag = f"lost-check-{os.getpid()}-{time.monotonic_ns()}"
+    job = MultiNodeRun(tmp_path / "run", spec_for(sshd))
+    pids = job.start(CHECK + ["--hold", "300", "--tag", tag])
+    wait_for(lambda: all("allreduce ok" in job.node_log(r) for r in (0, 1)), what="both nodes up")
+    agent = int((tmp_path / "run" / "run_state" / "nodes" / "1" / "child.pid").read_text())
+    os.kill(agent, 19)  # SIGSTOP
+    os.kill(pids[1], 9)
+    wait_for(lambda: job.status()["nodes"][1]["state"] == "running — supervisor lost", what="supervisor lost")
+    node = job.status()["nodes"][1]
+    assert agent in node["alive"] and len(node["alive"]) >= 2  # the agent and its rank
+    with pytest.raises(MultiNodeError, match="already running"):
+        MultiNodeRun(tmp_path / "run", spec_for(sshd)).start(CHECK)
+    result = job.stop(grace=5, poll=0.5)
+    assert result["state"] == "stopped" and all(n["state"] != "running — supervisor lost" for n in result["nodes"])
+    wait_for(lambda: not _processes_with(tag), what="every process of the job gone")

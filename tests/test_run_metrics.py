@@ -74,3 +74,15 @@ def test_train_start_records_the_kernel_settings_the_run_trains_with(tmp_path):
     assert start["model"]["attention_backend"] == "AttnBackend.auto"  # an enum, written as text
     assert start["model"]["fast_path"] == {name: piece.on for name, piece in run.fastpath.pieces.items()}
     assert start["model"]["fast_path"]["chunked_loss"] is False  # auto leaves it off the local spec
+
+
+def test_a_nan_loss_is_written_as_strict_json(tmp_path):
+    """JSON has no NaN: a NaN loss (and an infinite grad norm) are the strings "nan" / "inf" in metrics.jsonl."""
+    callback = metrics.RunMetricsCallback(tmp_path, seq_length=16)
+    ctx = context(0, 0.0)
+    ctx.loss_dict, ctx.grad_norm = {"lm loss": torch.tensor(float("nan"))}, float("inf")
+    callback.on_train_step_start(ctx)
+    callback.on_train_step_end(ctx)
+    line = (tmp_path / "metrics.jsonl").read_text().splitlines()[-1]
+    record = json.loads(line, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c} in {line}"))
+    assert record["loss"] == "nan" and record["grad_norm"] == "inf"

@@ -4,7 +4,6 @@ handle from its directory (kaiyuan_recipes.launch.backends.open_run) and ask it.
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from pathlib import Path
@@ -29,8 +28,9 @@ def add_parser(sub: Any) -> None:
     multi.add_argument("--python", default="python", help="the Python on the hosts / in the container")
     add_slurm_arguments(p.add_argument_group("Slurm (a job through NeMo-Run's SlurmExecutor)"))
     p.set_defaults(func=start)
-    for name, helptext in (("stop", "SIGTERM the run's process group, wait for the checkpoint, SIGKILL after --grace"),
-                           ("status", "running / finished / failed (why) / stopped, iteration, loss, throughput, ETA"),
+    for name, helptext in (("stop", "SIGTERM the run's ranks, wait for the checkpoint, SIGKILL after --grace"),
+                           ("status", "running / running — supervisor lost / lost / stopped / finished / failed, "
+                                      "the phase, iteration, loss, throughput, ETA"),
                            ("logs", "the run's console log"),
                            ("stacks", "every rank's Python stacks now (where a stalled run waits)")):
         q = sub.add_parser(name, help=helptext)
@@ -95,25 +95,36 @@ def start_multinode(args: Any, overrides: list[str], cfg: Any, run: Any) -> int:
 
 def stop(args: Any) -> int:
     from kaiyuan_recipes.launch.backends import open_run
+    from kaiyuan_recipes.run_layout import dumps_record
 
     run = open_run(args.run_root / checked_run_name(args.run_name))
     result = run.stop(grace=args.grace)
     problems = run.stop_problems(result)
     for problem in problems:
         print(f"{args.run_name}: {problem}", file=sys.stderr)
-    print(json.dumps(result))
+    print(dumps_record(result))
     return 1 if problems else 0
 
 
 def status(args: Any) -> int:
+    """One JSON line per run. Every run is listed: one whose state cannot be read gets a line with its error
+    (naming the file) and the exit code 1, and the others are still shown."""
     from kaiyuan_recipes.launch.backends import open_run
-    from kaiyuan_recipes.run_layout import RunLayout
+    from kaiyuan_recipes.launch.run import RunError
+    from kaiyuan_recipes.run_layout import RunLayout, dumps_record
 
-    runs = [args.run_root / checked_run_name(args.run_name)] if args.run_name is not None else \
-        RunLayout.run_dirs_under(args.run_root)
-    for run_dir in runs:
-        print(json.dumps(open_run(run_dir).status()))
-    return 0
+    if args.run_name is not None:
+        print(dumps_record(open_run(args.run_root / checked_run_name(args.run_name)).status(), ensure_ascii=False))
+        return 0
+    failed = 0
+    for run_dir in RunLayout.run_dirs_under(args.run_root):
+        try:
+            print(dumps_record(open_run(run_dir).status(), ensure_ascii=False), flush=True)
+        except (RunError, OSError, ValueError) as err:
+            failed += 1
+            print(dumps_record({"run": run_dir.name, "state": "unreadable", "error": str(err)}, ensure_ascii=False),
+                  flush=True)
+    return 1 if failed else 0
 
 
 def logs(args: Any) -> int:

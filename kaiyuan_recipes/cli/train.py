@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -52,8 +54,13 @@ def run(args: Any) -> int:
     log_path = settings.layout.logs / f"train-{time.strftime('%Y%m%d-%H%M%S')}.log"
     print(f"launching: {summary['launch_command']}\nlog: {log_path}", flush=True)
     # SIGTERM -> the ranks save a checkpoint and exit; run_state/ records it for `kaiyuan status`
-    return run_in_foreground(settings.run_dir, argv, log_path,
+    code = run_in_foreground(settings.run_dir, argv, log_path,
                              {"recipe": args.recipe, "train_iters": cfg.train.train_iters, "foreground": True})
+    # This process imported Megatron to resolve the config, and tearing that down takes seconds, during which the
+    # run still counts as alive (a stop waits, a new start is refused): the run is over and recorded, so leave now.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def plot(args: Any) -> int:

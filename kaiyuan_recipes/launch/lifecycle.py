@@ -1,14 +1,15 @@
 """The local back-end of launch/run.py: a detached run on this node, with state under
-<run_root>/<run_name>/run_state/ (the supervisor's identity, the exact command, exit.json) — what start_training.sh
-and stop_training.sh did. Stop sends SIGTERM to the supervisor, which hands it to the training ranks (Megatron's
-exit-signal handler saves a checkpoint), waits up to the grace period, and only then SIGKILLs. run_in_foreground
-is `kaiyuan train`: the same state, with this process as the supervisor."""
+<run_root>/<run_name>/run_state/ (the supervisor's identity, the exact command, exit.json, the run's lock and
+token) — what start_training.sh and stop_training.sh did. A start claims the run directory (launch/membership.py):
+refused while anything of its previous run is alive. Stop sends SIGTERM to the supervisor, which hands it to the
+training ranks (Megatron's exit-signal handler saves a checkpoint; a rank still setting up just ends), waits up to
+the grace period, and only then SIGKILLs; with the supervisor gone it stops the ranks itself. run_in_foreground is
+`kaiyuan train`: the same state, with this process as the supervisor."""
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,27 +17,39 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kaiyuan_recipes.atomic import redacted_env, write_text_atomic
+from kaiyuan_recipes.launch import membership
 from kaiyuan_recipes.launch.failure import last_exception, log_tail
-from kaiyuan_recipes.launch.identity import IdentityError, ProcessIdentity, signal_if_alive
+from kaiyuan_recipes.launch.identity import IdentityError, ProcessIdentity
 from kaiyuan_recipes.launch.run import Run, RunError
+from kaiyuan_recipes.launch.run_records import (
+    RunStateError,
+    finite,
+    last_checkpoint,
+    read_command,
+    read_exit,
+    read_phase,
+    read_stop,
+)
 from kaiyuan_recipes.launch.stacks import report, signal_and_read
 from kaiyuan_recipes.launch.supervise import (
     SUPERVISED_ENV,
-    kill_run,
-    live_supervisor,
+    Alive,
+    kill_all,
     read_proc,
     record_exit,
+    run_alive,
     run_foreground,
+    terminate,
 )
 from kaiyuan_recipes.run_layout import read_metrics
 
 # Environment variables recorded with a run (never tokens or keys).
 RECORDED_ENV = ("CUDA_VISIBLE_DEVICES", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_DEBUG", "HF_ENDPOINT",
                 "KAIYUAN_CACHE", "PYTHONPATH")
+SETTING_UP = "setting up"
+BEFORE_FIRST_STEP = "stopped before its first step"
 
-
-class RunStateError(RunError):
-    pass
+__all__ = ["LocalRun", "RunStateError", "run_in_foreground"]
 
 
 def _alive(pid: int) -> bool:
@@ -51,18 +64,18 @@ def _alive(pid: int) -> bool:
 
 
 class LocalRun(Run):
-    def running_supervisor(self) -> ProcessIdentity | None:
-        """The run's supervisor while it runs: the recorded identity, matched against the live process."""
-        if self.layout.exit_record.is_file():
-            return None
+    def alive(self) -> Alive:
+        """What of this run is alive now: its supervisor, every process of it (launch/membership.py)."""
         try:
-            return live_supervisor(self.layout.state)
+            return run_alive(self.layout.state)
         except IdentityError as err:
             raise RunStateError(str(err)) from None
 
     def running_pid(self) -> int | None:
-        identity = self.running_supervisor()
-        return identity.pid if identity else None
+        """While anything of the run is alive: its supervisor, or with the supervisor gone a process of the run
+        that is still alive; None when nothing is."""
+        alive = self.alive()
+        return alive.supervisor or (alive.processes[0] if alive.processes else None)
 
     def _check_inside_run_dir(self) -> None:
         """Run state is written only inside the run directory: a state or log folder that is a symlink leading out
@@ -82,24 +95,30 @@ class LocalRun(Run):
         state = str(self.layout.state)
         return pid if proc and "kaiyuan_recipes.launch.supervise" in proc.argv and state in proc.argv else None
 
-    def prepare_state(self, argv: list[str], extra: dict[str, Any] | None) -> None:
-        """Refuse a run that still runs; clear the previous run's records; record the command."""
+    def prepare_state(self, argv: list[str], extra: dict[str, Any] | None) -> membership.Claim:
+        """Claim the run directory (refused while anything of its previous run is alive); clear the previous run's
+        records; record the command. The returned claim holds the run's lock: keep it open for the run's life."""
         self._check_inside_run_dir()
         if (pid := self._legacy_supervisor()) is not None:
             raise RunStateError(f"run {self.name!r} may still run under a supervisor started by an older version "
                                 f"(pid {pid}, recorded without its identity): stop it with `kill -TERM {pid}`, then "
                                 "start")
-        if (pid := self.running_pid()) is not None:
-            raise RunStateError(f"run {self.name!r} is already running (pid {pid}); stop it first")
-        self._leave_multinode()
         layout = self.layout
         layout.state.mkdir(parents=True, exist_ok=True)
-        layout.console_log.parent.mkdir(parents=True, exist_ok=True)
-        for stale in (layout.exit_record, layout.stop_request, layout.child_pid, layout.supervisor_identity):
-            stale.unlink(missing_ok=True)
-        env = redacted_env({k: os.environ[k] for k in RECORDED_ENV if k in os.environ})
-        write_text_atomic(layout.command, json.dumps(
-            {"argv": argv, "started_at": time.time(), "env": env, **(extra or {})}, indent=2), mode=0o600)
+        claim = membership.claim(layout.state, f"run {self.name!r} is already running")
+        try:
+            self._leave_multinode()
+            layout.console_log.parent.mkdir(parents=True, exist_ok=True)
+            for stale in (layout.exit_record, layout.stop_request, layout.child_pid, layout.supervisor_identity,
+                          layout.phase):
+                stale.unlink(missing_ok=True)
+            env = redacted_env({k: os.environ[k] for k in RECORDED_ENV if k in os.environ})
+            write_text_atomic(layout.command, json.dumps(
+                {"argv": argv, "started_at": time.time(), "env": env, **(extra or {})}, indent=2), mode=0o600)
+        except BaseException:
+            os.close(claim.fd)
+            raise
+        return claim
 
     def _leave_multinode(self) -> None:
         """A directory a multi-node run used becomes this node's: its multinode.json would keep routing stop /
@@ -113,19 +132,25 @@ class LocalRun(Run):
         except RunError as err:
             raise RunStateError(f"run {self.name!r} was multi-node and its nodes cannot be asked whether it still "
                                 f"runs ({err}); stop it there, or remove {self.layout.multinode_state}") from None
-        if state == "running":
+        if state.startswith("running"):
             raise RunStateError(f"run {self.name!r} is running on several nodes; `kaiyuan stop {self.name}` first")
         self.layout.multinode_state.unlink()
 
     def start(self, argv: list[str], extra: dict[str, Any] | None = None, timeout: float = 30.0) -> dict[int, int]:
-        """Start `argv` detached, supervised, in its own process group. Refuses a run already running."""
-        self.prepare_state(argv, extra)
+        """Start `argv` detached, supervised, in its own process group. Refused while the run is alive."""
+        claim = self.prepare_state(argv, extra)
         log_path, identity = self.layout.console_log, self.layout.supervisor_identity
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "kaiyuan_recipes.launch.supervise", str(self.layout.state), "--", *argv],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            )
+        # The supervisor inherits the claim's lock (and keeps it while it lives) and the run's token.
+        env = dict(os.environ, **claim.env(), **{membership.LOCK_FD_ENV: str(claim.fd)})
+        try:
+            with open(log_path, "ab") as log:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "kaiyuan_recipes.launch.supervise", str(self.layout.state), "--", *argv],
+                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                    env=env, pass_fds=(claim.fd,),
+                )
+        finally:
+            os.close(claim.fd)
         deadline = time.monotonic() + timeout  # the supervisor records its identity first thing
         while not identity.is_file() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -134,63 +159,122 @@ class LocalRun(Run):
         return {0: proc.pid}
 
     def stop(self, grace: float = 300.0, poll: float = 0.5) -> dict[str, Any]:
-        supervisor = self.running_supervisor()
-        if supervisor is None or not signal_if_alive(supervisor, signal.SIGTERM):  # it hands it to the ranks
-            raise RunStateError(f"run {self.name!r} is not running")
-        exit_record = self.layout.exit_record
+        """SIGTERM what of the run is alive (the supervisor, which hands it on; the ranks when it is gone), wait up to
+        `grace`, then SIGKILL what is left. A run with nothing alive is refused with what it is; nothing is
+        signalled then."""
+        alive = self.alive()
+        if not alive.processes:
+            raise RunStateError(self._not_running())
         last_ckpt = self._last_checkpoint()
+        # On record before the signal: status says stopped (not failed) as soon as the run ends.
+        write_text_atomic(self.layout.stop_request, json.dumps({"run": self.name, "signal": "SIGTERM",
+                                                                "requested_at": time.time()}))
+        signalled = terminate(alive)
+        # From here on nothing may keep the grace period and the SIGKILL from happening.
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and not exit_record.is_file() and supervisor.is_alive():
+        while time.monotonic() < deadline:
+            try:
+                if not run_alive(self.layout.state).processes:
+                    break
+            except Exception as err:  # noqa: BLE001
+                print(f"kaiyuan: {self.name}: {err}", file=sys.stderr)
             time.sleep(poll)
-        killed = False
-        if not exit_record.is_file():
-            # torchrun starts each rank in its own session: our group alone would miss them
-            killed = kill_run(supervisor)
+        killed = kill_all(self.layout.state)
         new_ckpt = self._last_checkpoint()
         result = {"run": self.name, "sigkill_after_grace": killed, "grace_s": grace,
                   "checkpoint_saved": new_ckpt is not None and new_ckpt != last_ckpt, "last_checkpoint": new_ckpt}
-        write_text_atomic(self.layout.stop_request, json.dumps(result))
+        if not alive.supervisor:
+            result["supervisor_lost"] = True
+            result["signalled"] = signalled
+        try:
+            write_text_atomic(self.layout.stop_request, json.dumps(result))
+        except OSError as err:
+            print(f"kaiyuan: {self.name}: could not record the stop in {self.layout.stop_request}: {err}",
+                  file=sys.stderr)
         return result
 
+    def _not_running(self) -> str:
+        try:
+            status = self.status()
+        except RunStateError as err:
+            return f"run {self.name!r} is not running ({err}); nothing signalled"
+        if status["state"] == "lost":
+            return (f"run {self.name!r} is lost: nothing of it runs, and it neither finished nor was stopped "
+                    f"(last iteration {status.get('iteration')}, last checkpoint {status.get('last_checkpoint')}); "
+                    "nothing signalled")
+        return f"run {self.name!r} is not running ({status['phase']}); nothing signalled"
+
     def stop_problems(self, result: dict[str, Any]) -> list[str]:
+        problems = []
+        if result.get("supervisor_lost"):
+            problems.append(f"its supervisor was gone; SIGTERM went to the ranks directly ({result['signalled']})")
         if result["sigkill_after_grace"]:
-            return [f"did not exit within {result['grace_s']:g}s of SIGTERM; sent SIGKILL"]
-        return []
+            problems.append(f"did not exit within {result['grace_s']:g}s of SIGTERM; sent SIGKILL")
+        return problems
 
     def _last_checkpoint(self) -> int | None:
-        events = [r["iteration"] for r in read_metrics(self.layout.state) if r.get("event") == "checkpoint"]
-        return events[-1] if events else None
+        try:
+            return last_checkpoint(self.layout, read_metrics(self.layout.state))
+        except OSError:
+            return None
 
     def status(self) -> dict[str, Any]:
+        """state: running / running — supervisor lost / lost / stopped / finished / failed; phase: what it does or
+        how it ended (setting up: ..., training, saving, stopped before its first step, failed: <error>, ...)."""
         layout = self.layout
         if not layout.state.is_dir():
             raise RunStateError(f"{self.run_dir}: no run state (was it started with `kaiyuan start`?)")
-        command = json.loads(layout.command.read_text()) if layout.command.is_file() else {}
-        exit_info = json.loads(layout.exit_record.read_text()) if layout.exit_record.is_file() else None
-        if self.running_pid() is not None:
-            state = "running"
-        elif exit_info is None:
-            state = "unknown (no exit record; supervisor killed?)"
-        elif layout.stop_request.is_file():
+        command = read_command(layout)
+        exit_info = read_exit(layout.exit_record)
+        alive = self.alive()
+        stop = read_stop(layout)
+        phase = read_phase(layout)
+        metrics = read_metrics(layout.state)
+        out: dict[str, Any] = {"run": self.name}
+        if alive.state is not None:
+            state, shown = alive.state, phase or f"{SETTING_UP}: starting"
+        elif stop is not None:  # by `kaiyuan stop` (also one that found the supervisor gone) or a SIGTERM to it
             state = "stopped"
+            shown = BEFORE_FIRST_STEP if phase is None or phase.startswith(SETTING_UP) else "stopped"
+        elif exit_info is None:
+            state = shown = "lost"
+        elif exit_info["exit_code"] == 0:
+            state = shown = "finished"
         else:
-            state = "finished" if exit_info["exit_code"] == 0 else "failed"
-        steps = [r for r in read_metrics(layout.state) if r.get("event") == "step"]
-        out: dict[str, Any] = {"run": self.name, "state": state, "exit": exit_info}
-        if state == "failed" and layout.console_log.is_file():
-            out["error"] = last_exception(log_tail(layout.console_log))
+            state = "failed"
+            out["error"] = self._error(command)
+            shown = f"failed: {out['error']}" if out["error"] else "failed"
+        out.update(state=state, phase=shown, exit=exit_info)
+        if state == "running — supervisor lost":
+            out["alive"] = list(alive.processes)
+        steps = [r for r in metrics if r.get("event") == "step" and type(r.get("iteration")) is int]
         if steps:
-            last = steps[-1]
-            recent = steps[-10:]
-            step_time = sum(r["step_time_s"] for r in recent) / len(recent)
+            last, recent = steps[-1], steps[-10:]
+            times = [r["step_time_s"] for r in recent if finite(r.get("step_time_s"))]
+            rates = [r["tokens_per_s_per_gpu"] for r in recent if finite(r.get("tokens_per_s_per_gpu"))]
             total = command.get("train_iters")
-            out.update(iteration=last["iteration"], loss=last["loss"], lr=last["lr"],
-                       tokens_per_s_per_gpu=sum(r["tokens_per_s_per_gpu"] for r in recent) / len(recent),
-                       train_iters=total,
-                       eta_s=(total - last["iteration"]) * step_time if total and state == "running" else None)
-        if evals := [r for r in read_metrics(layout.state) if r.get("event") == "heldout_eval"]:  # kaiyuan.heldout_eval
+            out.update(iteration=last["iteration"], loss=last.get("loss"), lr=last.get("lr"),
+                       tokens_per_s_per_gpu=sum(rates) / len(rates) if rates else None, train_iters=total,
+                       eta_s=(total - last["iteration"]) * sum(times) / len(times)
+                       if total and times and state == "running" else None)
+        out["last_checkpoint"] = last_checkpoint(layout, metrics)
+        evals = [r for r in metrics if r.get("event") == "heldout_eval" and type(r.get("iteration")) is int
+                 and isinstance(r.get("overall"), dict)]
+        if evals:  # kaiyuan.heldout_eval
             out["heldout_eval"] = {"iteration": evals[-1]["iteration"], **evals[-1]["overall"]}
         return out
+
+    def _error(self, command: dict[str, Any]) -> str | None:
+        """The last exception in the run's log: the console log of a detached run, the log a foreground
+        `kaiyuan train` wrote (recorded with its command; only a file in the run's logs/ is read)."""
+        log = self.layout.console_log
+        recorded = command.get("log")
+        if isinstance(recorded, str) and Path(recorded).resolve().parent == self.layout.logs.resolve():
+            log = Path(recorded)
+        try:
+            return last_exception(log_tail(log)) if log.is_file() else None
+        except OSError:
+            return None
 
     def logs(self, follow: bool = False, out: TextIO | None = None, poll: float = 0.5,
              stop_when_done: bool = True) -> None:
@@ -204,27 +288,29 @@ class LocalRun(Run):
                 if chunk:
                     out.write(chunk)
                     out.flush()
-                if not follow or (stop_when_done and self.running_pid() is None):
+                if not follow or (stop_when_done and not self.alive().processes):
                     if follow:
                         out.write(fh.read())
                     return
                 time.sleep(poll)
 
     def stacks(self, timeout: float = 10.0, quiet: float = 0.5) -> str:
-        pid = self.running_pid()
-        if pid is None:
+        alive = self.alive()
+        if not alive.processes:
             raise RunStateError(f"run {self.name!r} is not running")
-        return report(*signal_and_read(pid, self.layout.console_log, timeout, quiet))
+        root = alive.supervisor or alive.processes[0]  # the oldest PID left: the top of what remains
+        return report(*signal_and_read(root, self.layout.console_log, timeout, quiet))
 
 
 def run_in_foreground(run_dir: Path, argv: list[str], log_path: Path, extra: dict[str, Any] | None = None) -> int:
     """`kaiyuan train`: run `argv` here with the same run state a detached run has (this process is the
-    supervisor), so `kaiyuan status` tells finished / failed / stopped and a second start is refused. Under a
-    supervisor (`kaiyuan start`), that one records the state."""
+    supervisor: it holds the run's lock, its children carry the run's token), so `kaiyuan status` tells finished /
+    failed / stopped and a second start is refused. Under a supervisor (`kaiyuan start`), that one records it."""
     if os.environ.get(SUPERVISED_ENV):
-        return run_foreground(argv, log_path)
+        return run_foreground(argv, log_path, state_dir=Path(os.environ[SUPERVISED_ENV]))
     run = LocalRun(run_dir)
-    run.prepare_state(argv, extra)
+    claim = run.prepare_state(argv, {**(extra or {}), "log": str(log_path)})
+    os.environ.update(claim.env())  # for torchrun and the ranks below it
     me = ProcessIdentity.of(os.getpid())
     assert me is not None
     me.save(run.layout.supervisor_identity)
@@ -235,7 +321,7 @@ def run_in_foreground(run_dir: Path, argv: list[str], log_path: Path, extra: dic
 
     code = 1
     try:
-        code = run_foreground(argv, log_path, on_stop=stopped)
+        code = run_foreground(argv, log_path, on_stop=stopped, state_dir=run.layout.state)
     finally:
         record_exit(run.layout.state, code)
     return code

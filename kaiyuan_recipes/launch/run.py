@@ -38,7 +38,9 @@ class Run(ABC):
 
     @abstractmethod
     def stop(self, grace: float = 300.0) -> dict[str, Any]:
-        """SIGTERM to the run (its ranks save a checkpoint), SIGKILL after `grace` seconds; what happened, as JSON."""
+        """SIGTERM to what of the run is alive (its ranks save a checkpoint, or end at once still setting up),
+        SIGKILL after `grace` seconds; what happened, as JSON. A RunError, signalling nothing, when nothing is
+        alive."""
 
     @abstractmethod
     def stop_problems(self, result: dict[str, Any]) -> list[str]:
@@ -46,7 +48,9 @@ class Run(ABC):
 
     @abstractmethod
     def status(self) -> dict[str, Any]:
-        """running / finished / failed (with the error) / stopped, as JSON."""
+        """As JSON: `state` (running / running — supervisor lost / lost / stopped / finished / failed, with the
+        error), and what the back-end can tell beyond it (phase, iteration, nodes, the scheduler's view). `lost`:
+        nothing of the run is alive, and it neither finished nor was stopped."""
 
     @abstractmethod
     def logs(self, follow: bool = False, out: TextIO | None = None) -> None:

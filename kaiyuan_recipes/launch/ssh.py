@@ -145,11 +145,13 @@ def launch_line(spec: MultiNodeSpec, run_dir: Path, rank: int, target: list[str]
                "kaiyuan_recipes.launch.supervise", "--new-session", state, "--", *spec.torchrun(rank).command(target)]
     identity = shlex.quote(f"{state}/{IDENTITY_FILE}")
     # The node's supervisor records its identity first thing (launch/identity.py); wait for it (bounded), so a
-    # status right after the start finds it.
+    # status right after the start finds it. A supervisor that refused (its node still runs something of the run:
+    # launch/membership.py) records none: the log's end comes back instead of a process id.
     line = (f"cd {shlex.quote(spec.workdir)} && mkdir -p {shlex.quote(state)} {shlex.quote(str(Path(log).parent))} && "
             f"rm -f {shlex.quote(f'{state}/{EXIT_FILE}')} {identity} && "
             f"{{ nohup {shlex.join(command)} > {shlex.quote(log)} 2>&1 < /dev/null & pid=$!; "
-            f"for i in $(seq 200); do [ -f {identity} ] && break; sleep 0.05; done; echo $pid; }}")
+            f"for i in $(seq 200); do [ -f {identity} ] && break; sleep 0.05; done; "
+            f"if [ -f {identity} ]; then echo $pid; else tail -n 3 {shlex.quote(log)}; fi; }}")
     return in_node(spec, line)
 
 
@@ -209,7 +211,7 @@ class MultiNodeRun(Run):
         not recorded: multinode.json holds exactly what the nodes run, and status asks the nodes.)"""
         if self.state_file.is_file():
             previous = MultiNodeRun(self.run_dir)
-            if previous.status()["state"] == "running":
+            if previous.status()["state"].startswith("running"):
                 raise MultiNodeError(f"run {self.run_dir.name!r} is already running on "
                                      f"{', '.join(n.host for n in previous.spec.nodes)}; stop it first")
         self.pids = {}
@@ -236,11 +238,17 @@ class MultiNodeRun(Run):
         except Exception as err:  # noqa: BLE001  (an unreachable node is a state, reported)
             return {"rank": rank, "host": self.spec.nodes[rank].host, "state": "unreachable", "error": str(err)[:200]}
         info: dict[str, Any] = {"rank": rank, "host": self.spec.nodes[rank].host, "pid": pid}
-        if out == "RUNNING":
-            return info | {"state": "running"}
-        if out == "LOST":
+        try:
+            seen = json.loads(out.splitlines()[-1])
+            alive, supervisor, exit_info = seen["alive"], seen["supervisor"], seen["exit"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            return info | {"state": "unreadable", "error": f"node answered {out[-200:]!r}"}
+        if supervisor:
+            return info | {"state": "running", **({"phase": seen["phase"]} if seen.get("phase") else {})}
+        if alive:  # the node's supervisor is gone, processes of its run are not
+            return info | {"state": "running — supervisor lost", "alive": alive}
+        if exit_info is None:
             return info | {"state": "lost"}
-        exit_info = json.loads(out)
         if exit_info["exit_code"] == 0:
             return info | {"state": "finished", "exit": exit_info}
         tail = self._run(rank, in_node(self.spec, f"tail -c {TAIL_BYTES} {shlex.quote(log)} 2>/dev/null || true"),
@@ -253,10 +261,16 @@ class MultiNodeRun(Run):
         stopped = self.layout.stop_request.is_file()
         if "running" in states:
             overall = "running"
+        elif "running — supervisor lost" in states:
+            overall = "running — supervisor lost"
         elif states == {"finished"}:
             overall = "finished"
+        elif stopped:
+            overall = "stopped"
+        elif states == {"lost"}:
+            overall = "lost"  # nothing of it runs anywhere, and it neither finished nor was stopped
         else:
-            overall = "stopped" if stopped else "failed"
+            overall = "failed"
         return {"run": self.name, "state": overall, "nodes": nodes}
 
     def signal_all(self, sig: str) -> list[dict[str, Any]]:
@@ -277,13 +291,18 @@ class MultiNodeRun(Run):
     def stop(self, grace: float = 300.0, poll: float = 1.0, reason: str = "requested") -> dict[str, Any]:
         """SIGTERM every node's supervisor (it stops the ranks); wait for all to exit; SIGKILL the rest after `grace`.
         A node that cannot be reached does not keep the others from being stopped; it is reported."""
+        before = self.status()
+        if not before["state"].startswith("running") and "unreachable" not in {n["state"] for n in before["nodes"]}:
+            raise MultiNodeError(f"run {self.name!r} is not running on any node (state {before['state']}: "
+                                 + ", ".join(f"node {n['rank']} {n['state']}" for n in before["nodes"])
+                                 + "); nothing signalled")
         self.layout.state.mkdir(parents=True, exist_ok=True)
         write_text_atomic(self.layout.stop_request, json.dumps({"reason": reason, "at": time.time()}))
         unreachable = self.signal_all("TERM")
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and self.status()["state"] == "running":
+        while time.monotonic() < deadline and self.status()["state"].startswith("running"):
             time.sleep(poll)
-        killed = self.status()["state"] == "running"
+        killed = self.status()["state"].startswith("running")
         if killed:
             unreachable += [u for u in self.signal_all("KILL") if u["rank"] not in {v["rank"] for v in unreachable}]
         return {"run": self.name, "sigkill_after_grace": killed, "grace_s": grace,
@@ -299,12 +318,12 @@ class MultiNodeRun(Run):
         """Wait for the job; when one node fails or disappears while others run, stop the others."""
         while True:
             status = self.status()
-            bad = [n for n in status["nodes"] if n["state"] in ("failed", "lost")]
-            if bad and status["state"] == "running":
+            bad = [n for n in status["nodes"] if n["state"] in ("failed", "lost", "running — supervisor lost")]
+            if bad and status["state"].startswith("running"):
                 hosts = ", ".join(f"{n['host']} (rank {n['rank']}: {n['state']})" for n in bad)
                 result = self.stop(grace, reason=f"node failure: {hosts}")
                 return result | {"state": "failed", "failed_nodes": [n["rank"] for n in bad]}
-            if status["state"] != "running":
+            if not status["state"].startswith("running"):
                 return status
             time.sleep(poll)
 

@@ -7,7 +7,12 @@ torchrun agent below it. Not to the whole group: torchrun answers SIGTERM by kil
 (whether or not their checkpoint is written), and the ranks' DataLoader workers die on it, which fails the
 rank on its next batch. Megatron's exit-signal handler in each rank saves and exits; torchrun and the
 launcher then end on their own. `kaiyuan train` in the foreground does the same with a SIGTERM it gets
-(run_foreground)."""
+(run_foreground).
+
+The supervisor holds the run's lock and hands its token to everything below it (launch/membership.py); its child
+and torchrun get SIGTERM when their parent dies, so a supervisor killed by anything ends its run rather than
+leaving it to train unsupervised. Which processes are the run's, and the verbs a node runs for `kaiyuan stop` /
+`status` (node_verb), go by that token and lock, never by a command line."""
 
 from __future__ import annotations
 
@@ -17,12 +22,16 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 from kaiyuan_recipes.atomic import write_text_atomic
-from kaiyuan_recipes.launch.identity import ProcessIdentity, signal_if_alive
-from kaiyuan_recipes.run_layout import CHILD_PID_FILE, EXIT_FILE, IDENTITY_FILE
+from kaiyuan_recipes.launch import membership
+from kaiyuan_recipes.launch.identity import IdentityError, ProcessIdentity
+from kaiyuan_recipes.launch.run import RunError
+from kaiyuan_recipes.launch.run_records import read_exit, read_object
+from kaiyuan_recipes.run_layout import CHILD_PID_FILE, EXIT_FILE, IDENTITY_FILE, PHASE_FILE, STOP_FILE
 
 SUPERVISED_ENV = "KAIYUAN_SUPERVISED"  # set for the command a supervisor runs: it records nothing itself
 
@@ -94,17 +103,25 @@ def forward_stop(child_pid: int) -> list[int]:
     return ranks
 
 
-def run_foreground(argv: list[str], log_path: Path, on_stop: Callable[[], None] | None = None) -> int:
+def run_foreground(argv: list[str], log_path: Path, on_stop: Callable[[], None] | None = None,
+                   state_dir: Path | None = None) -> int:
     """Run `argv` (torchrun) in the foreground, its output to stdout and `log_path`; a SIGTERM to this
     process (a scheduler's, `timeout`'s) is handed to the ranks as `kaiyuan stop` would, so they save a
-    checkpoint and exit instead of being killed by torchrun (`on_stop` is called first)."""
+    checkpoint and exit instead of being killed by torchrun (`on_stop` is called first). A stop that ended the
+    run before its first step (the phase in `state_dir` still set-up: the ranks end at once, nothing to save)
+    says so and counts as a clean end (0), as a stop during training does."""
 
     proc: subprocess.Popen | None = None
     pending: list[bool] = []
+    stopped: list[bool] = []
 
     def stop(*_: Any) -> None:
+        stopped.append(True)
         if on_stop is not None:
-            on_stop()
+            try:
+                on_stop()
+            except OSError as err:  # the record is for status; the stop itself must still go through
+                print(f"kaiyuan: could not record the stop: {err}", file=sys.stderr, flush=True)
         if proc is None:
             pending.append(True)
         else:
@@ -112,7 +129,9 @@ def run_foreground(argv: list[str], log_path: Path, on_stop: Callable[[], None] 
 
     previous = signal.signal(signal.SIGTERM, stop)  # before the child exists: an early SIGTERM still stops it
     with open(log_path, "w", encoding="utf-8") as log:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        # torchrun gets SIGTERM when this process dies, however it dies: it then ends its ranks (launch/membership.py)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                preexec_fn=membership.dies_with_this_process(signal.SIGTERM))
         if pending:
             forward_stop(proc.pid)
         try:
@@ -121,43 +140,92 @@ def run_foreground(argv: list[str], log_path: Path, on_stop: Callable[[], None] 
                 sys.stdout.write(line)
                 sys.stdout.flush()
                 log.write(line)
-            return proc.wait()
+            code = proc.wait()
         finally:
             signal.signal(signal.SIGTERM, previous)
+        # under a supervisor the stop reaches the ranks, not this process: `kaiyuan stop` records it first
+        asked = stopped or (state_dir is not None and (Path(state_dir) / STOP_FILE).is_file())
+        if asked and code != 0 and state_dir is not None and _still_setting_up(state_dir):
+            line = "kaiyuan: stopped before its first step; nothing to save, no checkpoint written\n"
+            sys.stdout.write(line)
+            log.write(line)
+            return 0
+        return code
 
 
-def kill_run(supervisor: ProcessIdentity) -> bool:
-    """SIGKILL a run: the supervisor's process group, and each rank's own session (torchrun's). Only while the
-    recorded supervisor is still that process (launch/identity.py); False when it is not."""
-    if not supervisor.is_alive():
+def _still_setting_up(state_dir: Path) -> bool:
+    try:
+        record = read_object(Path(state_dir) / PHASE_FILE, {"phase": (str,)})
+    except RunError:
         return False
-    ranks = training_ranks(supervisor.pid)
-    for group in (supervisor.pid, *[r for r in ranks if r != supervisor.pid]):
-        try:
-            os.killpg(group, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    return True
+    return record is None or record["phase"].startswith("setting up")
 
 
-def is_supervisor_argv(argv: tuple[str, ...] | list[str], state_dir: Path) -> bool:
-    """A supervisor's command line for this run: this module with this state directory, or a foreground
-    `kaiyuan train` (the CLI as a module or its console script, which supervises itself). A recorded identity
-    naming anything else is never signalled, even when it matches a live process."""
-    argv = list(argv)
-    if "kaiyuan_recipes.launch.supervise" in argv:
-        return str(state_dir) in argv or str(Path(state_dir).resolve()) in argv
-    cli = "kaiyuan_recipes.cli.main" in argv[:4] or any(Path(a).name == "kaiyuan" for a in argv[:3])
-    return cli and "train" in argv
+@dataclass(frozen=True)
+class Alive:
+    """What of a run is alive: its recorded supervisor (when that very process runs and holds the run's lock) and
+    every process of the run (launch/membership.py), the supervisor included."""
+    supervisor: int | None
+    processes: tuple[int, ...]
+    state_dir: Path
+
+    @property
+    def also(self) -> tuple[int, ...]:
+        return (self.supervisor,) if self.supervisor else ()
+
+    @property
+    def state(self) -> str | None:
+        """running / running — supervisor lost, or None when nothing of the run is alive."""
+        if self.supervisor:
+            return "running"
+        return "running — supervisor lost" if self.processes else None
+
+
+def run_alive(state_dir: Path) -> Alive:
+    """What of the run recorded in `state_dir` is alive now (an IdentityError for a supervisor record that kaiyuan
+    would not have written)."""
+    state_dir = Path(state_dir).resolve()
+    identity = ProcessIdentity.load(state_dir / IDENTITY_FILE)
+    recorded = (identity.pid,) if identity is not None and identity.is_alive() else ()
+    processes = tuple(membership.members(state_dir, also=recorded))
+    supervisor = recorded[0] if recorded and recorded[0] in processes else None
+    return Alive(supervisor, processes, state_dir)
 
 
 def live_supervisor(state_dir: Path) -> ProcessIdentity | None:
-    """The supervisor recorded in `state_dir` while that very process runs (an IdentityError for a record that
-    kaiyuan would not have written)."""
-    identity = ProcessIdentity.load(Path(state_dir) / IDENTITY_FILE)
-    if identity is None or not is_supervisor_argv(identity.argv, state_dir) or not identity.is_alive():
-        return None
-    return identity
+    """The supervisor recorded in `state_dir` while that very process runs this run."""
+    alive = run_alive(state_dir)
+    return ProcessIdentity.of(alive.supervisor) if alive.supervisor else None
+
+
+def terminate(alive: Alive) -> list[int]:
+    """A stop: SIGTERM to the live supervisor, which hands it to the ranks; with the supervisor gone, to the ranks
+    below each of the run's top processes (the orphaned launcher or torchrun agent) directly. Returns whom."""
+    if alive.supervisor:
+        sent = membership.signal_member(alive.supervisor, alive.state_dir, signal.SIGTERM, alive.also)
+        return [alive.supervisor] if sent else []
+    mine = set(alive.processes)
+    table = processes()
+    tops = [pid for pid in alive.processes if pid in table and table[pid].ppid not in mine]
+    targets = sorted({rank for top in tops for rank in training_ranks(top) if rank in mine})
+    return [pid for pid in targets if membership.signal_member(pid, alive.state_dir, signal.SIGTERM)]
+
+
+def kill_all(state_dir: Path, rounds: int = 20, pause: float = 0.1) -> bool:
+    """SIGKILL every process of the run (each one checked as the run's right before); True when any was sent."""
+    sent = False
+    for _ in range(rounds):  # a process may start another while we kill: look again, a bounded number of times
+        try:
+            alive = run_alive(state_dir)
+        except IdentityError:  # a damaged supervisor record must not spare the rest of the run
+            resolved = Path(state_dir).resolve()
+            alive = Alive(None, tuple(membership.members(resolved)), resolved)
+        if not alive.processes:
+            break
+        for pid in alive.processes:
+            sent |= membership.signal_member(pid, alive.state_dir, signal.SIGKILL, alive.also)
+        time.sleep(pause)
+    return sent
 
 
 def record_exit(state_dir: Path, code: int) -> None:
@@ -166,33 +234,39 @@ def record_exit(state_dir: Path, code: int) -> None:
 
 
 def node_verb(verb: str, state_dir: Path) -> int:
-    """What `kaiyuan stop` / `status` run on a node, against the identity the node's supervisor recorded:
-    --term (SIGTERM), --kill (the run's groups), --status (the exit record, or RUNNING or LOST)."""
+    """What `kaiyuan stop` / `status` run on a node against the node's state folder: --term (a stop: SIGTERM to
+    the supervisor, or to the ranks when it is gone), --kill (SIGKILL to every process of the run), --status (one
+    JSON line: the live supervisor, every live process of the run, the exit record)."""
     try:
-        identity = live_supervisor(state_dir)
-    except ValueError as err:
+        alive = run_alive(state_dir)
+        if verb == "--status":
+            exit_info = read_exit(Path(state_dir) / EXIT_FILE)
+            phase = read_object(Path(state_dir) / PHASE_FILE, {"phase": (str,)})
+            print(json.dumps({"supervisor": alive.supervisor, "alive": list(alive.processes), "exit": exit_info,
+                              "phase": phase and phase["phase"]}))
+            return 0
+    except (IdentityError, RunError) as err:
         print(f"kaiyuan supervisor: {err}", file=sys.stderr)
-        identity = None
-    if verb == "--status":  # the exit record, else RUNNING / LOST; the record is read again after the
-        exit_file = Path(state_dir) / EXIT_FILE  # liveness check: the supervisor may have just written it
-        for attempt in (0, 1):
-            if exit_file.is_file():
-                print(exit_file.read_text())
-                return 0
-            if attempt == 0 and identity is not None:
-                print("RUNNING")
-                return 0
-        print("LOST")
-        return 0
-    if identity is None:
-        print(f"kaiyuan supervisor: {state_dir}: no live supervisor on record; nothing signalled", file=sys.stderr)
         return 3
-    sent = signal_if_alive(identity, signal.SIGTERM) if verb == "--term" else kill_run(identity)
+    if not alive.processes:
+        print(f"kaiyuan supervisor: {state_dir}: nothing of the run is alive; nothing signalled", file=sys.stderr)
+        return 3
+    sent = bool(terminate(alive)) if verb == "--term" else kill_all(state_dir)
     return 0 if sent else 3
 
 
 USAGE = ("usage: python -m kaiyuan_recipes.launch.supervise [--new-session] STATE_DIR -- ARGV...\n"
          "       python -m kaiyuan_recipes.launch.supervise --term|--kill|--status STATE_DIR")
+
+
+def _claim(state_dir: Path) -> membership.Claim:
+    """The run's lock: handed over by `kaiyuan start` (LOCK_FD_ENV), or taken here (a node of a multi-node run)."""
+    handed = os.environ.pop(membership.LOCK_FD_ENV, None)
+    if handed is not None:
+        return membership.inherited_claim(state_dir, int(handed))
+    claim = membership.claim(state_dir, f"{state_dir}: a run is still alive here")
+    (Path(state_dir) / PHASE_FILE).unlink(missing_ok=True)
+    return claim
 
 
 def main(argv: list[str]) -> int:
@@ -208,6 +282,11 @@ def main(argv: list[str]) -> int:
         os.setsid()
     state_dir, command = Path(argv[0]), argv[2:]
     state_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        claim = _claim(state_dir)
+    except RunError as err:
+        print(f"kaiyuan supervisor: {err}", file=sys.stderr)
+        return 3
     # The handler goes in before the identity is on record: a stop that comes at once (kaiyuan start returns when
     # the record exists) must reach the ranks, not kill the supervisor and orphan them.
     child: subprocess.Popen | None = None
@@ -223,7 +302,10 @@ def main(argv: list[str]) -> int:
     me = ProcessIdentity.of(os.getpid())
     assert me is not None
     me.save(state_dir / IDENTITY_FILE)
-    child = subprocess.Popen(command, env=dict(os.environ, **{SUPERVISED_ENV: str(state_dir)}))
+    # The child and everything below carry the run's token (how stop and status know them) and get SIGTERM when
+    # this supervisor dies (kill -9, OOM): the run ends with it instead of training on unsupervised.
+    env = dict(os.environ, **{SUPERVISED_ENV: str(state_dir)}, **claim.env())
+    child = subprocess.Popen(command, env=env, preexec_fn=membership.dies_with_this_process(signal.SIGTERM))
     if stop_pending:
         forward_stop(child.pid)
     write_text_atomic(state_dir / CHILD_PID_FILE, str(child.pid))

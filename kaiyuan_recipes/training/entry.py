@@ -1,5 +1,9 @@
 """What each torchrun worker runs: build the recipe's ConfigContainer and call Megatron-Bridge's
-pretrain with its GPT forward step. `python -m kaiyuan_recipes.training.entry RECIPE [overrides]`."""
+pretrain with its GPT forward step. `python -m kaiyuan_recipes.training.entry RECIPE [overrides]`.
+
+Under `kaiyuan train` / `start` the rank joins its run first (launch/membership.py: the run's lock, and SIGTERM
+when torchrun dies), records its set-up phase for `kaiyuan status`, and ends at once on a SIGTERM until training
+starts (training/run_phase.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +12,10 @@ import sys
 from typing import Any
 
 from kaiyuan_recipes import compat, fastpath
+from kaiyuan_recipes.launch.membership import join_run_from_env
 from kaiyuan_recipes.launch.stacks import enable_stack_dumps
 from kaiyuan_recipes.training.config import RunSettings, build_config, deterministic_env
+from kaiyuan_recipes.training.phase_file import SETTING_UP, supervised_state_dir, write_phase
 from kaiyuan_recipes.training.validate import validate
 
 
@@ -18,8 +24,8 @@ def prepare_run_dirs(run: RunSettings) -> None:
         path.mkdir(parents=True, exist_ok=True)
 
 
-def worker_callbacks(cfg: Any, run: RunSettings) -> list[Any]:
-    """The Megatron-Bridge callbacks a worker trains with."""
+def worker_callbacks(cfg: Any, run: RunSettings, phase: Any = None) -> list[Any]:
+    """The Megatron-Bridge callbacks a worker trains with (`phase`: its RunPhaseCallback)."""
     from kaiyuan_recipes.training.metrics import RunMetricsCallback
     from kaiyuan_recipes.training.profiling import ProfileSummaryCallback
 
@@ -28,6 +34,8 @@ def worker_callbacks(cfg: Any, run: RunSettings) -> list[Any]:
         from kaiyuan_recipes.training.heldout_eval.callback import heldout_eval_callback
 
         callbacks.append(heldout_eval_callback(cfg, run, after_eval=callbacks[0].on_eval_start))
+    if phase is not None:
+        callbacks.append(phase)
     if cfg.profiling is not None and cfg.profiling.use_pytorch_profiler:
         callbacks.append(ProfileSummaryCallback(run.run_dir, cfg.profiling))
     if not cfg.rerun_state_machine.check_for_nan_in_loss:  # e.g. kaiyuan.cuda_graph: Megatron's check is off
@@ -42,16 +50,31 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
         raise SystemExit("usage: python -m kaiyuan_recipes.training.entry RECIPE [section.field=value ...]")
+    join_run_from_env()
+    phase_dir = supervised_state_dir()
+    if phase_dir is not None:
+        write_phase(phase_dir, f"{SETTING_UP}: building the config")
     compat.apply()
     cfg, run = build_config(argv[0], argv[1:])
     os.environ.update(deterministic_env(cfg))  # before CUDA and NCCL read them
     validate(cfg, int(os.environ.get("WORLD_SIZE", "1")), run.max_positions)
     prepare_run_dirs(run)
+    phase_dir = phase_dir or run.layout.state
+
+    from kaiyuan_recipes.training.run_phase import (
+        RunPhaseCallback,
+        hold_stop_handler_until_training,
+        watch_model_build,
+    )
+
+    phase = RunPhaseCallback(phase_dir, hold_stop_handler_until_training(cfg))
+    watch_model_build(cfg, phase_dir)
+    write_phase(phase_dir, f"{SETTING_UP}: initializing and building the model")
 
     from megatron.bridge.training.gpt_step import forward_step
     from megatron.bridge.training.pretrain import pretrain
 
-    pretrain(cfg, forward_step, callbacks=worker_callbacks(cfg, run))
+    pretrain(cfg, forward_step, callbacks=worker_callbacks(cfg, run, phase))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,6 @@ A Megatron-Bridge Callback: it only observes; it never changes training."""
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from kaiyuan_recipes import compat
 compat.apply()
 from megatron.bridge.training.callbacks import Callback  # noqa: E402
 
+from kaiyuan_recipes.run_layout import dumps_record  # noqa: E402
 from kaiyuan_recipes.training.metrics_log import METRICS_FILE  # noqa: E402
 
 # What picks a run's kernels, recorded at train start so that a benchmark row says what it trained: the model's
@@ -53,7 +53,7 @@ class RunMetricsCallback(Callback):
     def _write(self, record: dict[str, Any]) -> None:
         if self._is_writer():
             with open(self.path, "a", encoding="utf-8") as fh:
-                fh.write(json.dumps(record) + "\n")
+                fh.write(dumps_record(record) + "\n")  # a NaN loss as "nan": strict JSON
 
     def on_train_start(self, context: Any) -> None:
         import torch
