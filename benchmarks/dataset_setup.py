@@ -60,7 +60,8 @@ def measure_recipe(recipe: str, overrides: list[str]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as root:
         cfg, run = build_config(recipe, [*overrides, f"kaiyuan.run_root={root}"])
         result: dict[str, Any] = {"recipe": recipe, "overrides": overrides, "data": run.data,
-                                  "train_iters": cfg.train.train_iters, "global_batch_size": cfg.train.global_batch_size,
+                                  "train_iters": cfg.train.train_iters,
+                                  "global_batch_size": cfg.train.global_batch_size,
                                   "seq_length": cfg.dataset.seq_length}
         for attempt in ("cold", "warm"):
             resolved = resolve_with_upstream(cfg, world_size=1)

@@ -9,6 +9,7 @@ from typing import Any
 
 from kaiyuan_recipes import compat, fastpath
 from kaiyuan_recipes.launch.stacks import enable_stack_dumps
+from kaiyuan_recipes.training import run_logging
 from kaiyuan_recipes.training.config import RunSettings, build_config, deterministic_env
 from kaiyuan_recipes.training.validate import validate
 
@@ -30,11 +31,12 @@ def worker_callbacks(cfg: Any, run: RunSettings) -> list[Any]:
         from kaiyuan_recipes.training.loss_guard import NonFiniteLossCallback
 
         callbacks.append(NonFiniteLossCallback())
-    return callbacks + fastpath.callbacks(run.fastpath)
+    return callbacks + fastpath.callbacks(run.fastpath) + run_logging.progress_callbacks(cfg)
 
 
 def main(argv: list[str] | None = None) -> None:
     enable_stack_dumps()  # `kaiyuan stacks RUN`
+    run_logging.quiet_upstream()  # before Megatron is imported: its import-time records
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
         raise SystemExit("usage: python -m kaiyuan_recipes.training.entry RECIPE [section.field=value ...]")
@@ -43,6 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.update(deterministic_env(cfg))  # before CUDA and NCCL read them
     validate(cfg, int(os.environ.get("WORLD_SIZE", "1")), run.max_positions)
     prepare_run_dirs(run)
+    run_logging.start_console(cfg, run)  # the full log in logs/, the decided block
 
     from megatron.bridge.training.gpt_step import forward_step
     from megatron.bridge.training.pretrain import pretrain
