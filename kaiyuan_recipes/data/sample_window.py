@@ -36,10 +36,13 @@ SAMPLE_WINDOW_STEPS = 1000
 
 
 class Cycled(torch.utils.data.Dataset):
-    """`dataset` (n samples) seen as `length` samples: sample i is dataset[i % n]."""
+    """`dataset` seen as `length` samples: sample i is dataset[i % period] (megatron-core may build a few samples more
+    than it was asked for: the period is what was asked, so the run repeats every window exactly)."""
 
-    def __init__(self, dataset: Any, length: int):
-        self.dataset, self.length = dataset, length
+    def __init__(self, dataset: Any, length: int, period: int):
+        if not 0 < period <= len(dataset):
+            raise ValueError(f"cycle period {period} for a dataset of {len(dataset)} samples")
+        self.dataset, self.length, self.period = dataset, length, period
 
     def __len__(self) -> int:
         return self.length
@@ -47,7 +50,7 @@ class Cycled(torch.utils.data.Dataset):
     def __getitem__(self, idx: int) -> Any:
         if not 0 <= idx < self.length:
             raise IndexError(f"sample {idx} outside the run's {self.length} samples")
-        return self.dataset[idx % len(self.dataset)]
+        return self.dataset[idx % self.period]
 
 
 @dataclass(kw_only=True)
@@ -94,8 +97,9 @@ class SampleWindowDatasetConfig(MCoreGPTDatasetConfig, DatasetProvider):
 
     def build_datasets(self, context: DatasetBuildContext) -> tuple[Any, Any, Any]:
         asked = [context.train_samples, context.valid_samples, context.test_samples]
-        built = BlendedMegatronDatasetBuilder(GPTDataset, self.window_sizes(context), lambda: True, self).build()
-        return tuple(Cycled(d, n) if d is not None and n > len(d) else d for d, n in zip(built, asked))
+        windows = self.window_sizes(context)
+        built = BlendedMegatronDatasetBuilder(GPTDataset, windows, lambda: True, self).build()
+        return tuple(Cycled(d, n, w) if d is not None and n > len(d) else d for d, n, w in zip(built, asked, windows))
 
 
 def describe_window(cfg: Any) -> str | None:
