@@ -36,8 +36,11 @@ WORKER = textwrap.dedent("""
                         "Using reduce-scatter for gradient reductions because use_distributed_optimizer=True")
     log_single_rank(buffers, logging.WARNING, "a warning from the buffers")
     datasets = logging.getLogger("megatron.core.datasets.gpt_dataset")
-    for _ in range(2):
+    for _ in range(2):                            # once per source of a blend: progress, shown each time
         log_single_rank(datasets, logging.INFO, "Build and save the GPTDataset train indices")
+    optimizer = logging.getLogger("megatron.core.optimizer")
+    for _ in range(4):
+        log_single_rank(optimizer, logging.INFO, "the same optimizer line")
 
     from kaiyuan_recipes.training.summary import resolve_with_upstream
     resolve_with_upstream(cfg, 1).log_non_default_values()   # Bridge's Configuration Summary (a print)
@@ -73,7 +76,8 @@ def test_console_leaves_out_upstream_noise(quiet):
 def test_console_keeps_what_a_person_needs(quiet):
     console, _ = quiet
     assert "a warning from the buffers" in console  # a quiet logger's warnings are not quiet
-    assert console.count("Build and save the GPTDataset train indices") == 1  # once, not once per call
+    assert console.count("the same optimizer line") == 1  # once, not once per call
+    assert console.count("Build and save the GPTDataset train indices") == 2  # set-up progress, per source
     decided = [line for line in console.splitlines() if line.startswith("kaiyuan: ")]
     assert any(line.startswith("kaiyuan: recipe gpt_smoke") for line in decided)
     assert any(line.startswith("kaiyuan: data bundled sample corpus") for line in decided)
@@ -85,6 +89,7 @@ def test_full_log_has_everything(quiet):
     assert "Import of NoSuchSymbolForTheTest" in full and "Traceback" in full
     assert full.count("Using reduce-scatter for gradient reductions") == 3
     assert full.count("Build and save the GPTDataset train indices") == 2
+    assert full.count("the same optimizer line") == 4
     assert "Configuration Summary (Non-Default Values vs Megatron Core)" in full
     from kaiyuan_recipes import compat
 

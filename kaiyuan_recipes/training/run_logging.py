@@ -14,7 +14,8 @@ What is quiet on the console, and why:
   It is not an error; its ImportError twin is logged at DEBUG.
 - `megatron.core.distributed.param_and_grad_buffer` INFO: "Using reduce-scatter for gradient reductions" once per
   bucket group and the name of every parameter of every bucket, at every start.
-- the same INFO record again (same logger, same text): once on the console is enough.
+- the same INFO record again (same logger, same text): once on the console is enough (dataset set-up progress
+  excepted: its lines repeat once per source).
 - Megatron-Bridge's "Configuration Summary (Non-Default Values vs Megatron Core)": a print of upstream defaults;
   the decided block above says what this run does."""
 
@@ -102,6 +103,11 @@ class QuietOnConsole(logging.Filter):
         return False
 
 
+# Set-up progress says the same words for each source it indexes ("Build and save the GPTDataset train indices"):
+# each is a step of progress, not a repeat.
+ALWAYS_SHOWN = ("megatron.core.datasets",)
+
+
 class OnceOnConsole(logging.Filter):
     """On a console handler: an INFO record repeated (same logger, same text) is shown once (the full log, a
     handler of its own, has every one). Bounded: after `limit` distinct messages it stops remembering."""
@@ -112,7 +118,7 @@ class OnceOnConsole(logging.Filter):
         self.limit = limit
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno > logging.INFO:
+        if record.levelno > logging.INFO or record.name.startswith(ALWAYS_SHOWN):
             return True
         key = (record.name, record.getMessage())
         if key in self.seen:
