@@ -21,6 +21,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("run_name")
     p.add_argument("overrides", nargs="*")
     p.add_argument("--nproc-per-node", type=int, help="ranks per node (default 1; on Slurm: --gpus-per-node)")
+    p.add_argument("--verbose", action="store_true", help="every upstream log record on the console too")
     multi = p.add_argument_group("multi-node (one torchrun per host over SSH)")
     add_ssh_arguments(multi, required=False)
     multi.add_argument("--container-name", help="run inside this same-named container on every host (docker exec)")
@@ -71,7 +72,7 @@ def start(args: Any) -> int:
     nproc = args.nproc_per_node or 1
     validate(cfg, TorchrunSpec(nproc_per_node=nproc).world_size, run.max_positions)
     argv = [sys.executable, "-m", "kaiyuan_recipes.cli.main", "train", args.recipe, f"--nproc-per-node={nproc}",
-            *overrides]
+            *(["--verbose"] if args.verbose else []), *overrides]
     pids = LocalRun(run.run_dir).start(argv, {"recipe": args.recipe, "train_iters": cfg.train.train_iters})
     print(f"started {args.run_name} (supervisor pid {pids[0]}); logs: kaiyuan logs {args.run_name} -f")
     return 0

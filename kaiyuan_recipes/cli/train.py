@@ -13,6 +13,7 @@ from kaiyuan_recipes.launch.lifecycle import run_in_foreground
 from kaiyuan_recipes.launch.torchrun import TorchrunSpec
 from kaiyuan_recipes.training.config import build_config
 from kaiyuan_recipes.training.entry import prepare_run_dirs
+from kaiyuan_recipes.training.run_logging import VERBOSE_ENV
 from kaiyuan_recipes.training.summary import print_summary, resolve_with_upstream, summarize
 from kaiyuan_recipes.training.validate import validate
 
@@ -26,6 +27,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="with --dry-run: print the plan as JSON")
     p.add_argument("--phase", type=int,
                    help="train phase N of kaiyuan.curriculum (default kaiyuan_2b), resuming phase N-1")
+    p.add_argument("--verbose", action="store_true",
+                   help="every upstream log record on the console too (KAIYUAN_VERBOSE=1); always in logs/")
     p.set_defaults(func=run)
     pl = sub.add_parser("plot", help="PNGs of loss, LR, throughput and grad norm from runs' TensorBoard logs")
     pl.add_argument("run_dirs", nargs="+", type=Path)
@@ -51,6 +54,8 @@ def run(args: Any) -> int:
             print_summary(summary)
         return 0
     prepare_run_dirs(settings)
+    if getattr(args, "verbose", False):
+        os.environ[VERBOSE_ENV] = "1"  # the ranks inherit it (training/run_logging.py)
     log_path = settings.layout.logs / f"train-{time.strftime('%Y%m%d-%H%M%S')}.log"
     print(f"launching: {summary['launch_command']}\nlog: {log_path}", flush=True)
     # SIGTERM -> the ranks save a checkpoint and exit; run_state/ records it for `kaiyuan status`

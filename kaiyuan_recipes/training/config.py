@@ -186,6 +186,7 @@ def _apply_data_source(cfg: Any, run: RunSettings) -> None:
         cfg.tokenizer = TokenizerConfig(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=tokenizer_dir)
         cfg.dataset.blend = prepare_sample_corpus(tokenizer_dir)
         cfg.dataset.blend_per_split = None
+        _sample_window(cfg)
     elif run.data == "curriculum":
         from kaiyuan_recipes.data.phase_module import PhaseBlendDataModule
 
@@ -209,6 +210,22 @@ def _apply_data_source(cfg: Any, run: RunSettings) -> None:
         cfg.dataset.blend_per_split = None
     elif not (cfg.dataset.blend or cfg.dataset.blend_per_split or cfg.dataset.data_path):
         raise ValueError("kaiyuan.data=blend needs dataset.blend, dataset.blend_per_split or dataset.data_path")
+
+
+def _sample_window(cfg: Any) -> None:
+    """The bundled corpus is indexed for a bounded window of steps and cycled (data/sample_window.py says why)."""
+    from kaiyuan_recipes.data.sample_window import SAMPLE_WINDOW_STEPS, SampleWindowDatasetConfig
+
+    if isinstance(cfg.dataset, SampleWindowDatasetConfig):
+        return
+    # What Bridge would ask for a run of SAMPLE_WINDOW_STEPS steps (data/loaders.py get_train_valid_test_num_samples)
+    val = cfg.validation
+    evaluations = SAMPLE_WINDOW_STEPS // val.eval_interval + 1 if val.eval_interval else 1
+    cfg.dataset = SampleWindowDatasetConfig.from_config(
+        cfg.dataset, train_window_samples=SAMPLE_WINDOW_STEPS * cfg.train.global_batch_size,
+        eval_window_samples=evaluations * max(val.eval_iters, 1) * (val.eval_global_batch_size or
+                                                                    cfg.train.global_batch_size),
+        corpus_tokens=int(sum(cfg.dataset.blend[1])))
 
 
 def build_config(recipe: str, overrides: list[str] | None = None) -> tuple[Any, RunSettings]:

@@ -14,6 +14,7 @@ from typing import Any
 from kaiyuan_recipes import compat, fastpath
 from kaiyuan_recipes.launch.membership import join_run_from_env
 from kaiyuan_recipes.launch.stacks import enable_stack_dumps
+from kaiyuan_recipes.training import run_logging
 from kaiyuan_recipes.training.config import RunSettings, build_config, deterministic_env
 from kaiyuan_recipes.training.phase_file import SETTING_UP, supervised_state_dir, write_phase
 from kaiyuan_recipes.training.validate import validate
@@ -42,11 +43,12 @@ def worker_callbacks(cfg: Any, run: RunSettings, phase: Any = None) -> list[Any]
         from kaiyuan_recipes.training.loss_guard import NonFiniteLossCallback
 
         callbacks.append(NonFiniteLossCallback())
-    return callbacks + fastpath.callbacks(run.fastpath)
+    return callbacks + fastpath.callbacks(run.fastpath) + run_logging.progress_callbacks(cfg)
 
 
 def main(argv: list[str] | None = None) -> None:
     enable_stack_dumps()  # `kaiyuan stacks RUN`
+    run_logging.quiet_upstream()  # before Megatron is imported: its import-time records
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
         raise SystemExit("usage: python -m kaiyuan_recipes.training.entry RECIPE [section.field=value ...]")
@@ -70,6 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     phase = RunPhaseCallback(phase_dir, hold_stop_handler_until_training(cfg))
     watch_model_build(cfg, phase_dir)
     write_phase(phase_dir, f"{SETTING_UP}: initializing and building the model")
+    run_logging.start_console(cfg, run)  # the full log in logs/, the decided block
 
     from megatron.bridge.training.gpt_step import forward_step
     from megatron.bridge.training.pretrain import pretrain

@@ -97,6 +97,7 @@ def summarize(cfg: Any, run: RunSettings, layout: dict[str, int], launch_argv: l
             "tokenizer": cfg.tokenizer.tokenizer_model or f"NullTokenizer({cfg.tokenizer.vocab_size})",
             "prefixes": list(cfg.dataset.blend[0]) if cfg.dataset.blend else None,
             "order": getattr(cfg.dataset, "order", "shuffled"),  # an ordered phase: data/ordered_dataset.py
+            "plan": data_description(cfg, run),
         },
         "tensorboard": cfg.logger.tensorboard_dir,
         "profiling": ("iterations {}..{}".format(*profiled_iterations(cfg.profiling))
@@ -104,6 +105,45 @@ def summarize(cfg: Any, run: RunSettings, layout: dict[str, int], launch_argv: l
                       if cfg.profiling is not None and cfg.profiling.use_pytorch_profiler else "off"),
         "launch_command": shlex.join(launch_argv),
     }
+
+
+def data_description(cfg: Any, run: RunSettings) -> str:
+    """What the run reads, in one line (the sample corpus's window included: data/sample_window.py)."""
+    if run.data == "sample":
+        from kaiyuan_recipes.data.sample_window import describe_window
+
+        return describe_window(cfg) or "bundled sample corpus"
+    if run.data == "mock":
+        return "mock: Megatron's synthetic tokens"
+    order = getattr(cfg.dataset, "order", "shuffled")
+    prefixes = len(cfg.dataset.blend[0]) if cfg.dataset.blend else None
+    where = f"{prefixes} prefix(es)" if prefixes else "blend_per_split"
+    phase = f" phase {run.phase} of {run.curriculum}," if run.data == "curriculum" else ""
+    return f"{run.data}:{phase} {where}, order {order} (Megatron's sample order for shuffled data)"
+
+
+def decided_lines(cfg: Any, run: RunSettings) -> list[str]:
+    """What was decided for this run, for the console once before training: recipe, model and layer spec, data,
+    batch and length, parallelism, and the fast path's plan."""
+    shape = {f.name: getattr(cfg.model, f.name) for f in dataclasses.fields(cfg.model)}
+    params = count_parameters(shape)
+    tokens_per_step = cfg.train.global_batch_size * cfg.dataset.seq_length
+    spec = getattr(cfg.model.transformer_layer_spec, "__name__", str(cfg.model.transformer_layer_spec))
+    on = [name for name, piece in run.fastpath.pieces.items() if piece.on] if run.fastpath else []
+    off = [name for name, piece in run.fastpath.pieces.items() if not piece.on] if run.fastpath else []
+    return [
+        f"recipe {run.recipe} -> {run.run_dir}",
+        f"model {params.total / 1e9:.3f}B parameters ({params.non_embedding / 1e9:.3f}B non-embedding), "
+        f"layer spec {run.layer_spec} ({spec}, transformer_impl {cfg.model.transformer_impl})",
+        f"data {data_description(cfg, run)}",
+        f"batch {cfg.train.global_batch_size} x {cfg.dataset.seq_length} = {tokens_per_step:,} tokens/step, "
+        f"{cfg.train.train_iters:,} steps ({tokens_per_step * cfg.train.train_iters / 1e9:,.1f}B tokens), "
+        f"ZeRO {run.zero_stage}, checkpoint every {cfg.checkpoint.save_interval} to {cfg.checkpoint.save}",
+        "fast path on: " + (", ".join(on) or "none") + ("; off: " + ", ".join(off) if off else "")
+        + " (why: kaiyuan train --dry-run)",
+        "per log interval: a `kaiyuan: iteration` line; every upstream log record is in logs/upstream.rank<R>.log "
+        "(KAIYUAN_VERBOSE=1 or --verbose shows them here)",
+    ]
 
 
 def print_summary(summary: dict[str, Any]) -> None:

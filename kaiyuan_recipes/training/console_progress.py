@@ -1,0 +1,71 @@
+"""One console line per log interval: iteration, loss, lr, tokens/s, TFLOP/s, peak memory and ETA
+(training/run_logging.py formats it). A Megatron-Bridge Callback: it only observes.
+
+Figures are over the interval since the previous line, wall clock included (evaluations and saves in it count),
+so the ETA is what the run will really take at this pace. The loss is the interval's mean."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from kaiyuan_recipes import compat
+
+compat.apply()
+from megatron.bridge.training.callbacks import Callback  # noqa: E402
+
+from kaiyuan_recipes.training.run_logging import progress_line  # noqa: E402
+
+
+class ConsoleProgressCallback(Callback):
+    def __init__(self, log_interval: int, seq_length: int):
+        self.interval = max(int(log_interval or 1), 1)
+        self.seq_length = seq_length
+        self._since: tuple[float, int, float] | None = None  # (time, iteration, FLOPs so far) at the window start
+        self._losses: list[float] = []
+
+    @staticmethod
+    def _prints() -> bool:
+        """The last rank: it holds the loss (last pipeline stage), as Megatron's own iteration line."""
+        import torch.distributed as dist
+
+        return not dist.is_initialized() or dist.get_rank() == dist.get_world_size() - 1
+
+    def on_train_start(self, context: Any) -> None:
+        ts = context.state.train_state
+        self._since = (time.perf_counter(), ts.step, float(ts.floating_point_operations_so_far))
+
+    def on_train_step_end(self, context: Any) -> None:
+        if context.loss_dict:
+            value = context.loss_dict.get("lm loss", next(iter(context.loss_dict.values())))
+            self._losses.append(float(value.item() if hasattr(value, "item") else value))
+        ts = context.state.train_state
+        iteration = ts.step + 1  # train_state.step is incremented after this hook
+        if iteration % self.interval or self._since is None:
+            return
+        now, flops = time.perf_counter(), float(ts.floating_point_operations_so_far)
+        start, first, flops_then = self._since
+        self._since = (now, iteration, flops)
+        losses, self._losses = self._losses, []
+        if not self._prints() or iteration <= first:
+            return
+        print(self.line(context, iteration, now - start, iteration - first, flops - flops_then, losses), flush=True)
+
+    def line(self, context: Any, iteration: int, elapsed: float, steps: int, flops: float,
+             losses: list[float]) -> str:
+        import torch
+        import torch.distributed as dist
+
+        cfg = context.state.cfg
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        elapsed = max(elapsed, 1e-9)
+        optimizer = context.optimizer
+        lr = optimizer.param_groups[0]["lr"] if optimizer is not None and optimizer.param_groups else None
+        # Megatron adds a step's FLOPs after this hook: the window's count is shifted by one step, not short.
+        tflops = flops / elapsed / world / 1e12 if flops > 0 else None
+        return progress_line(
+            iteration=iteration, total=cfg.train.train_iters, loss=sum(losses) / len(losses) if losses else None,
+            lr=lr, tokens_per_s=steps * cfg.train.global_batch_size * self.seq_length / elapsed, gpus=world,
+            tflops_per_gpu=tflops,
+            peak_mem_gb=torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None,
+            seconds_per_step=elapsed / steps)

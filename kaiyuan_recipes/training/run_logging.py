@@ -1,0 +1,255 @@
+"""What a training worker's console shows, and the full log kept beside it.
+
+The console (and logs/console.log, which records it) is for a person: once, what was decided (recipe, data,
+layer spec, fast-path plan); per log interval one line of iteration, loss, lr, tokens/s, TFLOP/s, memory and ETA;
+Megatron's own progress, warnings and errors. Upstream records a person does not need at every start go to the
+full log only, `logs/upstream.rank<R>.log`, which holds every log record of every logger (and the upstream
+configuration summary): nothing is lost. `KAIYUAN_VERBOSE=1` (`kaiyuan train/start --verbose`) puts everything
+back on the console.
+
+What is quiet on the console, and why:
+- `megatron.bridge.utils.import_utils` "Import of X from Y failed with: Traceback ...": Bridge probes optional
+  symbols at import time (FP8GlobalStateManager from Transformer Engine's extension module, absent without TE) and
+  logs the caught AttributeError at INFO with its traceback, through its own handler and again through the root's.
+  It is not an error; its ImportError twin is logged at DEBUG.
+- `megatron.core.distributed.param_and_grad_buffer` INFO: "Using reduce-scatter for gradient reductions" once per
+  bucket group and the name of every parameter of every bucket, at every start.
+- the same INFO record again (same logger, same text): once on the console is enough (dataset set-up progress
+  excepted: its lines repeat once per source).
+- Megatron-Bridge's "Configuration Summary (Non-Default Values vs Megatron Core)": a print of upstream defaults;
+  the decided block above says what this run does."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+VERBOSE_ENV = "KAIYUAN_VERBOSE"
+CONFIG_SUMMARY_HEADER = "Configuration Summary (Non-Default Values vs Megatron Core)"
+_EARLY_RECORDS_KEPT = 10_000  # quiet records from before the run directory is known, held for the full log
+
+
+def verbose() -> bool:
+    return os.environ.get(VERBOSE_ENV, "").strip().lower() in {"1", "true", "yes"}
+
+
+def full_log_path(logs_dir: Path, rank: int | None = None) -> Path:
+    rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+    return Path(logs_dir) / f"upstream.rank{rank}.log"
+
+
+@dataclass(frozen=True)
+class QuietRule:
+    logger: str
+    prefix: str  # the message starts with it ("" = every record of the logger at INFO or below)
+
+
+QUIET_RULES = (
+    QuietRule("megatron.bridge.utils.import_utils", "Import of "),
+    QuietRule("megatron.core.distributed.param_and_grad_buffer", ""),
+)
+
+
+class FullLog:
+    """The full log's handler, and what quiet records arrive before it exists (bounded)."""
+
+    def __init__(self) -> None:
+        self.handler: logging.Handler | None = None
+        self.early: collections.deque[logging.LogRecord] = collections.deque(maxlen=_EARLY_RECORDS_KEPT)
+
+    def keep(self, record: logging.LogRecord) -> None:
+        if self.handler is None:
+            self.early.append(record)
+        elif record.levelno >= self.handler.level:
+            self.handler.handle(record)
+
+    def open(self, path: Path) -> logging.Handler:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(path, encoding="utf-8")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        self.handler = handler
+        while self.early:
+            handler.handle(self.early.popleft())
+        return handler
+
+    def write(self, text: str) -> None:
+        """Text that was printed, not logged (the upstream configuration summary)."""
+        if self.handler is not None:
+            self.handler.acquire()
+            try:
+                self.handler.stream.write(text)
+                self.handler.flush()
+            finally:
+                self.handler.release()
+
+
+class QuietOnConsole(logging.Filter):
+    """On a quiet logger: its quiet records go to the full log only (a logger filter stops them before any handler,
+    the logger's own included); the others go on as usual."""
+
+    def __init__(self, rule: QuietRule, full_log: FullLog):
+        super().__init__()
+        self.rule, self.full_log = rule, full_log
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.INFO or not record.getMessage().startswith(self.rule.prefix):
+            return True
+        self.full_log.keep(record)
+        return False
+
+
+# Set-up progress says the same words for each source it indexes ("Build and save the GPTDataset train indices"):
+# each is a step of progress, not a repeat.
+ALWAYS_SHOWN = ("megatron.core.datasets",)
+
+
+class OnceOnConsole(logging.Filter):
+    """On a console handler: an INFO record repeated (same logger, same text) is shown once (the full log, a
+    handler of its own, has every one). Bounded: after `limit` distinct messages it stops remembering."""
+
+    def __init__(self, limit: int = 100_000):
+        super().__init__()
+        self.seen: set[tuple[str, str]] = set()
+        self.limit = limit
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.INFO or record.name.startswith(ALWAYS_SHOWN):
+            return True
+        key = (record.name, record.getMessage())
+        if key in self.seen:
+            return False
+        if len(self.seen) < self.limit:
+            self.seen.add(key)
+        return True
+
+
+class ConsoleStdout:
+    """sys.stdout with the upstream configuration summary (one print) sent to the full log instead."""
+
+    def __init__(self, stream: TextIO, full_log: FullLog):
+        self._stream, self._full_log = stream, full_log
+        self._newline_pending = False  # print() writes its "\n" separately: dropped with the summary
+
+    def write(self, text: str) -> int:
+        if CONFIG_SUMMARY_HEADER in text:
+            self._full_log.write(text + "\n")
+            self._newline_pending = True
+            return len(text)
+        if self._newline_pending and text == "\n":
+            self._newline_pending = False
+            return len(text)
+        self._newline_pending = False
+        return self._stream.write(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+_FULL_LOG = FullLog()
+_quiet_installed = False
+
+
+def quiet_upstream() -> None:
+    """Before anything imports Megatron: the quiet loggers' filters (their records are kept for the full log).
+    Idempotent; nothing under KAIYUAN_VERBOSE=1."""
+    global _quiet_installed
+    if _quiet_installed or verbose():
+        return
+    for rule in QUIET_RULES:
+        logging.getLogger(rule.logger).addFilter(QuietOnConsole(rule, _FULL_LOG))
+    _quiet_installed = True
+
+
+class FilteredConsole(logging.Handler):
+    """A console handler behind a filter of ours. Megatron's root handler (megatron/training/log_handler.py's
+    CustomHandler) overrides Handler.filter, so filters added to it are never consulted: it is wrapped instead."""
+
+    def __init__(self, inner: logging.Handler, record_filter: logging.Filter):
+        super().__init__(inner.level)
+        self.inner = inner
+        self.addFilter(record_filter)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.inner.handle(record)
+
+
+def _is_console(handler: logging.Handler) -> bool:
+    stream = getattr(handler, "stream", None)
+    return (isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)
+            and stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__))
+
+
+def _filter_root_console(record_filter: logging.Filter) -> None:
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if _is_console(handler):
+            root.removeHandler(handler)
+            root.addHandler(FilteredConsole(handler, record_filter))
+
+
+def start_full_log(logs_dir: Path) -> Path:
+    """The full log for this rank in `logs_dir`: every record of every logger from here on (and the quiet ones
+    from before); the console keeps repeated INFO records once and drops the configuration summary."""
+    quiet_upstream()
+    path = full_log_path(logs_dir)
+    if _FULL_LOG.handler is None:
+        logging.getLogger().addHandler(_FULL_LOG.open(path))
+    if not verbose():
+        if not any(isinstance(h, FilteredConsole) for h in logging.getLogger().handlers):
+            _filter_root_console(OnceOnConsole())
+        if not isinstance(sys.stdout, ConsoleStdout):
+            sys.stdout = ConsoleStdout(sys.stdout, _FULL_LOG)
+    return path
+
+
+def print_decided(lines: list[str]) -> None:
+    """The decided block, once, on rank 0."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        print("\n".join(f"kaiyuan: {line}" for line in lines), flush=True)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes = rest // 60
+    if days:
+        return f"{days}d {hours:02d}h"
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    return f"{minutes}m {seconds % 60:02d}s"
+
+
+def progress_line(iteration: int, total: int, loss: float | None, lr: float | None, tokens_per_s: float,
+                  gpus: int, tflops_per_gpu: float | None, peak_mem_gb: float | None,
+                  seconds_per_step: float) -> str:
+    """One console line per log interval."""
+    parts = [f"iteration {iteration:,}/{total:,}",
+             "loss " + (f"{loss:.4f}" if loss is not None else "-"),
+             "lr " + (f"{lr:.3e}" if lr is not None else "-"),
+             f"{tokens_per_s:,.0f} tokens/s ({tokens_per_s / max(gpus, 1):,.0f}/GPU)",
+             (f"{tflops_per_gpu:.1f} TFLOP/s/GPU" if tflops_per_gpu is not None else "TFLOP/s -"),
+             (f"peak mem {peak_mem_gb:.1f} GB" if peak_mem_gb is not None else "peak mem -"),
+             f"ETA {_duration(max(total - iteration, 0) * seconds_per_step)}"]
+    return "kaiyuan: " + " | ".join(parts)
+
+
+def start_console(cfg: Any, run: Any) -> Path:
+    """A worker's console once its run is known: the full log in the run's logs/, then the decided block."""
+    from kaiyuan_recipes.training.summary import decided_lines
+
+    path = start_full_log(run.layout.logs)
+    print_decided(decided_lines(cfg, run))
+    return path
+
+
+def progress_callbacks(cfg: Any) -> list[Any]:
+    """The per-interval console line's callback."""
+    from kaiyuan_recipes.training.console_progress import ConsoleProgressCallback
+
+    return [ConsoleProgressCallback(cfg.logger.log_interval, cfg.dataset.seq_length)]

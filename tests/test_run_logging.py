@@ -1,0 +1,114 @@
+"""A training worker's console: upstream's start-up noise goes to the full log in the run's logs/ only, through the
+real logging set-up a worker runs (training/run_logging.py, as training/entry.py calls it) and the real upstream
+loggers and functions that emit it. Each case runs in a fresh interpreter: logging is process-wide, and the order
+of imports (Megatron's basicConfig, Bridge's import-time probes) is part of what is tested."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+WORKER = textwrap.dedent("""
+    import logging, sys
+    from pathlib import Path
+    from kaiyuan_recipes.training import run_logging
+
+    run_logging.quiet_upstream()                  # what entry.main does first
+    from kaiyuan_recipes import compat
+    compat.apply()                                # imports Megatron-Bridge: its import-time probes log here
+    import megatron.training.training             # noqa: F401  Megatron's basicConfig (the root's console handler)
+    from kaiyuan_recipes.training.config import build_config
+    cfg, run = build_config("gpt_smoke", [f"kaiyuan.run_root={sys.argv[1]}"])
+    run_logging.start_console(cfg, run)          # what entry.main does once the run is known
+
+    from megatron.bridge.utils.import_utils import safe_import_from
+    from megatron.core.utils import log_single_rank
+    # Bridge's optional-import probe, as peft/utils.py runs it at import (a symbol the module lacks)
+    safe_import_from("megatron.core.extensions.transformer_engine", "NoSuchSymbolForTheTest")
+    buffers = logging.getLogger("megatron.core.distributed.param_and_grad_buffer")
+    for _ in range(3):                            # once per bucket group, as _ParamAndGradBucketGroup logs it
+        log_single_rank(buffers, logging.INFO,
+                        "Using reduce-scatter for gradient reductions because use_distributed_optimizer=True")
+    log_single_rank(buffers, logging.WARNING, "a warning from the buffers")
+    datasets = logging.getLogger("megatron.core.datasets.gpt_dataset")
+    for _ in range(2):                            # once per source of a blend: progress, shown each time
+        log_single_rank(datasets, logging.INFO, "Build and save the GPTDataset train indices")
+    optimizer = logging.getLogger("megatron.core.optimizer")
+    for _ in range(4):
+        log_single_rank(optimizer, logging.INFO, "the same optimizer line")
+
+    from kaiyuan_recipes.training.summary import resolve_with_upstream
+    resolve_with_upstream(cfg, 1).log_non_default_values()   # Bridge's Configuration Summary (a print)
+    print("after the summary", flush=True)
+""")
+
+
+def run_worker(tmp_path: Path, verbose: bool) -> tuple[str, str]:
+    env = {**os.environ, "RANK": "0", "PYTHONUNBUFFERED": "1"}
+    env.pop("KAIYUAN_VERBOSE", None)
+    if verbose:
+        env["KAIYUAN_VERBOSE"] = "1"
+    done = subprocess.run([sys.executable, "-c", WORKER, str(tmp_path)], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    full = tmp_path / "gpt_smoke" / "logs" / "upstream.rank0.log"
+    return done.stdout + done.stderr, full.read_text()
+
+
+@pytest.fixture(scope="module")
+def quiet(tmp_path_factory):
+    return run_worker(tmp_path_factory.mktemp("quiet"), verbose=False)
+
+
+def test_console_leaves_out_upstream_noise(quiet):
+    console, _ = quiet
+    assert "Import of " not in console and "Traceback" not in console  # the optional-import probes
+    assert "Using reduce-scatter" not in console
+    assert "Configuration Summary" not in console
+    assert "after the summary" in console  # other prints go on
+
+
+def test_console_keeps_what_a_person_needs(quiet):
+    console, _ = quiet
+    assert "a warning from the buffers" in console  # a quiet logger's warnings are not quiet
+    assert console.count("the same optimizer line") == 1  # once, not once per call
+    assert console.count("Build and save the GPTDataset train indices") == 2  # set-up progress, per source
+    decided = [line for line in console.splitlines() if line.startswith("kaiyuan: ")]
+    assert any(line.startswith("kaiyuan: recipe gpt_smoke") for line in decided)
+    assert any(line.startswith("kaiyuan: data bundled sample corpus") for line in decided)
+    assert any("layer spec" in line for line in decided) and any("fast path" in line for line in decided)
+
+
+def test_full_log_has_everything(quiet):
+    _, full = quiet
+    assert "Import of NoSuchSymbolForTheTest" in full and "Traceback" in full
+    assert full.count("Using reduce-scatter for gradient reductions") == 3
+    assert full.count("Build and save the GPTDataset train indices") == 2
+    assert full.count("the same optimizer line") == 4
+    assert "Configuration Summary (Non-Default Values vs Megatron Core)" in full
+    from kaiyuan_recipes import compat
+
+    if not compat.transformer_engine_available():  # without TE, Bridge probes FP8GlobalStateManager at import
+        assert "Import of FP8GlobalStateManager" in full
+
+
+def test_verbose_shows_everything_on_the_console(tmp_path):
+    console, full = run_worker(tmp_path, verbose=True)
+    assert "Import of NoSuchSymbolForTheTest" in console
+    assert console.count("Using reduce-scatter for gradient reductions") >= 3
+    assert "Configuration Summary" in console
+    assert "Using reduce-scatter for gradient reductions" in full
+
+
+def test_progress_line_names_every_figure():
+    from kaiyuan_recipes.training.run_logging import progress_line
+
+    line = progress_line(iteration=20, total=1000, loss=9.87654, lr=3e-4, tokens_per_s=64_000.0, gpus=2,
+                         tflops_per_gpu=412.34, peak_mem_gb=61.25, seconds_per_step=2.0)
+    assert line == ("kaiyuan: iteration 20/1,000 | loss 9.8765 | lr 3.000e-04 | 64,000 tokens/s (32,000/GPU) | "
+                    "412.3 TFLOP/s/GPU | peak mem 61.2 GB | ETA 32m 40s")
