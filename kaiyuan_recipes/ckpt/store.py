@@ -74,16 +74,27 @@ def resolve_checkpoint(path: Path) -> Path:
 
 
 def read_dcp_metadata(ckpt: Path) -> Any:
-    """torch.distributed.checkpoint's Metadata, read by its own FileSystemReader."""
-    from torch.distributed.checkpoint import FileSystemReader
+    """torch.distributed.checkpoint's Metadata, unpickled with only the classes it is made of (so a crafted
+    .metadata runs nothing: compat.restricted_dcp_metadata)."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    from kaiyuan_recipes.compat import RefusedPickle, restricted_dcp_metadata
 
     file = Path(ckpt) / DCP_METADATA
     if not file.is_file():
         raise CheckpointError(f"{file}: missing (expected torch.distributed.checkpoint metadata)")
     try:
-        return FileSystemReader(str(ckpt)).read_metadata()
+        metadata = restricted_dcp_metadata(file)
+    except RefusedPickle as err:
+        raise CheckpointError(f"{file}: refused, not loaded: {err} (a crafted file, or not a checkpoint's "
+                              "metadata)") from None
     except Exception as err:  # a truncated or foreign file: unpickling fails in many ways
         raise CheckpointError(f"{file}: unreadable as torch.distributed.checkpoint metadata ({err})") from err
+    if not (isinstance(metadata, Metadata) and isinstance(metadata.state_dict_metadata, dict)
+            and isinstance(metadata.storage_data, dict)):
+        raise CheckpointError(f"{file}: holds a {type(metadata).__name__} without its entries and storage, not "
+                              "torch.distributed.checkpoint's Metadata")
+    return metadata
 
 
 def checkpoint_format(ckpt: Path) -> str:
@@ -118,14 +129,18 @@ def read_train_state(ckpt: Path) -> dict[str, Any] | None:
     """Bridge's TrainState of this save (step, consumed samples, FLOPs) as plain numbers; None when absent."""
     import torch
 
+    from kaiyuan_recipes.ckpt.unpickle import describe_failure, weights_only_load
+
     file = Path(ckpt) / TRAIN_STATE
     if not file.is_file():
         return None
     try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
+        state = weights_only_load(file)
     except Exception as err:
-        raise CheckpointError(f"{file}: unreadable ({err})") from err
-    return {k: (v.item() if isinstance(v, torch.Tensor) else v) for k, v in state.items()}
+        raise CheckpointError(f"{file}: unreadable ({describe_failure(err)})") from err
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{file}: holds a {type(state).__name__}, not Megatron-Bridge's train state")
+    return {k: (v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v) for k, v in state.items()}
 
 
 def disk_bytes(path: Path) -> int:

@@ -34,6 +34,7 @@ from kaiyuan_recipes.compat.megatron_core import (
     separate_full_graph_pools,
 )
 from kaiyuan_recipes.compat.torch_cuda import graph_capture
+from kaiyuan_recipes.compat.torch_dcp import RefusedPickle, restricted_dcp_metadata
 
 
 class Workaround(NamedTuple):
@@ -82,6 +83,9 @@ WORKAROUNDS = (
     Workaround("nemo2_distributed_optimizer_saves", "megatron-core", "0.15.3 (NeMo 2 environment), no TE/Apex",
                "the distributed optimizer cannot save torch AdamW's scalar step: the first checkpoint fails",
                "test_nemo2.py::test_upstream_megatron_core_0_15_still_falls_back_to_torch_adamw_without_te_or_apex"),
+    Workaround("restricted_dcp_metadata", "torch", "2.14.1 (torch/distributed/checkpoint/filesystem.py)",
+               "FileSystemReader.read_metadata unpickles .metadata with plain pickle: a crafted one runs code",
+               "test_ckpt_safety.py::test_upstream_dcp_metadata_reader_still_runs_a_crafted_pickle"),
 )
 
 
@@ -109,7 +113,8 @@ def import_megatron_bridge() -> types.ModuleType:
     return bridge
 
 
-__all__ = ["WORKAROUNDS", "LOCAL_SPEC_SETTINGS", "LoRAUnavailableError", "Workaround", "apply", "graph_capture",
+__all__ = ["WORKAROUNDS", "LOCAL_SPEC_SETTINGS", "LoRAUnavailableError", "RefusedPickle", "Workaround", "apply",
+           "graph_capture", "restricted_dcp_metadata",
            "apply_local_spec_settings", "cpu_checkpoint_save", "cpu_cuda_arch_list", "dataset_helpers_prebuilt",
            "ensure_optimizer_state_for_load", "import_megatron_bridge", "init_optimizer_state_before_load",
            "install_lora_placeholder", "nemo2_distributed_optimizer_saves",
