@@ -82,9 +82,11 @@ def verify_checkpoint(path: Path, show_progress: bool = False) -> VerifyReport:
     files = shard_files(ckpt, metadata)
     problems = file_problems(ckpt, files)
     bad_files = {Path(p.file).name for p in problems}
-    for name in (store.TRAIN_STATE, store.RUN_CONFIG):
+    readers = {store.TRAIN_STATE: store.read_train_state, store.RUN_CONFIG: store.read_run_config,
+               regions.LEGACY_COMMON_STATE: regions.legacy_common_state}
+    for name, read in readers.items():
         try:
-            (store.read_train_state if name == store.TRAIN_STATE else store.read_run_config)(ckpt)
+            read(ckpt)
         except store.CheckpointError as err:
             problems.append(Problem(str(ckpt / name), str(err).removeprefix(f"{ckpt / name}: ")))
 
