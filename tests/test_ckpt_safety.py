@@ -171,3 +171,76 @@ def test_a_pickle_that_is_no_metadata_is_named(zero1_run, tmp_path, capsys):  # 
         rc, _, err = run_cli(capsys, *argv)
         assert rc == 2 and err.strip() == (f"kaiyuan: error: {ckpt / '.metadata'}: holds a int without its entries "
                                            "and storage, not torch.distributed.checkpoint's Metadata"), err
+
+
+def truncate_shard(ckpt):
+    """Cut inside a model weight (the optimizer state after it goes too): what a copy that stopped early leaves."""
+    info = next(i for idx, i in trusted_metadata(ckpt).storage_data.items()
+                if idx.fqn == "decoder.layers.mlp.linear_fc2.weight")
+    with open(ckpt / info.relative_path, "r+b") as fh:
+        fh.truncate(info.offset + info.length // 2)
+    return ckpt / info.relative_path
+
+
+def overwrite_item(ckpt, prefix):
+    """The stored bytes of the first entry whose key starts with `prefix`, zeroed (the file keeps its size)."""
+    metadata = trusted_metadata(ckpt)
+    info = next(i for idx, i in metadata.storage_data.items() if idx.fqn.startswith(prefix))
+    with open(ckpt / info.relative_path, "r+b") as fh:
+        fh.seek(info.offset)
+        fh.write(b"\0" * min(64, info.length))
+    return ckpt / info.relative_path
+
+
+def replace_file(name, data):
+    def damage(ckpt):
+        (ckpt / name).write_bytes(data)
+        return ckpt / name
+    return damage
+
+
+DAMAGED = {
+    "truncated shard": truncate_shard,
+    "garbled tensor": lambda ckpt: overwrite_item(ckpt, "decoder.layers.mlp.linear_fc2.weight"),
+    "garbled common state": lambda ckpt: overwrite_item(ckpt, "common_state/"),
+    "truncated .metadata": lambda ckpt: replace_file(".metadata", (ckpt / ".metadata").read_bytes()[:300])(ckpt),
+    "run_config.yaml not YAML": replace_file("run_config.yaml", b"model: [unclosed\n  - : :\n"),
+    "metadata.json not JSON": replace_file("metadata.json", b"{sharded_backend"),
+    "train_state.pt not a pickle": replace_file("train_state.pt", b"PK\x03\x04 not a zip"),
+}
+# Damage only a model load finds (the tensors): `kaiyuan average` in its own process, as a user runs it.
+FOUND_BY_LOADING = {"truncated shard", "garbled tensor"}
+# Files a command does not read: inspect reads no tensor, diff no config and no train state.
+NOT_READ = {("inspect", d) for d in FOUND_BY_LOADING} | {
+    (c, d) for c in ("diff", "diff_b") for d in ("run_config.yaml not YAML", "metadata.json not JSON",
+                                                 "train_state.pt not a pickle")}
+
+
+def assert_one_line_naming(rc, err, file, command):
+    lines = err.strip().splitlines()
+    assert rc == 2 and "Traceback" not in err, (command, rc, err[-3000:])
+    assert len(lines) == 1 and lines[0].startswith(f"kaiyuan: error: {file}"), (command, err[-3000:])
+
+
+@pytest.mark.parametrize("damage", list(DAMAGED))
+def test_a_damaged_checkpoint_is_one_line_naming_the_file(zero1_run, tmp_path, capsys, damage):  # noqa: F811
+    import subprocess
+    import sys
+
+    run, ckpt = copy_run(zero1_run, tmp_path)
+    file = DAMAGED[damage](ckpt)
+    real = zero1_run / "checkpoints" / ITER
+    for name in ("inspect", "diff", "diff_b", "average"):
+        argv = commands(run, ckpt, real, tmp_path)[name]
+        if name == "average" and damage in FOUND_BY_LOADING:
+            proc = subprocess.run([sys.executable, "-m", "kaiyuan_recipes.cli.main", *map(str, argv)],
+                                  capture_output=True, text=True, timeout=600)
+            rc, err = proc.returncode, "\n".join(line for line in proc.stderr.splitlines()
+                                                 if line.startswith("kaiyuan: error:") or "Traceback" in line)
+        else:
+            rc, _, err = run_cli(capsys, *argv)
+        if (name, damage) in NOT_READ:
+            assert rc in (0, 1) and not err.strip(), (name, err)
+            continue
+        assert_one_line_naming(rc, err, file, name)
+    assert not (tmp_path / "averaged").exists()

@@ -62,7 +62,7 @@ def run_config(checkpoint: Path) -> tuple[Path, dict[str, Any] | None]:
     try:
         config = yaml.safe_load(config_file.read_text()) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as err:
-        raise ValueError(f"{config_file}: not YAML ({str(err).splitlines()[0]})") from None
+        raise ValueError(f"{config_file}: not YAML ({' '.join(str(err).split())[:300]})") from None
     if not isinstance(config, dict):
         raise ValueError(f"{config_file}: holds a {type(config).__name__}, not Megatron-Bridge's run config")
     return config_file, config

@@ -105,7 +105,7 @@ def checkpoint_format(ckpt: Path) -> str:
         try:
             backend = json.loads(config.read_text()).get("sharded_backend")
         except (ValueError, AttributeError) as err:
-            raise CheckpointError(f"{config}: not megatron-core's checkpoint metadata ({err})") from err
+            raise CheckpointError(f"{config}: not megatron-core's checkpoint metadata ({one_line(err)})") from err
         return str(backend)
     if (Path(ckpt) / DCP_METADATA).is_file():
         return "fsdp_dtensor"
@@ -120,9 +120,12 @@ def read_run_config(ckpt: Path) -> dict[str, Any] | None:
     if not file.is_file():
         return None
     try:
-        return yaml.safe_load(file.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise CheckpointError(f"{file}: not YAML ({err})") from err
+        config = yaml.safe_load(file.read_text()) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{file}: not YAML ({one_line(err)})") from err
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{file}: holds a {type(config).__name__}, not Megatron-Bridge's run config")
+    return config
 
 
 def read_train_state(ckpt: Path) -> dict[str, Any] | None:
@@ -141,6 +144,11 @@ def read_train_state(ckpt: Path) -> dict[str, Any] | None:
     if not isinstance(state, dict):
         raise CheckpointError(f"{file}: holds a {type(state).__name__}, not Megatron-Bridge's train state")
     return {k: (v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v) for k, v in state.items()}
+
+
+def one_line(err: BaseException) -> str:
+    """An error message on one line (YAML's and JSON's span several: the text, a caret, the position)."""
+    return " ".join(str(err).split())[:300]
 
 
 def disk_bytes(path: Path) -> int:
