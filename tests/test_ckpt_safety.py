@@ -244,3 +244,16 @@ def test_a_damaged_checkpoint_is_one_line_naming_the_file(zero1_run, tmp_path, c
             continue
         assert_one_line_naming(rc, err, file, name)
     assert not (tmp_path / "averaged").exists()
+
+
+def test_metadata_that_points_outside_the_checkpoint_is_refused(zero1_run, tmp_path, capsys):  # noqa: F811
+    run, ckpt = copy_run(zero1_run, tmp_path)
+    metadata = trusted_metadata(ckpt)
+    index = next(iter(metadata.storage_data))
+    metadata.storage_data[index] = dataclasses.replace(metadata.storage_data[index], relative_path="../../../x")
+    with open(ckpt / ".metadata", "wb") as fh:
+        pickle.dump(metadata, fh)
+    for argv in (["ckpt", "ls", run], ["ckpt", "verify", ckpt], ["ckpt", "diff", ckpt, ckpt]):
+        rc, _, err = run_cli(capsys, *argv)
+        assert rc == 2 and err.strip() == (f"kaiyuan: error: {ckpt / '.metadata'}: places data outside the checkpoint "
+                                           "directory (../../../x); not read"), err

@@ -94,7 +94,17 @@ def read_dcp_metadata(ckpt: Path) -> Any:
             and isinstance(metadata.storage_data, dict)):
         raise CheckpointError(f"{file}: holds a {type(metadata).__name__} without its entries and storage, not "
                               "torch.distributed.checkpoint's Metadata")
+    # DCP's FileSystemWriter names its shard files in the checkpoint directory; a path elsewhere is not its.
+    outside = sorted({str(getattr(info, "relative_path", None)) for info in metadata.storage_data.values()
+                      if not _plain_name(getattr(info, "relative_path", None))})
+    if outside:
+        raise CheckpointError(f"{file}: places data outside the checkpoint directory ({', '.join(outside[:3])}); "
+                              "not read")
     return metadata
+
+
+def _plain_name(name: Any) -> bool:
+    return isinstance(name, str) and name not in ("", ".", "..") and Path(name).name == name and "\\" not in name
 
 
 def checkpoint_format(ckpt: Path) -> str:
