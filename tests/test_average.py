@@ -102,3 +102,39 @@ def test_bad_requests_are_named(run, tmp_path, capsys):
     rc, _, err = average(capsys, run, tmp_path / "exists", "--last", "2")
     assert rc == 2 and "exists; choose a new output directory" in err
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("weights, named", [("nan,1", "--weights: nan for iter_0000004"),
+                                            ("1,inf", "--weights: inf for iter_0000006"),
+                                            ("-1,2", "--weights: -1.0 for iter_0000004"),
+                                            ("1,-inf", "--weights: -inf for iter_0000006")])
+def test_weights_that_are_not_finite_non_negative_numbers_are_named(run, tmp_path, capsys, weights, named):
+    rc, _, err = average(capsys, run, tmp_path / "x", "--last", "2", f"--weights={weights}")
+    assert rc == 2 and err == f"kaiyuan: error: {named} is not a finite non-negative number\n", err
+    assert not (tmp_path / "x").exists()
+
+
+def test_all_zero_weights_are_refused_and_huge_ones_normalise(run, tmp_path, capsys):
+    from kaiyuan_exporters.average import choose_checkpoints
+
+    rc, _, err = average(capsys, run, tmp_path / "x", "--last", "2", "--weights", "0,0")
+    assert rc == 2 and "--weights 0.0,0.0: all zero" in err
+    assert choose_checkpoints(run, 2, [1e308, 1e308])[1] == [0.5, 0.5]  # their sum overflows to inf
+    assert choose_checkpoints(run, 3, [1.7e308, 0, 1.7e308])[1] == [0.5, 0.0, 0.5]
+    assert choose_checkpoints(run, 2, [5e-324, 5e-324])[1] == [0.5, 0.5]  # the smallest subnormals
+
+
+def test_an_output_inside_a_runs_checkpoints_is_refused(run, tmp_path, capsys):
+    """Inside checkpoints/, the average's iter_* would count among the run's saves: keep-last-K keeps it as the
+    newest and deletes a real one."""
+    from kaiyuan_recipes.run_layout import RunLayout
+
+    fresh = tmp_path / "fresh_run"  # a run that has saved nothing yet: its checkpoints/ is still empty
+    RunLayout(fresh).state.mkdir(parents=True)
+    RunLayout(fresh).checkpoints.mkdir()
+    for out in (run / "checkpoints" / "iter_0000099", run / "checkpoints" / "averaged",
+                run / "checkpoints" / "iter_0000006" / "avg", fresh / "checkpoints" / "avg" / "deeper"):
+        rc, _, err = average(capsys, run, out, "--last", "2")
+        assert rc == 2 and f"{out}: inside " in err and "a run's checkpoints" in err, err
+        assert not out.exists()
+    assert [p.name for p in iteration_dirs(run / "checkpoints")] == ["iter_0000002", "iter_0000004", "iter_0000006"]

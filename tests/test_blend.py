@@ -192,3 +192,62 @@ def test_realised_proportions_match_weights(three_sources, megatron_parallel):
     # deterministic for a seed
     again = BlendedMegatronDatasetBuilder(GPTDataset, [20000, 200, None], lambda: True, cfg).build()[0]
     assert (again.dataset_index == train.dataset_index).all()
+
+
+def write_curriculum(tmp_path, weight="0.5", tokens="1e6"):
+    a, b = fake_output_dir(tmp_path / "a", [100]), fake_output_dir(tmp_path / "b", [300])
+    path = tmp_path / "cur.yaml"
+    path.write_text(f"seq_length: 64\nglobal_batch_size: 8\nphases:\n"
+                    f"  1:\n    tokens: 1e6\n    sources: [{{name: a, dir: {a}, weight: tokens}}]\n"
+                    f"  2:\n    tokens: {tokens}\n    sources:\n"
+                    f"      - {{name: a, dir: {a}, weight: 1}}\n"
+                    f"      - {{name: b, dir: {b}, weight: {weight}}}\n")
+    return path
+
+
+@pytest.mark.parametrize("weight, shown", [(".nan", "nan"), (".inf", "inf"), ("-.inf", "-inf"), ("-1", "-1"),
+                                           ("0", "0"), ("abc", "'abc'"), ("true", "True")])
+def test_curriculum_weights_that_are_not_positive_numbers_name_phase_and_entry(tmp_path, weight, shown):
+    path = write_curriculum(tmp_path, weight=weight)
+    with pytest.raises(BlendError) as err:
+        load_curriculum(path)
+    assert str(err.value) == (f"{path}: phase 2: sources[1] (b): weight {shown} is not a positive finite number "
+                              "or 'tokens'")
+
+
+@pytest.mark.parametrize("tokens", [".nan", ".inf", "-5", "0"])
+def test_curriculum_token_budgets_that_are_not_positive_numbers_are_named(tmp_path, tokens):
+    path = write_curriculum(tmp_path, tokens=tokens)
+    with pytest.raises(BlendError, match=rf"{path}: phase 2: tokens .* is not a positive finite number"):
+        load_curriculum(path)
+
+
+def test_curriculum_weights_near_the_float_maximum_normalise(tmp_path):
+    path = write_curriculum(tmp_path, weight="1e308")
+    cur = load_curriculum(path)
+    cur["phases"][2]["sources"][0]["weight"] = 1e308  # the two sum past the float maximum
+    assert phase_blend(cur, 2)["weights"] == pytest.approx([0.5, 0.5])
+
+
+@pytest.mark.parametrize("total", [".nan", ".inf"])
+def test_plan_total_that_is_not_finite_is_named(tmp_path, total):
+    path = write_plan(tmp_path, PLENTY)
+    path.write_text(path.read_text().replace("total_tokens: 200000000000.0", f"total_tokens: {total}"))
+    with pytest.raises(BlendError, match=rf"{path}: total_tokens must be a positive number"):
+        load_plan(path)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("dataset.blend", "[[/d/a,/d/b],[nan,1]]", "dataset.blend: weight nan of entry 0 (/d/a)"),
+    ("dataset.blend", "[[/d/a,/d/b],[1,inf]]", "dataset.blend: weight inf of entry 1 (/d/b)"),
+    ("dataset.blend", "[[/d/a,/d/b],[1,-2]]", "dataset.blend: weight -2 of entry 1 (/d/b)"),
+    ("dataset.blend", "[[/d/a,/d/b],[0,0]]", "dataset.blend: weight 0 of entry 0 (/d/a)"),
+    ("dataset.blend", "[[/d/a,/d/b],[1]]", "dataset.blend: 2 prefixes but weights [1]"),
+    ("dataset.data_path", "[nan,/d/a,1,/d/b]", "dataset.data_path: weight nan of entry 0 (/d/a)"),
+])
+def test_blend_weights_that_are_not_positive_numbers_fail_the_dry_run(capsys, field, value, message):
+    from kaiyuan_recipes.cli.main import main
+
+    rc = main(["train", "gpt_smoke", "--dry-run", "--json", "kaiyuan.data=blend", f"{field}={value}"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith(f"kaiyuan: error: {message}") and len(err.strip().splitlines()) == 1, err

@@ -313,8 +313,9 @@ def test_inspect_reports_every_file_with_the_same_exit_code_for_table_and_json(t
 
 
 def test_workers_of_a_sigkilled_driver_stop(tmp_path):
-    """After SIGKILL of `kaiyuan data convert` its workers notice (they watch the driver) and exit instead of
-    converting the queue for nobody; what they had half-written is never under a final name."""
+    """After SIGKILL of `kaiyuan data convert` its workers notice (their forkserver's death reaches them as
+    PR_SET_PDEATHSIG's SIGTERM, and they watch the driver) and exit within seconds instead of converting the
+    queue for nobody; what they had half-written is never under a final name."""
     import subprocess
     import sys
 
@@ -330,7 +331,8 @@ def test_workers_of_a_sigkilled_driver_stop(tmp_path):
     workers = _descendants(proc.pid)
     proc.kill()
     proc.wait()
-    deadline = time.monotonic() + 45
+    # A bound far above the stop's (a poll and the 2 s grace), far below the 30 s a stuck shard once had.
+    deadline = time.monotonic() + 10
     while any(os.path.exists(f"/proc/{pid}") for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert workers and not [pid for pid in workers if os.path.exists(f"/proc/{pid}")], "workers outlived the driver"

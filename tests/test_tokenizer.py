@@ -167,3 +167,44 @@ def test_processes_starting_at_once_each_get_a_complete_tokenizer(tmp_path):
     assert all(rc == 0 for _, _, rc in results), [err[-1500:] for _, err, rc in results if rc]
     assert {out.strip() for out, _, _ in results} == {"2"}
     assert sorted(p.name for p in (tmp_path / "cache" / "tokenizers").iterdir()) == ["qwen2_bpe"]  # no temp left
+
+
+STALE = {"<|stale|>": 151646, "<|im_start|>": 151644}  # one token tokenizer.json lacks, one it holds
+
+
+def transformers_vocabulary(path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path))
+    return len(tok), tok("<|stale|>")["input_ids"]
+
+
+def test_materialize_replaces_a_stale_added_tokens_json_that_changes_transformers_vocabulary(tmp_path, capsys):
+    from kaiyuan_recipes.cli.main import main
+
+    out = tmp_path / "tok"
+    assert main(["tokenizer", "materialize", str(out)]) == 0
+    size, stale_ids = transformers_vocabulary(out)
+    (out / "added_tokens.json").write_text(json.dumps(STALE))
+    assert transformers_vocabulary(out)[0] == size + 1  # what transformers loads with it: one more token
+    assert main(["tokenizer", "materialize", str(out)]) == 0
+    assert not (out / "added_tokens.json").exists()
+    assert transformers_vocabulary(out) == (size, stale_ids) and size == 151646
+
+
+def test_check_refuses_a_stale_added_tokens_json_naming_it(tokenizer_dir, tmp_path, capsys):
+    import shutil
+
+    from kaiyuan_recipes.cli.main import main
+
+    copy = tmp_path / "tok"
+    shutil.copytree(tokenizer_dir, copy)
+    (copy / "added_tokens.json").write_text(json.dumps({"<|im_start|>": 151644, "<|im_end|>": 151645}))
+    assert main(["tokenizer", "check", str(copy)]) == 0  # what tokenizer.json holds too: the same vocabulary
+    assert transformers_vocabulary(copy)[0] == 151646
+    capsys.readouterr()
+    (copy / "added_tokens.json").write_text(json.dumps(STALE))
+    assert main(["tokenizer", "check", str(copy)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kaiyuan: error: {copy / 'added_tokens.json'}: lists tokens tokenizer.json does not "
+                          "hold with those ids ('<|stale|>': 151646 (tokenizer.json: None))"), err

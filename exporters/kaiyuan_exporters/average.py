@@ -11,14 +11,24 @@ export hf`, `kaiyuan serve`, and training from it (checkpoint.pretrained_checkpo
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from kaiyuan_recipes.atomic import atomic_directory
-from kaiyuan_recipes.ckpt.store import CheckpointError, checkpoint_format, checkpoint_root, iteration_dirs, iteration_of
-from kaiyuan_recipes.run_layout import RUN_CONFIG_FILE
+from kaiyuan_recipes.ckpt.screen import screen_pickles
+from kaiyuan_recipes.ckpt.store import (
+    ITER_DIR,
+    TRACKER,
+    CheckpointError,
+    checkpoint_format,
+    checkpoint_root,
+    iteration_dirs,
+    iteration_of,
+)
+from kaiyuan_recipes.run_layout import RUN_CONFIG_FILE, RunLayout
 
 from .megatron_to_hf import (
     bridge_for,
@@ -42,6 +52,40 @@ class AverageReport:
     optimizer_state: str = "dropped (weights only: load with checkpoint.pretrained_checkpoint, or export / serve)"
 
 
+def normalised_weights(weights: list[float], chosen: list[Path]) -> list[float]:
+    """Weights that sum to 1, refusing NaN, infinities, negatives and an all-zero list (each named with its
+    checkpoint). Scaled by the largest first, so weights near the float maximum do not overflow the sum."""
+    for w, ckpt in zip(weights, chosen):
+        if not math.isfinite(w) or w < 0:
+            raise CheckpointError(f"--weights: {w!r} for {ckpt.name} is not a finite non-negative number")
+    largest = max(weights)
+    if largest == 0:
+        raise CheckpointError(f"--weights {','.join(repr(w) for w in weights)}: all zero; give at least one "
+                              "positive weight")
+    scaled = [w / largest for w in weights]
+    return [w / sum(scaled) for w in scaled]
+
+
+def _holds_saves(folder: Path) -> bool:
+    """A folder Megatron-Bridge treats as a checkpoints folder: the tracker file or iter_* directories in it, or
+    a run's checkpoints/ (beside its run_state/) that has no save yet."""
+    if not folder.is_dir():
+        return False
+    if (folder / TRACKER).is_file() or any(ITER_DIR.match(p.name) and p.is_dir() for p in folder.iterdir()):
+        return True
+    return folder == RunLayout(folder.parent).checkpoints and RunLayout(folder.parent).state.is_dir()
+
+
+def check_output(out: Path) -> None:
+    """The new checkpoint lies outside every run's checkpoints folder: inside one, Megatron-Bridge would count
+    its iter_* among the run's saves (keep-last-K keeps it as the newest; a resume may load it)."""
+    for folder in Path(out).absolute().parents:
+        folder = folder.resolve()
+        if _holds_saves(folder) or ITER_DIR.match(folder.name):
+            raise CheckpointError(f"{out}: inside {folder}, a run's checkpoints; write the average outside it "
+                                  "(e.g. beside the run directory)")
+
+
 def choose_checkpoints(run: Path, last: int, weights: list[float] | None) -> tuple[list[Path], list[float]]:
     """The last `last` iter_* directories of `run` (oldest first) and their normalised weights (default equal)."""
     root = checkpoint_root(run)
@@ -56,12 +100,11 @@ def choose_checkpoints(run: Path, last: int, weights: list[float] | None) -> tup
     if len(weights) != last:
         raise CheckpointError(f"--weights: {len(weights)} value(s) for --last {last}; give one per checkpoint, "
                               "oldest first")
-    if any(w < 0 for w in weights) or sum(weights) <= 0:
-        raise CheckpointError(f"--weights {weights}: expected non-negative numbers with a positive sum")
+    weights = normalised_weights(weights, chosen)
     for ckpt in chosen:
         if checkpoint_format(ckpt) != "torch_dist":
             raise CheckpointError(f"{ckpt}: format {checkpoint_format(ckpt)}; averaging reads torch_dist checkpoints")
-    return chosen, [w / sum(weights) for w in weights]
+    return chosen, weights
 
 
 def average_checkpoints(run: Path, out: Path, last: int, weights: list[float] | None = None,
@@ -71,7 +114,10 @@ def average_checkpoints(run: Path, out: Path, last: int, weights: list[float] | 
     out = Path(out)
     if out.exists():
         raise FileExistsError(f"{out}: exists; choose a new output directory")
+    check_output(out)
     chosen, weights = choose_checkpoints(run, last, weights)
+    for ckpt in chosen:
+        screen_pickles(ckpt)  # upstream's loader below unpickles without restriction: nothing else may be in them
     newest = chosen[-1]
     shape = checkpoint_shape(newest)  # the shape export reads back, from each save's run_config.yaml
     for ckpt in chosen[:-1]:
@@ -89,7 +135,7 @@ def average_checkpoints(run: Path, out: Path, last: int, weights: list[float] | 
     for ckpt, weight in zip(chosen, weights):
         progress(f"reading {ckpt.name} (weight {weight:.4g})")
         model = None  # the previous checkpoint's model goes before the next loads: one model and the sums at a time
-        model = bridge.load_megatron_model(str(ckpt), mp_overrides=rebuild_overrides(shape), wrap_with_ddp=False)
+        model = load_model(bridge, ckpt, shape)
         module = (model if isinstance(model, list) else [model])[0]
         for name, tensor in _weights(module).items():
             scaled = tensor.detach().float() * weight
@@ -111,6 +157,23 @@ def average_checkpoints(run: Path, out: Path, last: int, weights: list[float] | 
         (written / SOURCES_FILE).write_text(json.dumps(
             asdict(report) | {"iterations": [iteration_of(c) for c in chosen]}, indent=2) + "\n")
     return report
+
+
+def load_model(bridge: Any, ckpt: Path, shape: Any) -> Any:
+    """Bridge's load_megatron_model of one checkpoint; a damaged one is a one-line error naming its damaged file
+    (found by `kaiyuan ckpt verify`'s reader), not upstream's traceback."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        return bridge.load_megatron_model(str(ckpt), mp_overrides=rebuild_overrides(shape), wrap_with_ddp=False)
+    except (Exception, CheckpointException) as err:  # DCP's wrapper is a BaseException
+        from kaiyuan_recipes.ckpt.unpickle import describe_failure
+        from kaiyuan_recipes.ckpt.verify import verify_checkpoint
+
+        problems = verify_checkpoint(ckpt).problems
+        if problems:
+            raise CheckpointError(f"{problems[0].file}: {problems[0].what}") from err
+        raise CheckpointError(f"{ckpt}: does not load ({describe_failure(err)})") from err
 
 
 def _weights(module: Any) -> dict[str, Any]:

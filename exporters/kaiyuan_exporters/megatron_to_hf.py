@@ -57,7 +57,15 @@ def run_config(checkpoint: Path) -> tuple[Path, dict[str, Any] | None]:
     import yaml
 
     config_file = newest_iteration_dir(checkpoint) / RUN_CONFIG_FILE
-    return config_file, (yaml.safe_load(config_file.read_text()) or {}) if config_file.is_file() else None
+    if not config_file.is_file():
+        return config_file, None
+    try:
+        config = yaml.safe_load(config_file.read_text()) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise ValueError(f"{config_file}: not YAML ({' '.join(str(err).split())[:300]})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_file}: holds a {type(config).__name__}, not Megatron-Bridge's run config")
+    return config_file, config
 
 
 def checkpoint_shape(checkpoint: Path) -> ModelShape:
@@ -118,11 +126,14 @@ def export_hf(checkpoint: Path, out: Path, shape: ModelShape | dict[str, Any] | 
     if out.exists():
         raise FileExistsError(f"{out}: exists; choose a new output directory")
     require_torch_dist(checkpoint)
+    from kaiyuan_recipes.ckpt.screen import screen_pickles
+
+    ckpt = newest_iteration_dir(checkpoint)
+    screen_pickles(ckpt)  # upstream's loader below unpickles without restriction: nothing else may be in it
     ensure_single_process_group()
     shape = shape or checkpoint_shape(checkpoint)
     bridge = bridge_for(shape, tokenizer_dir=tokenizer_dir)
-    model = bridge.load_megatron_model(str(newest_iteration_dir(checkpoint)), mp_overrides=rebuild_overrides(shape),
-                                       wrap_with_ddp=False)
+    model = bridge.load_megatron_model(str(ckpt), mp_overrides=rebuild_overrides(shape), wrap_with_ddp=False)
     return write_hf_dir(bridge, model, out, tokenizer_dir, show_progress)
 
 

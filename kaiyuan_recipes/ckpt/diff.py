@@ -136,17 +136,15 @@ def _compare_object(a: Path, b: Path, md_a: Any, md_b: Any, key: str) -> ObjectD
     return ObjectDiff(key, ra == rb, ra[:300], rb[:300], [] if ra == rb else leaf_changes(x, y))
 
 
-LEGACY_COMMON_STATE = "common.pt"  # megatron-core <= 0.18 keeps the common state (iteration, scheduler) here
+LEGACY_COMMON_STATE = regions.LEGACY_COMMON_STATE
 
 
 def _compare_legacy_common_state(a: Path, b: Path) -> ObjectDiff | None:
     """The common state where megatron-core <= 0.18 writes it, beside the DCP files (0.19 stores it inside them as
-    common_state/shard_*), read by megatron-core's own loader; None when neither checkpoint has it."""
+    common_state/shard_*), read weights-only; None when neither checkpoint has it."""
     if not ((a / LEGACY_COMMON_STATE).is_file() or (b / LEGACY_COMMON_STATE).is_file()):
         return None
-    from megatron.core.dist_checkpointing.serialization import load_common_state_dict
-
-    x, y = (load_common_state_dict(str(c)) if (c / LEGACY_COMMON_STATE).is_file() else None for c in (a, b))
+    x, y = regions.legacy_common_state(a), regions.legacy_common_state(b)
     ra, rb = repr(x), repr(y)
     return ObjectDiff(LEGACY_COMMON_STATE, ra == rb, ra[:300], rb[:300], [] if ra == rb else leaf_changes(x, y))
 

@@ -185,13 +185,13 @@ def _knobs(config: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
-def _optimizer_sharding(ckpt: Path, fmt: str, has_optimizer: bool) -> str | None:
+CONTENT_METADATA = "content_metadata"  # megatron-core's key for save(..., content_metadata=...) in the common state
+
+
+def _optimizer_sharding(ckpt: Path, metadata: Any, fmt: str, has_optimizer: bool) -> str | None:
     if not has_optimizer or fmt != "torch_dist":
         return "fsdp_dtensor" if has_optimizer else None
-    from megatron.core import dist_checkpointing
-
-    with regions.one_process():
-        meta = dist_checkpointing.load_content_metadata(str(ckpt)) or {}
+    meta = (regions.common_state(ckpt, metadata) or {}).get(CONTENT_METADATA) or {}
     return meta.get("distrib_optim_sharding_type") or "per-parameter (no distributed optimizer)"
 
 
@@ -227,7 +227,7 @@ def inspect_checkpoint(path: Path, tensor_pattern: str | None = None) -> Checkpo
     model = {k: model_cfg.get(k) for k in MODEL_FIELDS if model_cfg.get(k) is not None}
     model["parameters"] = sum(t.numel for t in infos if not t.key.startswith("optimizer."))
     recipe, source = find_recipe(ckpt, model) if model_cfg else (None, f"no {store.RUN_CONFIG} in {ckpt}")
-    sharding = _optimizer_sharding(ckpt, fmt, has_optimizer)
+    sharding = _optimizer_sharding(ckpt, metadata, fmt, has_optimizer)
     writers = {int(m.group(1)) for p in ckpt.iterdir() if (m := WRITER_FILE.match(p.name))}
     tp, pp, cp = (model_cfg.get(k) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                                              "context_parallel_size"))

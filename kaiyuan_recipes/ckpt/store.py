@@ -74,16 +74,37 @@ def resolve_checkpoint(path: Path) -> Path:
 
 
 def read_dcp_metadata(ckpt: Path) -> Any:
-    """torch.distributed.checkpoint's Metadata, read by its own FileSystemReader."""
-    from torch.distributed.checkpoint import FileSystemReader
+    """torch.distributed.checkpoint's Metadata, unpickled with only the classes it is made of (so a crafted
+    .metadata runs nothing: compat.restricted_dcp_metadata)."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    from kaiyuan_recipes.compat import RefusedPickle, restricted_dcp_metadata
 
     file = Path(ckpt) / DCP_METADATA
     if not file.is_file():
         raise CheckpointError(f"{file}: missing (expected torch.distributed.checkpoint metadata)")
     try:
-        return FileSystemReader(str(ckpt)).read_metadata()
+        metadata = restricted_dcp_metadata(file)
+    except RefusedPickle as err:
+        raise CheckpointError(f"{file}: refused, not loaded: {err} (a crafted file, or not a checkpoint's "
+                              "metadata)") from None
     except Exception as err:  # a truncated or foreign file: unpickling fails in many ways
         raise CheckpointError(f"{file}: unreadable as torch.distributed.checkpoint metadata ({err})") from err
+    if not (isinstance(metadata, Metadata) and isinstance(metadata.state_dict_metadata, dict)
+            and isinstance(metadata.storage_data, dict)):
+        raise CheckpointError(f"{file}: holds a {type(metadata).__name__} without its entries and storage, not "
+                              "torch.distributed.checkpoint's Metadata")
+    # DCP's FileSystemWriter names its shard files in the checkpoint directory; a path elsewhere is not its.
+    outside = sorted({str(getattr(info, "relative_path", None)) for info in metadata.storage_data.values()
+                      if not _plain_name(getattr(info, "relative_path", None))})
+    if outside:
+        raise CheckpointError(f"{file}: places data outside the checkpoint directory ({', '.join(outside[:3])}); "
+                              "not read")
+    return metadata
+
+
+def _plain_name(name: Any) -> bool:
+    return isinstance(name, str) and name not in ("", ".", "..") and Path(name).name == name and "\\" not in name
 
 
 def checkpoint_format(ckpt: Path) -> str:
@@ -94,7 +115,7 @@ def checkpoint_format(ckpt: Path) -> str:
         try:
             backend = json.loads(config.read_text()).get("sharded_backend")
         except (ValueError, AttributeError) as err:
-            raise CheckpointError(f"{config}: not megatron-core's checkpoint metadata ({err})") from err
+            raise CheckpointError(f"{config}: not megatron-core's checkpoint metadata ({one_line(err)})") from err
         return str(backend)
     if (Path(ckpt) / DCP_METADATA).is_file():
         return "fsdp_dtensor"
@@ -109,23 +130,35 @@ def read_run_config(ckpt: Path) -> dict[str, Any] | None:
     if not file.is_file():
         return None
     try:
-        return yaml.safe_load(file.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise CheckpointError(f"{file}: not YAML ({err})") from err
+        config = yaml.safe_load(file.read_text()) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{file}: not YAML ({one_line(err)})") from err
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{file}: holds a {type(config).__name__}, not Megatron-Bridge's run config")
+    return config
 
 
 def read_train_state(ckpt: Path) -> dict[str, Any] | None:
     """Bridge's TrainState of this save (step, consumed samples, FLOPs) as plain numbers; None when absent."""
     import torch
 
+    from kaiyuan_recipes.ckpt.unpickle import describe_failure, weights_only_load
+
     file = Path(ckpt) / TRAIN_STATE
     if not file.is_file():
         return None
     try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
+        state = weights_only_load(file)
     except Exception as err:
-        raise CheckpointError(f"{file}: unreadable ({err})") from err
-    return {k: (v.item() if isinstance(v, torch.Tensor) else v) for k, v in state.items()}
+        raise CheckpointError(f"{file}: unreadable ({describe_failure(err)})") from err
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{file}: holds a {type(state).__name__}, not Megatron-Bridge's train state")
+    return {k: (v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v) for k, v in state.items()}
+
+
+def one_line(err: BaseException) -> str:
+    """An error message on one line (YAML's and JSON's span several: the text, a caret, the position)."""
+    return " ".join(str(err).split())[:300]
 
 
 def disk_bytes(path: Path) -> int:

@@ -1,6 +1,7 @@
 """`kaiyuan ckpt verify`: every shard file the metadata names is present and of the size its items need,
 and every tensor and object loads (one stored chunk at a time). DCP keeps no checksums: flipped bits inside
-a chunk that still unpickles are not detected, but a missing, truncated or garbled file is."""
+a chunk that still unpickles are not detected, but a missing, truncated or garbled file is. Objects are unpickled
+weights-only: one whose pickle names code to run is reported as refused, and nothing in it runs."""
 
 from __future__ import annotations
 
@@ -8,8 +9,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from torch.distributed.checkpoint.api import CheckpointException
 
 from kaiyuan_recipes.ckpt import regions, store
 
@@ -74,17 +73,6 @@ def file_problems(ckpt: Path, files: list[ShardFile]) -> list[Problem]:
     return problems
 
 
-def _short(err: BaseException) -> str:
-    import pickle
-
-    if isinstance(err, CheckpointException) and err.failures:  # DCP's per-rank wrapper
-        err = next(iter(err.failures.values()))[0]  # (exception, traceback)
-    if isinstance(err, pickle.UnpicklingError):
-        return "its stored bytes do not unpickle: garbled data"
-    lines = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {lines[0][:200] if lines else ''}"
-
-
 def verify_checkpoint(path: Path, show_progress: bool = False) -> VerifyReport:
     import torch
 
@@ -94,9 +82,11 @@ def verify_checkpoint(path: Path, show_progress: bool = False) -> VerifyReport:
     files = shard_files(ckpt, metadata)
     problems = file_problems(ckpt, files)
     bad_files = {Path(p.file).name for p in problems}
-    for name in (store.TRAIN_STATE, store.RUN_CONFIG):
+    readers = {store.TRAIN_STATE: store.read_train_state, store.RUN_CONFIG: store.read_run_config,
+               regions.LEGACY_COMMON_STATE: regions.legacy_common_state}
+    for name, read in readers.items():
         try:
-            (store.read_train_state if name == store.TRAIN_STATE else store.read_run_config)(ckpt)
+            read(ckpt)
         except store.CheckpointError as err:
             problems.append(Problem(str(ckpt / name), str(err).removeprefix(f"{ckpt / name}: ")))
 
@@ -126,8 +116,8 @@ def verify_checkpoint(path: Path, show_progress: bool = False) -> VerifyReport:
                     else:
                         value = regions.load_region(ckpt, region, tensors[fqn].properties.dtype, metadata)
                         finite = finite and (not value.is_floating_point() or bool(torch.isfinite(value).all()))
-                except (Exception, CheckpointException) as err:  # DCP's wrapper is a BaseException
-                    problems.append(Problem(str(ckpt / name), f"{fqn}: does not load ({_short(err)})"))
+                except regions.ReadError as err:
+                    problems.append(Problem(str(ckpt / name), f"{fqn}: does not load ({err.reason})"))
                     bad_files.add(name)
                     loaded = False
                     break

@@ -35,6 +35,7 @@ from kaiyuan_recipes.compat.megatron_core import (
 )
 from kaiyuan_recipes.compat.nemo_run import quote_srun_arguments
 from kaiyuan_recipes.compat.torch_cuda import graph_capture
+from kaiyuan_recipes.compat.torch_dcp import RefusedPickle, restricted_dcp_metadata
 
 
 class Workaround(NamedTuple):
@@ -86,6 +87,9 @@ WORKAROUNDS = (
     Workaround("quote_srun_arguments", "nemo-run", "0.11.1 (core/execution/slurm.py)",
                "`noquote` is an alias of str, so no argument of the sbatch script's srun line is shell-quoted",
                "test_slurm_script.py::test_upstream_nemo_run_still_leaves_srun_arguments_unquoted"),
+    Workaround("restricted_dcp_metadata", "torch", "2.14.1 (torch/distributed/checkpoint/filesystem.py)",
+               "FileSystemReader.read_metadata unpickles .metadata with plain pickle: a crafted one runs code",
+               "test_ckpt_safety.py::test_upstream_dcp_metadata_reader_still_runs_a_crafted_pickle"),
 )
 
 
@@ -113,7 +117,8 @@ def import_megatron_bridge() -> types.ModuleType:
     return bridge
 
 
-__all__ = ["WORKAROUNDS", "LOCAL_SPEC_SETTINGS", "LoRAUnavailableError", "Workaround", "apply", "graph_capture",
+__all__ = ["WORKAROUNDS", "LOCAL_SPEC_SETTINGS", "LoRAUnavailableError", "RefusedPickle", "Workaround", "apply",
+           "graph_capture", "restricted_dcp_metadata",
            "apply_local_spec_settings", "cpu_checkpoint_save", "cpu_cuda_arch_list", "dataset_helpers_prebuilt",
            "ensure_optimizer_state_for_load", "import_megatron_bridge", "init_optimizer_state_before_load",
            "install_lora_placeholder", "nemo2_distributed_optimizer_saves",

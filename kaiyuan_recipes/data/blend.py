@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,7 +139,7 @@ def load_plan(path: Path) -> tuple[dict[str, Any], dict[str, list[Source]]]:
         if key not in plan:
             raise BlendError(f"{path}: missing {key!r}")
     total = plan["total_tokens"]
-    if isinstance(total, bool) or not isinstance(total, (int, float)) or total <= 0:
+    if not positive_number(total) or isinstance(total, str):
         raise BlendError(f"{path}: total_tokens must be a positive number, got {total!r}")
     if not isinstance(plan["categories"], dict) or not plan["categories"]:
         raise BlendError(f"{path}: 'categories' must be a mapping of category name -> {{share, sources}}")
@@ -148,7 +149,7 @@ def load_plan(path: Path) -> tuple[dict[str, Any], dict[str, list[Source]]]:
         if not isinstance(cat, dict) or "share" not in cat or not cat.get("sources"):
             raise BlendError(f"{where} needs 'share' and 'sources'")
         share = cat["share"]
-        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+        if not positive_number(share) or isinstance(share, str) or share > 1:
             raise BlendError(f"{where}: share must be a number in (0, 1], got {share!r}")
         if not isinstance(cat["sources"], list):
             raise BlendError(f"{where}: 'sources' must be a list of {{name, dir[, pattern]}}")
@@ -170,14 +171,52 @@ def to_megatron_blend(blend: dict[str, Any], heldout_prefix: str | None = None) 
     return {"blend": None, "blend_per_split": [train, ([heldout_prefix], None), None], "split": None}
 
 
+def positive_number(value: Any) -> bool:
+    """A finite, positive number, or a string that parses as one ('5e11'); YAML's .nan / .inf and booleans are
+    not."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return False
+    try:
+        number = float(value)
+    except ValueError:
+        return False
+    return math.isfinite(number) and number > 0
+
+
+def check_curriculum(cur: dict[str, Any], path: Path) -> None:
+    """Every phase's token budget and source weights, before any data is read: a weight is a positive finite
+    ratio or 'tokens' (NaN or an infinity would make every normalised weight NaN; zero or negative, a source
+    never read)."""
+    if not isinstance(cur.get("phases"), dict):
+        raise BlendError(f"{path}: 'phases' must be a mapping of phase number -> {{tokens, sources}}")
+    for number, phase in cur["phases"].items():
+        where = f"{path}: phase {number}"
+        if not isinstance(phase, dict):
+            raise BlendError(f"{where}: expected a mapping with 'tokens' and 'sources', got {phase!r}")
+        if not positive_number(phase.get("tokens")):
+            raise BlendError(f"{where}: tokens {phase.get('tokens')!r} is not a positive finite number")
+        sources = phase.get("sources") or []
+        if not isinstance(sources, list):
+            raise BlendError(f"{where}: 'sources' must be a list of {{name, dir[, weight, pattern]}}")
+        for i, spec in enumerate(sources):
+            if not isinstance(spec, dict) or not all(isinstance(spec.get(k), str) and spec[k] for k in ("name", "dir")):
+                raise BlendError(f"{where}: sources[{i}] must be a mapping with 'name' and 'dir' (strings), "
+                                 f"got {spec!r}")
+            weight = spec.get("weight", "tokens")
+            if weight != "tokens" and not positive_number(weight):
+                raise BlendError(f"{where}: sources[{i}] ({spec['name']}): weight {weight!r} is not a positive finite "
+                                 "number or 'tokens'")
+
+
 def load_curriculum(path: Path) -> dict[str, Any]:
     path = Path(path)
     try:
         cur = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     except Exception as err:
         raise BlendError(f"{path}: not a readable curriculum ({err})") from err
-    if not cur.get("phases"):
+    if not isinstance(cur, dict) or not cur.get("phases"):
         raise BlendError(f"{path}: no 'phases'")
+    check_curriculum(cur, path)
     return cur
 
 
@@ -226,8 +265,11 @@ def phase_blend(cur: dict[str, Any], number: int) -> dict[str, Any]:
     sources = [load_source(s["name"], s["dir"], s.get("pattern", "*")) for s in specs]
     raw = [float(src.total_tokens) if spec.get("weight", "tokens") == "tokens" else float(spec["weight"])
            for spec, src in zip(specs, sources)]
-    if any(w <= 0 for w in raw):
-        raise BlendError(f"phase {number}: source weights must be positive, got {raw}")
+    for spec, w in zip(specs, raw):  # check_curriculum checked the ratios; a source's tokens may still be 0
+        if not (math.isfinite(w) and w > 0):
+            raise BlendError(f"phase {number}: source {spec['name']!r}: weight {w!r} is not a positive finite number")
+    largest = max(raw)
+    raw = [w / largest for w in raw]  # so that the sum of weights near the float maximum does not overflow
     if ordered:
         prefixes = [str(Path(spec["dir"]).expanduser()) for spec in specs]
         return {"prefixes": prefixes, "weights": [w / sum(raw) for w in raw], "tokens": float(phases[number]["tokens"])}

@@ -301,7 +301,12 @@ def _finish_shard(builder: Any, tmp_prefix: Path, prefix_path: Path, result: Sha
 
 _PROGRESS = None
 _STOP: Any = None  # the driver's stop event (set on SIGINT / SIGTERM)
-_DRIVER_GONE = False
+_DRIVER_GONE = threading.Event()
+_BUSY = threading.Event()  # a shard is being converted (its temporary files are open)
+DRIVER_POLL_S = 0.2
+# After the driver is gone: how long a shard may take to reach its next batch and clean its temporary files
+# before the worker exits anyway.
+ORPHAN_GRACE_S = 2.0
 
 
 class _Stopped(Exception):
@@ -309,22 +314,39 @@ class _Stopped(Exception):
 
 
 def _should_stop() -> bool:
-    return _DRIVER_GONE or (_STOP is not None and _STOP.is_set())
+    return _DRIVER_GONE.is_set() or (_STOP is not None and _STOP.is_set())
 
 
 def _watch_driver(driver_pid: int) -> None:
-    """A worker whose driver died (SIGKILL) stops at its next batch instead of converting the queue for nobody."""
-    global _DRIVER_GONE
-    while True:
-        time.sleep(1.0)
+    """A worker whose driver died (SIGKILL, or its forkserver gone: PR_SET_PDEATHSIG) stops at its next batch
+    (removing its temporary files) and exits, instead of converting the queue for nobody."""
+    while not _DRIVER_GONE.is_set():
         try:
             os.kill(driver_pid, 0)
-        except PermissionError:
-            continue
         except ProcessLookupError:
-            _DRIVER_GONE = True
-            time.sleep(30)  # a shard stuck in one batch for that long is ended outright
-            os._exit(1)
+            _DRIVER_GONE.set()
+        except PermissionError:
+            pass  # a pid reused by another user's process: the forkserver's death still reaches us (PDEATHSIG)
+        _DRIVER_GONE.wait(DRIVER_POLL_S)
+    deadline = time.monotonic() + ORPHAN_GRACE_S
+    while _BUSY.is_set() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os._exit(1)
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGTERM when this worker's parent (the forkserver, which exits as soon as the driver does) dies,
+    whichever way the driver went; the handler starts the orphan's stop. A parent already gone: exit now."""
+    import ctypes
+
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return  # not Linux: the driver watch alone
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def _init_worker(threads: int, progress: Any, stop: Any = None, driver_pid: int | None = None) -> None:
@@ -334,9 +356,16 @@ def _init_worker(threads: int, progress: Any, stop: Any = None, driver_pid: int 
     os.environ["TOKENIZERS_PARALLELISM"] = "true"
     _PROGRESS, _STOP = progress, stop
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the driver coordinates the stop
+    # SIGTERM (the parent's death, or one sent to the whole group): stop at the next batch, as on the driver's stop.
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: _DRIVER_GONE.set())
     if driver_pid is not None:
+        _die_with_parent()
         threading.Thread(target=_watch_driver, args=(driver_pid,), daemon=True).start()
 
 
 def _convert_in_worker(path: str, prefix: str, opts_dict: dict[str, Any]) -> dict[str, Any]:
-    return convert_parquet_shard(path, prefix, opts_dict, _PROGRESS)
+    _BUSY.set()
+    try:
+        return convert_parquet_shard(path, prefix, opts_dict, _PROGRESS)
+    finally:
+        _BUSY.clear()

@@ -73,9 +73,10 @@ def materialize_qwen2_tokenizer(dest: Path) -> Path:
     if dest.exists() and all((dest / f).is_file() for f in TOKENIZER_FILES) and _loads_everywhere(dest):
         try:
             _check_round_trip(dest / "tokenizer.json")
+            _check_added_tokens(dest)
             return dest
         except TokenizerError:
-            pass  # a damaged copy (it holds only tokenizer files): written afresh below
+            pass  # a damaged copy, or a stale added_tokens.json beside it: the whole directory is written afresh
     if dest.exists():
         others = sorted(p.name for p in dest.iterdir() if p.name not in TOKENIZER_FILES + SAVED_ALONGSIDE)
         if not dest.is_dir() or others:
@@ -133,7 +134,31 @@ def check_tokenizer_dir(path: Path, sha256: str | None = None) -> Path:
         if actual != sha256.lower():
             raise TokenizerError(f"{tokenizer_json}: sha256 {actual} does not match the expected {sha256.lower()}")
     _check_round_trip(tokenizer_json)
+    _check_added_tokens(path)
     return path
+
+
+def _check_added_tokens(path: Path) -> None:
+    """added_tokens.json (an older transformers' save) agrees with tokenizer.json: transformers' AutoTokenizer adds
+    every token it lists that tokenizer.json lacks, so a stale one changes the vocabulary training loads, while the
+    converter and the vocabulary checks read tokenizer.json."""
+    from tokenizers import Tokenizer
+
+    file = Path(path) / "added_tokens.json"
+    if not file.is_file():
+        return
+    try:
+        listed = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise TokenizerError(f"{file}: not JSON ({err}); delete it (tokenizer.json holds the added tokens)") from None
+    if not isinstance(listed, dict):
+        raise TokenizerError(f"{file}: expected a mapping of token -> id; delete it")
+    tok = Tokenizer.from_file(str(Path(path) / "tokenizer.json"))
+    differ = {t: i for t, i in listed.items() if tok.token_to_id(t) != i}
+    if differ:
+        shown = ", ".join(f"{t!r}: {i!r} (tokenizer.json: {tok.token_to_id(t)})" for t, i in list(differ.items())[:5])
+        raise TokenizerError(f"{file}: lists tokens tokenizer.json does not hold with those ids ({shown}); "
+                             "transformers would load another vocabulary than tokenizer.json's: delete it")
 
 
 ROUND_TRIP_PROBE = "Hello, world! 你好，世界。 x = 42;"

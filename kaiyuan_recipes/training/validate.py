@@ -3,6 +3,7 @@ which fields disagree and what was expected."""
 
 from __future__ import annotations
 
+import math
 import signal
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,39 @@ def check_profile_window(cfg: Any) -> None:
                           f"{last + 1}")
 
 
+def check_blend(field: str, blend: Any) -> None:
+    """A Megatron blend, (prefixes, weights or None): one weight per prefix, each a positive finite number.
+    Megatron-core normalises weights by their sum, so NaN, infinities, negatives and zeros would pass into the
+    sampling plan (NaN everywhere, or a source read never or backwards)."""
+    if blend is None:
+        return
+    if not isinstance(blend, (list, tuple)) or len(blend) != 2 or not isinstance(blend[0], (list, tuple)):
+        raise ConfigError(f"{field}: expected [prefixes, weights] (weights may be null), got {blend!r}")
+    prefixes, weights = blend
+    if weights is None:
+        return
+    if not isinstance(weights, (list, tuple)) or len(weights) != len(prefixes):
+        raise ConfigError(f"{field}: {len(prefixes)} prefixes but weights {weights!r}; give one weight per prefix")
+    for i, (prefix, weight) in enumerate(zip(prefixes, weights)):
+        ok = isinstance(weight, (int, float)) and not isinstance(weight, bool) and math.isfinite(weight) and weight > 0
+        if not ok:
+            raise ConfigError(f"{field}: weight {weight!r} of entry {i} ({prefix}) is not a positive finite number")
+
+
+def check_blends(dataset: Any) -> None:
+    """dataset.blend, each split of dataset.blend_per_split, and dataset.data_path ("w1 p1 w2 p2", which Bridge
+    turns into the blend when the config is finalised, after this check) as megatron-core parses it."""
+    check_blend("dataset.blend", getattr(dataset, "blend", None))
+    for i, split in enumerate(getattr(dataset, "blend_per_split", None) or []):
+        check_blend(f"dataset.blend_per_split[{i}]", split)
+    data_path = getattr(dataset, "data_path", None)
+    if data_path is not None and getattr(dataset, "blend", None) is None:
+        from megatron.core.datasets.utils import get_blend_from_list
+
+        paths = data_path.split() if isinstance(data_path, str) else [str(p) for p in data_path]
+        check_blend("dataset.data_path", get_blend_from_list(paths))
+
+
 def validate(cfg: Any, world_size: int, max_positions: int | None) -> dict[str, int]:
     m, seq = cfg.model, cfg.dataset.seq_length
     if m.seq_length != seq:
@@ -106,6 +140,7 @@ def validate(cfg: Any, world_size: int, max_positions: int | None) -> dict[str, 
                           "keep SIGTERM")
     if cfg.profiling is not None and cfg.profiling.use_pytorch_profiler:
         check_profile_window(cfg)
+    check_blends(cfg.dataset)
     tok_vocab = tokenizer_vocab_size(cfg)
     if m.vocab_size < tok_vocab:
         raise ConfigError(f"model.vocab_size={m.vocab_size} is smaller than the tokenizer's vocabulary "
