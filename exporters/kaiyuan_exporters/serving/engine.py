@@ -93,7 +93,7 @@ class TokenScores:
 @dataclass
 class Completion:
     prompt_ids: list[int]
-    token_ids: list[int]
+    token_ids: list[int]  # generated: an end-of-text that ended the row is the last (as vLLM's and Megatron's)
     finish_reason: str  # "stop" (end of text or a stop string) or "length"
     logprobs: list[float] | None = None  # prompt (first token has none) + generated, natural log
     scores: TokenScores | None = None
@@ -313,14 +313,13 @@ class GenerationEngine:
         if req.cancelled.is_set():
             row.finish = "cancelled"
             return
-        if token in self.eos and not req.ignore_eos:
-            row.finish = "stop"
-            return
-        row.tokens.append(token)
+        row.tokens.append(token)  # end-of-text too: it is generated, so counted, scored and in the logprobs
         self.stats["tokens"] += 1
         if req.on_token is not None:
             req.on_token(token)
-        if req.stop and find_stop(self.decode(row.tokens[-row.window:]), req.stop) is not None:
+        if token in self.eos and not req.ignore_eos:
+            row.finish = "stop"
+        elif req.stop and find_stop(self.decode(row.tokens[-row.window:]), req.stop) is not None:
             row.finish = "stop"
         elif len(row.tokens) >= req.max_new_tokens:
             row.finish = "length"
