@@ -37,6 +37,10 @@ class MultiNodeError(RunError):
     pass
 
 
+class NothingAlive(MultiNodeError):
+    """A stop found nothing of the run alive on any node; nothing was signalled."""
+
+
 # Strict shapes for what reaches ssh and docker as words: an ssh config's `Match exec %h` shell-evaluates the
 # host string, and a container name starting with '-' would be read by docker as an option.
 HOST_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -293,7 +297,7 @@ class MultiNodeRun(Run):
         A node that cannot be reached does not keep the others from being stopped; it is reported."""
         before = self.status()
         if not before["state"].startswith("running") and "unreachable" not in {n["state"] for n in before["nodes"]}:
-            raise MultiNodeError(f"run {self.name!r} is not running on any node (state {before['state']}: "
+            raise NothingAlive(f"run {self.name!r} is not running on any node (state {before['state']}: "
                                  + ", ".join(f"node {n['rank']} {n['state']}" for n in before["nodes"])
                                  + "); nothing signalled")
         self.layout.state.mkdir(parents=True, exist_ok=True)
@@ -321,7 +325,11 @@ class MultiNodeRun(Run):
             bad = [n for n in status["nodes"] if n["state"] in ("failed", "lost", "running — supervisor lost")]
             if bad and status["state"].startswith("running"):
                 hosts = ", ".join(f"{n['host']} (rank {n['rank']}: {n['state']})" for n in bad)
-                result = self.stop(grace, reason=f"node failure: {hosts}")
+                try:
+                    result = self.stop(grace, reason=f"node failure: {hosts}")
+                except NothingAlive:  # the others ended by themselves meanwhile
+                    result = {"run": self.name, "sigkill_after_grace": False, "grace_s": grace, "unreachable": [],
+                              **self.status()}
                 return result | {"state": "failed", "failed_nodes": [n["rank"] for n in bad]}
             if not status["state"].startswith("running"):
                 return status
