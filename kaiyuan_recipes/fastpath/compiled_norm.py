@@ -1,7 +1,7 @@
 """The fast spec's RMSNorm: torch.nn.RMSNorm (the module, parameters and state dict the local spec's
 WrappedTorchNorm builds) with its forward compiled by megatron-core's jit_fuser (torch.compile): one fused kernel
 each way where torch's own kernels spend ~6x the memory-bound time in the weight-gradient reduction (profile:
-benchmarks/RESULTS.md). `kaiyuan.compiled_norm=false` keeps torch's."""
+benchmarks/README.md). `kaiyuan.compiled_norm=false` keeps torch's."""
 
 from __future__ import annotations
 

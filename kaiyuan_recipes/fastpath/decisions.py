@@ -83,7 +83,7 @@ def upstream_adam_is_torch() -> bool:
 
 def _step_fusion(cfg: Any, knobs: Knobs) -> tuple[Piece, Piece]:
     """cuda_graph / wgrad_fusion. auto turns both on together where graph_ineligible_reason finds nothing: the fused
-    weight-gradient GEMMs paid off only in a replayed graph (benchmarks/RESULTS.md, step fusion)."""
+    weight-gradient GEMMs paid off only in a replayed graph (benchmarks/README.md, step fusion)."""
     reason = graph_ineligible_reason(cfg, knobs)
     if knobs.wgrad_fusion is True and (knobs.layer_spec != "fast" or knobs.zero_stage > 1):
         raise ValueError("kaiyuan.wgrad_fusion needs kaiyuan.layer_spec=fast (a CUDA kernel) and kaiyuan.zero_stage "
@@ -111,7 +111,7 @@ CHUNKED_LOSS_AUTO_SPECS = ("fast", "transformer_engine")
 
 
 def _chunked_loss(cfg: Any, knobs: Knobs) -> Piece:
-    """auto: on the fast spec and TE's (TE's measured with it on both models: benchmarks/RESULTS.md, Transformer
+    """auto: on the fast spec and TE's (TE's measured with it on both models: benchmarks/README.md, Transformer
     Engine), off on the local spec; true: on any spec, since every spec has megatron-core's same output layer."""
     from kaiyuan_recipes.fastpath.chunked_loss import unsupported_config_reason
 

@@ -3,7 +3,7 @@ scaled-dot-product attention (flash / cuDNN / memory-efficient kernels: causal, 
 O(s²) score tensor), megatron-core's TE-free fusions turned back on (FAST_SPEC_SETTINGS: SwiGLU, bias-dropout-add,
 the vocab-parallel cross-entropy, each a torch.compile'd function in megatron.core.fusions), RoPE as one compiled
 kernel through Megatron's fused-RoPE hook, compiled RMSNorm (compiled_norm.py) and grouped-GEMM MoE experts
-(grouped_experts.py). Which pieces run is decided in fastpath/decisions.py; measurements: benchmarks/RESULTS.md."""
+(grouped_experts.py). Which pieces run is decided in fastpath/decisions.py; measurements: benchmarks/README.md."""
 
 from __future__ import annotations
 

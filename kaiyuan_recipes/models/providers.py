@@ -42,7 +42,7 @@ def build_provider(shape: dict[str, Any], layer_spec: str = "auto"):
 
 def resolve_layer_spec(layer_spec: str = "auto", deterministic: bool = False) -> str:
     """`auto`: Transformer Engine's spec where TE is installed; without it the fast spec on a CUDA host
-    (kaiyuan_recipes/fastpath/; measured against the local spec in benchmarks/RESULTS.md), and the local spec on a
+    (kaiyuan_recipes/fastpath/; measured against the local spec in benchmarks/README.md), and the local spec on a
     CPU-only host or under kaiyuan.deterministic (two same-seed runs of the fast spec part from step 3: SDPA's
     backward)."""
     if layer_spec not in LAYER_SPECS:
@@ -61,7 +61,7 @@ def resolve_layer_spec(layer_spec: str = "auto", deterministic: bool = False) ->
 # TE's spec with Megatron-LM's own defaults for it (pretrain_gpt: RoPE and SwiGLU fused unless --no-rope-fusion /
 # --no-bias-swiglu-fusion); Megatron-Bridge's GPTModelProvider leaves both unfused. The cross-entropy stays Bridge's
 # fused native one: Megatron-LM rejects TE's (cross_entropy_fusion_impl='te', "stability issues"). Set on the
-# provider, so a recipe's or the command line's model.* override still wins. Measured: benchmarks/RESULTS.md,
+# provider, so a recipe's or the command line's model.* override still wins. Measured: benchmarks/README.md,
 # Transformer Engine.
 TE_SPEC_FUSIONS = {"apply_rope_fusion": True, "bias_activation_fusion": True}
 

@@ -37,7 +37,7 @@ class Knobs:
                               "state and gradients sharded (Megatron-FSDP).", ZERO_STAGE_CHOICES)
     layer_spec: str = knob(AUTO, "auto: Transformer Engine's spec where TE imports; without TE the fast spec on a CUDA "
                                  "host, Megatron's local spec on a CPU host or with deterministic. `fast` runs where "
-                                 "TE imports too (the two compared: benchmarks/RESULTS.md, Transformer Engine).",
+                                 "TE imports too (the two compared: benchmarks/README.md, Transformer Engine).",
                            LAYER_SPECS)
     deterministic: bool = knob(False, "Bit-reproducible training (Megatron's deterministic_mode, unfused "
                                       "cross-entropy, a fixed NCCL algorithm); slower.")
