@@ -28,21 +28,29 @@ class Stage:
     labels: list[str] = field(default_factory=list)  # one per pipeline step, for the manifest
 
 
+def hash_config() -> Any:
+    """sha1, not datatrove's default xxhash: its xxhash path passes str to xxhash, which only xxhash < 4 accepts
+    (datatrove's `processing` extra pins that), while this environment has xxhash 4 (datasets'). sha1 is datatrove's
+    other supported hash; tests/test_clean_config.py notices when the xxhash path works again."""
+    from datatrove.utils.hashing import HashConfig
+
+    return HashConfig(precision=64, hash_fc="sha1")
+
+
 def exact_config() -> Any:
     from datatrove.pipeline.dedup.exact_dedup import ExactDedupConfig
 
     from kaiyuan_recipes.data.clean.steps import document_text
 
-    return ExactDedupConfig(content_getter=document_text)
+    return ExactDedupConfig(content_getter=document_text, hash_config=hash_config())
 
 
 def minhash_config(cfg: CleanConfig) -> Any:
     from datatrove.pipeline.dedup.minhash import MinhashConfig
-    from datatrove.utils.hashing import HashConfig
 
     m = cfg.minhash
     return MinhashConfig(n_grams=m.ngrams, num_buckets=m.bands, hashes_per_bucket=m.rows, seed=m.seed,
-                         hash_config=HashConfig(precision=64))
+                         hash_config=hash_config())
 
 
 def build_stages(plan: RunPlan, cfg: CleanConfig, schema: Any, tokenizer_file: str | None,
@@ -129,10 +137,10 @@ def build_stages(plan: RunPlan, cfg: CleanConfig, schema: Any, tokenizer_file: s
         labels += ["write_filtered", "minhash_sig"]
         stages.append(Stage("filter", pipe, tasks, labels))
         stages.append(Stage("minhash_buckets", [MinhashDedupBuckets(
-            plan.folder("minhash", "sigs"), plan.folder("minhash", "buckets"), mh)], cfg.minhash.bands * bucket_workers,
-            ["buckets"]))
+            plan.folder("minhash", "sigs"), plan.folder("minhash", "buckets"), config=mh)],
+            cfg.minhash.bands * bucket_workers, ["buckets"]))
         stages.append(Stage("minhash_cluster", [MinhashDedupCluster(
-            plan.folder("minhash", "buckets"), plan.folder("minhash", "remove"), mh)], 1, ["cluster"]))
+            plan.folder("minhash", "buckets"), plan.folder("minhash", "remove"), config=mh)], 1, ["cluster"]))
         final = [TaskFileReader(plan.folder("filtered"), text_key=text_key, adapter=read_row),
                  MinhashDedupFilter(plan.folder("minhash", "remove"), exclusion_writer=sample("minhash")),
                  ColumnsParquetWriter(plan.folder("output"), schema, text_key, intermediate=False)]

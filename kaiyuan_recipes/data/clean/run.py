@@ -64,7 +64,7 @@ def _same_run(manifest: dict[str, Any], cfg_hash: str, inputs: list[dict[str, An
 
 def clean_directory(opts: CleanOptions, log: Any = print) -> dict[str, Any]:
     """Returns the run's manifest (a local run, or a Slurm run waited for), or {"submitted": job ids}."""
-    import datatrove
+    from importlib.metadata import version
 
     cfg = load_config(opts.config)
     check_language_model(cfg.language_filter.model_path if cfg.language_filter.enabled else None)
@@ -88,7 +88,7 @@ def clean_directory(opts: CleanOptions, log: Any = print) -> dict[str, Any]:
         input_dir=str(input_dir), output_dir=str(output_dir), staging_dir=str(staging), text_key=opts.text_key,
         inputs=inputs, config=cfg.to_dict(), config_hash=cfg.config_hash(), config_source=cfg.source,
         minhash=cfg.minhash_expectation() if cfg.minhash.enabled else None, sample_removed=opts.sample_removed,
-        executor="slurm" if opts.slurm else "local", tasks=len(files), datatrove_version=datatrove.__version__)
+        executor="slurm" if opts.slurm else "local", tasks=len(files), datatrove_version=version("datatrove"))
     run_file = staging / "run.json"
     if run_file.is_file():
         before = json.loads(run_file.read_text(encoding="utf-8"))

@@ -71,6 +71,10 @@ class ColumnsParquetWriter(ParquetWriter):
         super().__init__(output_folder, output_filename="${rank}.parquet" if intermediate else "${" + SOURCE + "}",
                          compression="zstd", schema=schema, max_file_size=-1)
 
+    def _get_output_filename(self, document: Document, rank: int | str = 0, **kwargs) -> str:
+        # datatrove lets metadata fill the template; an input column named `rank` would then replace the task's
+        return self.output_filename.substitute({"rank": str(rank).zfill(5), SOURCE: document.metadata[SOURCE]})
+
     def _default_adapter(self, document: Document) -> dict:
         row = {name: (document.text if name == self.text_key else document.metadata.get(name))
                for name in self.columns}
