@@ -20,7 +20,7 @@ def add_parser(sub: Any) -> None:
 
     data = sub.add_parser("data", help="data pipeline: download, inspect, clean, plan, convert")
     dsub = data.add_subparsers(dest="data_cmd", required=True)
-    i = dsub.add_parser("inspect", help="schema, rows, text statistics, a sample row")
+    i = dsub.add_parser("inspect", help="schema, rows, text statistics, a sample row; a cleaned directory's manifest")
     i.add_argument("paths", nargs="+", type=Path)
     i.add_argument("--text-key", default="text")
     i.add_argument("--full", action="store_true", help="read every row for the text statistics")
@@ -93,12 +93,13 @@ def check(args: Any) -> int:
 
 
 def inspect(args: Any) -> int:
-    from kaiyuan_recipes.data.inspect_parquet import inspect_parquet
+    from kaiyuan_recipes.data.inspect_parquet import inspect_cleaned_dir, inspect_parquet
 
     reports = []
     for path in args.paths:  # one bad file does not stop the report of the others
         try:
-            reports.append(inspect_parquet(path, args.text_key, args.full))
+            reports.append(inspect_cleaned_dir(path) if path.is_dir() else
+                           inspect_parquet(path, args.text_key, args.full))
         except ValueError as err:
             reports.append({"path": str(path), "error": str(err)})
     failed = 1 if any("error" in r for r in reports) else 0
@@ -118,7 +119,7 @@ def inspect(args: Any) -> int:
     for r in reports:
         table = Table(title=r["path"], show_header=False)
         for key in ("bytes", "rows", "row_groups", "schema", "nulls_from_metadata", "has_rank_column", "text_stats",
-                    "sample_row", "error"):
+                    "sample_row", "cleaning", "steps", "files", "removed_samples", "error"):
             if key in r:
                 value = r[key]
                 table.add_row(key, json.dumps(value, ensure_ascii=False, default=str, indent=1)

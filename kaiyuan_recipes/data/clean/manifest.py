@@ -178,10 +178,10 @@ def read_manifest(directory: Path) -> dict[str, Any] | None:
     return data if data.get("kind") == MANIFEST_KIND else None
 
 
-def manifest_summary(manifest: dict[str, Any]) -> dict[str, Any]:
+def manifest_summary(manifest: dict[str, Any], directory: Path | str) -> dict[str, Any]:
     """The part other manifests (convert's, the blend plan's) record about the cleaning their input went through."""
     return {
-        "clean_manifest": str(Path(manifest["output_dir"]) / MANIFEST_NAME),
+        "clean_manifest": str(Path(directory).resolve() / MANIFEST_NAME),
         "config_source": manifest["config_source"], "config_hash": manifest["config_hash"],
         "datatrove_version": manifest["datatrove_version"],
         "documents_in": manifest["documents_in"], "documents_out": manifest["documents_out"],
