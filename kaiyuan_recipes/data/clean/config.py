@@ -39,7 +39,7 @@ class LengthConfig:
 class LanguageConfig:
     """datatrove's fastText language filter, from a model file on this host only (nothing is downloaded)."""
 
-    enabled: bool = False
+    enabled: bool = True
     model_path: str | None = None
     languages: list[str] = field(default_factory=lambda: ["en"])
     threshold: float = 0.65
@@ -78,7 +78,7 @@ class CleanConfig:
     tokenizer: str | None = None      # a tokenizer.json; None: the bundled Qwen2 BPE
     exact_dedup: bool = True
     length: LengthConfig = field(default_factory=LengthConfig)
-    language_filter: LanguageConfig = field(default_factory=LanguageConfig)
+    language_filter: LanguageConfig = field(default_factory=lambda: LanguageConfig(enabled=False))
     heuristics: dict[str, HeuristicConfig] = field(default_factory=dict)
     minhash: MinhashConfig = field(default_factory=MinhashConfig)
     source: str = ""                  # where it was read from
