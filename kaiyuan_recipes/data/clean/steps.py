@@ -141,6 +141,9 @@ class SampleWriter(JsonlWriter):
         self.limit = limit
         self.written = 0
 
+    def _get_output_filename(self, document: Document, rank: int | str = 0, **kwargs) -> str:
+        return f"{str(rank).zfill(5)}.jsonl"  # never a metadata `rank` (see ColumnsParquetWriter)
+
     def write(self, document: Document, rank: int = 0, **kwargs):
         if self.written < self.limit:
             self.written += 1
