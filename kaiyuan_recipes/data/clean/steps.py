@@ -144,6 +144,13 @@ class SampleWriter(JsonlWriter):
     def _get_output_filename(self, document: Document, rank: int | str = 0, **kwargs) -> str:
         return f"{str(rank).zfill(5)}.jsonl"  # never a metadata `rank` (see ColumnsParquetWriter)
 
+    def _default_adapter(self, document: Document) -> dict:
+        data = super()._default_adapter(document)
+        # datatrove's file_path is the file this stage read (for MinHash an intermediate one, deleted at the end);
+        # the input file is metadata[SOURCE], relative to the input directory
+        data.get("metadata", {}).pop("file_path", None)
+        return data
+
     def write(self, document: Document, rank: int = 0, **kwargs):
         if self.written < self.limit:
             self.written += 1

@@ -99,8 +99,8 @@ def low_quality(gen: ProseGenerator, kind: str) -> str:
                                   for _ in range(12)) for _ in range(10))
     if kind == "c4":  # boilerplate: a menu of one-word lines and a cookie notice around two sentences
         menu = [gen.word().capitalize() for _ in range(30)]
-        return "\n".join(menu[:15] + [gen.sentence(), "This site uses cookies to improve the service and your experience.",
-                                      gen.sentence()] + menu[15:])
+        notice = "This site uses cookies to improve the service and your experience."
+        return "\n".join(menu[:15] + [gen.sentence(), notice, gen.sentence()] + menu[15:])
     if kind == "fineweb":  # one sentence on two lines: far under Gopher's repetition bounds, over FineWeb's 1 %
         paras, line = [gen.paragraph() for _ in range(12)], gen.sentence()
         return "\n".join(paras[:4] + [line] + paras[4:8] + [line] + paras[8:])
