@@ -179,3 +179,26 @@ def test_length_filter_reasons():
     cjk = LengthCharFilter(min_cjk_ratio=0.3)
     assert cjk.filter(Document("mostly latin text 中", "a")) == (False, "too_little_cjk")
     assert cjk.filter(Document("中文的文本 text", "a")) is True
+
+
+def test_step_counts_from_a_single_task(tmp_path):
+    """One input file: one stats file per stage, which datatrove reads back as numbers, not MetricStats."""
+    from datatrove.data import Document
+    from datatrove.utils.stats import PipelineStats
+
+    from kaiyuan_recipes.data.clean.manifest import RunPlan, StepStats, step_records
+    from kaiyuan_recipes.data.clean.steps import LengthCharFilter
+
+    f = LengthCharFilter(min_chars=5)
+    list(f.run(iter([Document("long enough", "0"), Document("tiny", "1"), Document("also long", "2")])))
+    stats = tmp_path / "logs" / "filter" / "stats"
+    stats.mkdir(parents=True)
+    (stats / "00000.json").write_text(PipelineStats([f, f]).to_json())
+    plan = RunPlan(input_dir="in", output_dir="out", staging_dir=str(tmp_path), text_key="text",
+                   inputs=[{"path": "a.parquet", "bytes": 1, "rows": 3}], config={"count_tokens": False},
+                   config_hash="h", config_source="s", minhash=None, sample_removed=0, executor="local", tasks=1,
+                   datatrove_version="x", steps=[StepStats("length", "filter", 1, "filter", 1)],
+                   input_stats=StepStats("input", "filter", 0))
+    head, records = step_records(plan)
+    assert records == [{"step": "length", "documents_in": 3, "documents_out": 2, "removed": 1, "tokens_in": None,
+                        "tokens_out": None, "removed_by_reason": {"too_short": 1}}]

@@ -67,11 +67,20 @@ def _merged_stats(plan: RunPlan, stage: str) -> list[Any]:
     return total.stats
 
 
+def _total(value: Any) -> float:
+    """A datatrove metric's total. Stats read back from one file keep datatrove's saved form (a number, or a dict
+    with "total"); only a sum of two turns them into MetricStats."""
+    if value is None:
+        return 0
+    if hasattr(value, "total"):
+        return value.total
+    return value["total"] if isinstance(value, dict) else value
+
+
 def _metric(stats: list[Any], index: int, name: str) -> float:
     if index < 0 or index >= len(stats):
         return 0
-    value = stats[index].stats.get(name)
-    return value.total if value is not None else 0
+    return _total(stats[index].stats.get(name))
 
 
 def step_records(plan: RunPlan) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -93,7 +102,7 @@ def step_records(plan: RunPlan) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     for step in plan.steps:
         stats = stats_of(step.stage)
         docs_in, docs_out = int(_metric(stats, step.index, "total")), int(_metric(stats, step.index, "forwarded"))
-        reasons = {k.removeprefix("dropped_"): int(v.total) for k, v in sorted(stats[step.index].stats.items())
+        reasons = {k.removeprefix("dropped_"): int(_total(v)) for k, v in sorted(stats[step.index].stats.items())
                    if k.startswith("dropped_")} if step.index < len(stats) else {}
         out_tokens = int(_metric(stats_of(step.tokens_stage), step.tokens_index, step.tokens_metric)) \
             if counting else None
