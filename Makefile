@@ -48,7 +48,7 @@ define bridge_env
 	touch $(1)/.installed
 endef
 
-EXTRAS := bridge,run,serve,dev
+EXTRAS := bridge,run,serve,clean,dev
 EXTRAS3 := bridge,serve,dev
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	$(call bridge_env,$(VENV),$(LOCK),$(EXTRAS))

@@ -18,9 +18,9 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--sha256")
     c.set_defaults(func=check)
 
-    data = sub.add_parser("data", help="data pipeline: inspect, convert")
+    data = sub.add_parser("data", help="data pipeline: download, inspect, clean, plan, convert")
     dsub = data.add_subparsers(dest="data_cmd", required=True)
-    i = dsub.add_parser("inspect", help="schema, rows, text statistics, a sample row")
+    i = dsub.add_parser("inspect", help="schema, rows, text statistics, a sample row; a cleaned directory's manifest")
     i.add_argument("paths", nargs="+", type=Path)
     i.add_argument("--text-key", default="text")
     i.add_argument("--full", action="store_true", help="read every row for the text statistics")
@@ -48,6 +48,22 @@ def add_parser(sub: Any) -> None:
     dl.add_argument("--revision", default=None)
     dl.add_argument("--pattern", default=None, help="files of phase {n}, fnmatch (default: *phase{n}/*)")
     dl.set_defaults(func=download)
+    cl = dsub.add_parser("clean", help="deduplicate and quality-filter parquet with datatrove (docs/data.md)")
+    cl.add_argument("--input-dir", type=Path, required=True)
+    cl.add_argument("--output-dir", type=Path, required=True, help="new or empty; appears whole when the run ends")
+    cl.add_argument("--config", help="recipes/cleaning/NAME.yaml by name (web, edu, chinese, code) or a YAML path "
+                    "(default: web)")
+    cl.add_argument("--text-key", default="text")
+    cl.add_argument("--workers", type=int, default=0, help="tasks run at once, locally (0: one per core)")
+    cl.add_argument("--sample-removed", type=int, default=0, metavar="N",
+                    help="write N removed documents per step to OUTPUT/removed_samples/STEP.jsonl")
+    cl.add_argument("--slurm", action="store_true", help="submit the stages as Slurm job arrays")
+    cl.add_argument("--partition", help="Slurm partition (with --slurm)")
+    cl.add_argument("--time", default="24:00:00", help="Slurm time limit per job")
+    cl.add_argument("--cpus-per-task", type=int, default=1)
+    cl.add_argument("--mem-per-cpu-gb", type=int, default=2)
+    cl.add_argument("--wait", action="store_true", help="with --slurm: return when the output is there")
+    cl.set_defaults(func=clean)
     pl = dsub.add_parser("plan", help="resolve a category blend plan into per-source tokens, epochs and weights")
     pl.add_argument("plan", type=Path)
     pl.add_argument("--out", type=Path, help="write the manifest JSON here")
@@ -77,12 +93,13 @@ def check(args: Any) -> int:
 
 
 def inspect(args: Any) -> int:
-    from kaiyuan_recipes.data.inspect_parquet import inspect_parquet
+    from kaiyuan_recipes.data.inspect_parquet import inspect_cleaned_dir, inspect_parquet
 
     reports = []
     for path in args.paths:  # one bad file does not stop the report of the others
         try:
-            reports.append(inspect_parquet(path, args.text_key, args.full))
+            reports.append(inspect_cleaned_dir(path) if path.is_dir() else
+                           inspect_parquet(path, args.text_key, args.full))
         except ValueError as err:
             reports.append({"path": str(path), "error": str(err)})
     failed = 1 if any("error" in r for r in reports) else 0
@@ -102,7 +119,7 @@ def inspect(args: Any) -> int:
     for r in reports:
         table = Table(title=r["path"], show_header=False)
         for key in ("bytes", "rows", "row_groups", "schema", "nulls_from_metadata", "has_rank_column", "text_stats",
-                    "sample_row", "error"):
+                    "sample_row", "cleaning", "steps", "files", "removed_samples", "error"):
             if key in r:
                 value = r[key]
                 table.add_row(key, json.dumps(value, ensure_ascii=False, default=str, indent=1)
@@ -142,6 +159,29 @@ def convert(args: Any) -> int:
     if skipped:
         print(f"skipped {skipped:,} bad rows (--on-bad-row skip); first: "
               + "; ".join(e for s in shards.values() for e in s["skipped_examples"][:2]))
+    return 0
+
+
+def clean(args: Any) -> int:
+    from kaiyuan_recipes.data.clean.executors import SlurmOptions
+    from kaiyuan_recipes.data.clean.run import CleanOptions, clean_directory
+
+    slurm = None
+    if args.slurm:
+        if not args.partition:
+            raise ValueError("--slurm needs --partition")
+        slurm = SlurmOptions(partition=args.partition, time=args.time, cpus_per_task=args.cpus_per_task,
+                             mem_per_cpu_gb=args.mem_per_cpu_gb, wait=args.wait)
+    result = clean_directory(CleanOptions(args.input_dir, args.output_dir, args.config, args.text_key, args.workers,
+                                          args.sample_removed, slurm))
+    if "submitted" in result:
+        print(json.dumps(result, indent=2))
+        return 0
+    for step in result["steps"]:
+        tokens = f", tokens {step['tokens_in']:,} -> {step['tokens_out']:,}" if step["tokens_in"] is not None else ""
+        print(f"{step['step']:<18} documents {step['documents_in']:,} -> {step['documents_out']:,}{tokens}")
+    print(f"{result['documents_in']:,} documents -> {result['documents_out']:,} in {args.output_dir} "
+          f"(manifest: clean_manifest.json)")
     return 0
 
 

@@ -28,6 +28,7 @@ class Source:
     name: str
     prefixes: list[str]
     tokens: list[int]
+    cleaning: dict[str, Any] | None = None  # the converter manifest's record of `kaiyuan data clean`, if any
 
     @property
     def total_tokens(self) -> int:
@@ -40,7 +41,8 @@ def load_source(name: str, output_dir: str, pattern: str = "*") -> Source:
     manifest_path = Path(output_dir).expanduser() / MANIFEST
     if not manifest_path.is_file():
         raise BlendError(f"source {name!r}: {manifest_path} not found (run `kaiyuan data convert` first)")
-    shards = json.loads(manifest_path.read_text(encoding="utf-8"))["shards"]
+    converted = json.loads(manifest_path.read_text(encoding="utf-8"))
+    shards = converted["shards"]
     names = sorted(n for n in shards if fnmatch.fnmatch(n, pattern))
     if not names:
         raise BlendError(f"source {name!r}: no shards matching {pattern!r} in {manifest_path}")
@@ -49,7 +51,8 @@ def load_source(name: str, output_dir: str, pattern: str = "*") -> Source:
     if missing:
         raise BlendError(f"source {name!r}: {manifest_path} lists shards whose files are gone "
                          f"({', '.join(missing[:3])}); rerun `kaiyuan data convert` for that directory")
-    return Source(name, [str(manifest_path.parent / n) for n in names], [int(shards[n]["tokens"]) for n in names])
+    return Source(name, [str(manifest_path.parent / n) for n in names], [int(shards[n]["tokens"]) for n in names],
+                  converted.get("cleaning"))
 
 
 @dataclass
@@ -107,7 +110,8 @@ def plan_categories(plan: dict[str, Any], sources: dict[str, list[Source]]) -> d
                 prefixes.append(prefix)
                 weights.append(need[name] * share_of_cat / total)
             per_source.append({"category": name, "source": src.name, "tokens": src.total_tokens,
-                               "planned_tokens": need[name] * src.total_tokens / available[name], "epochs": epochs})
+                               "planned_tokens": need[name] * src.total_tokens / available[name], "epochs": epochs,
+                               **({"cleaning": src.cleaning} if src.cleaning else {})})
     return {
         "total_tokens": total,
         "seed": int(plan.get("seed", 42)),

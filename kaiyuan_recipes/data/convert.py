@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from kaiyuan_recipes.atomic import write_text_atomic
+from kaiyuan_recipes.data.clean.manifest import manifest_summary as clean_summary
+from kaiyuan_recipes.data.clean.manifest import read_manifest as read_clean_manifest
 from kaiyuan_recipes.data.convert_worker import (
     BAD_ROW_POLICIES,
     RANK_SUFFIX,
@@ -143,6 +145,11 @@ def convert_directory(opts: ConvertOptions, show_progress: bool = True) -> dict[
     if any(manifest.get(k) not in (None, v) for k, v in made_with.items()):
         manifest["shards"] = {}  # another tokenizer, column or EOD setting makes every output stale
     manifest.update(made_with, tokenizer_dir=str(opts.tokenizer_dir), input_dir=str(opts.input_dir))
+    cleaned = read_clean_manifest(opts.input_dir)  # `kaiyuan data clean` output: what was removed, and how
+    if cleaned:
+        manifest["cleaning"] = clean_summary(cleaned, opts.input_dir)
+    else:
+        manifest.pop("cleaning", None)
     todo = []
     for name, src in planned.items():
         prefix = opts.output_dir / name

@@ -100,3 +100,23 @@ def _text_stats(pf: Any, info: dict[str, Any], text_key: str, full: bool) -> Non
         "utf8_bytes": utf8_bytes,
     }
     info["sample_row"] = sample_row
+
+
+def inspect_cleaned_dir(path: Path) -> dict[str, Any]:
+    """A directory `kaiyuan data clean` wrote: its manifest in short (documents and tokens in and out per step)."""
+    from kaiyuan_recipes.data.clean.manifest import read_manifest
+
+    manifest = read_manifest(path)
+    if manifest is None:
+        raise BadInputError(f"{path}: a directory without clean_manifest.json (give parquet files, or a directory "
+                            "`kaiyuan data clean` wrote)")
+    return {
+        "path": str(path),
+        "cleaning": {k: manifest[k] for k in ("config_source", "config_hash", "datatrove_version", "documents_in",
+                                               "documents_out", "tokens_in", "tokens_out", "input_bytes",
+                                               "output_bytes")},
+        "steps": {s["step"]: {k: s[k] for k in ("documents_in", "documents_out", "tokens_in", "tokens_out",
+                                                 "removed_by_reason")} for s in manifest["steps"]},
+        "files": len(manifest["outputs"]),
+        "removed_samples": manifest["removed_samples"],
+    }

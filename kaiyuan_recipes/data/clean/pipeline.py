@@ -1,0 +1,156 @@
+"""The cleaning run as datatrove stages, each a pipeline run by one executor with its own logging folder (completion
+markers, stats) under the staging directory:
+
+  exact_signatures (one task per input file) -> exact_duplicates (hash ranges)
+  filter (one task per input file): read, count tokens, drop exact duplicates, length, language, Gopher, C4, FineWeb,
+         write (the final output, or an intermediate file per task when MinHash follows) and MinHash signatures
+  minhash_buckets (bands x workers) -> minhash_cluster (1) -> minhash_filter (one task per input file): write
+  finalize (1): manifest, then the rename into place
+
+One task per input file is what makes the output independent of the machine: datatrove's exact and MinHash dedup
+keep, out of a group of duplicates, the copy with the lowest (task, position in task), so the partition of documents
+into tasks must not depend on the worker count or the executor. The hash-range stages may run at any task count."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kaiyuan_recipes.data.clean.config import HEURISTICS, CleanConfig, heuristic_class
+from kaiyuan_recipes.data.clean.manifest import RunPlan, StepStats
+
+
+@dataclass
+class Stage:
+    name: str
+    pipeline: list[Any]
+    tasks: int
+    labels: list[str] = field(default_factory=list)  # one per pipeline step, for the manifest
+
+
+def hash_config() -> Any:
+    """sha1, not datatrove's default xxhash: its xxhash path passes str to xxhash, which only xxhash < 4 accepts
+    (datatrove's `processing` extra pins that), while this environment has xxhash 4 (datasets'). sha1 is datatrove's
+    other supported hash; tests/test_clean_config.py notices when the xxhash path works again."""
+    from datatrove.utils.hashing import HashConfig
+
+    return HashConfig(precision=64, hash_fc="sha1")
+
+
+def exact_config() -> Any:
+    from datatrove.pipeline.dedup.exact_dedup import ExactDedupConfig
+
+    from kaiyuan_recipes.data.clean.steps import document_text
+
+    return ExactDedupConfig(content_getter=document_text, hash_config=hash_config())
+
+
+def minhash_config(cfg: CleanConfig) -> Any:
+    from datatrove.pipeline.dedup.minhash import MinhashConfig
+
+    m = cfg.minhash
+    return MinhashConfig(n_grams=m.ngrams, num_buckets=m.bands, hashes_per_bucket=m.rows, seed=m.seed,
+                         hash_config=hash_config())
+
+
+def build_stages(plan: RunPlan, cfg: CleanConfig, schema: Any, tokenizer_file: str | None,
+                 finder_workers: int = 1, bucket_workers: int = 1) -> list[Stage]:
+    """The stages of this run; fills plan.steps / plan.input_stats with where each step's counts are read."""
+    from datatrove.pipeline.dedup import (
+        ExactDedupFilter,
+        ExactDedupSignature,
+        ExactFindDedups,
+        MinhashDedupBuckets,
+        MinhashDedupCluster,
+        MinhashDedupFilter,
+        MinhashDedupSignature,
+    )
+    from datatrove.pipeline.tokens import TokensCounter
+
+    from kaiyuan_recipes.data.clean.steps import (
+        ColumnsParquetWriter,
+        LengthCharFilter,
+        LocalLanguageFilter,
+        SampleWriter,
+        TaskFileReader,
+        make_reader,
+        read_row,
+    )
+
+    tasks, text_key, lang = plan.tasks, plan.text_key, cfg.language
+    paths_file = plan.folder("inputs.txt")
+
+    def reader():
+        return make_reader(plan.input_dir, paths_file, text_key)
+
+    def sample(step: str):
+        return SampleWriter(plan.folder("removed", step), plan.sample_removed) if plan.sample_removed > 0 else None
+
+    stages: list[Stage] = []
+    steps: list[StepStats] = []
+    if cfg.exact_dedup:
+        stages.append(Stage("exact_signatures", [reader(), ExactDedupSignature(
+            plan.folder("exact", "sigs"), exact_config(), finder_workers=finder_workers)], tasks, ["read", "sig"]))
+        stages.append(Stage("exact_duplicates", [ExactFindDedups(
+            plan.folder("exact", "sigs"), plan.folder("exact", "dups"), exact_config())], finder_workers, ["find"]))
+
+    pipe: list[Any] = [reader()]
+    labels = ["read"]
+    if cfg.count_tokens:
+        pipe.append(TokensCounter(tokenizer_file))
+        labels.append("tokens")
+
+    def add(name: str, step: Any) -> None:
+        pipe.append(step)
+        labels.append(name)
+        steps.append(StepStats(name, "filter", len(pipe) - 1, "filter", len(pipe) - 1))
+
+    if cfg.exact_dedup:
+        add("exact_dedup", ExactDedupFilter(plan.folder("exact", "dups"), exact_config(),
+                                            exclusion_writer=sample("exact_dedup")))
+    if cfg.length.enabled:
+        lc = cfg.length
+        add("length", LengthCharFilter(lc.min_chars, lc.max_chars, lc.max_non_printable_ratio,
+                                       lc.max_replacement_char_ratio, lc.min_cjk_ratio,
+                                       exclusion_writer=sample("length")))
+    if cfg.language_filter.enabled:
+        lf = cfg.language_filter
+        add("language", LocalLanguageFilter(lf.model_path, lf.languages, lf.threshold,
+                                            exclusion_writer=sample("language")))
+    for name in HEURISTICS:
+        h = cfg.heuristics.get(name)
+        if h is None or not h.enabled:
+            continue
+        params = {k: tuple(v) if isinstance(v, list) else v for k, v in h.params.items()}  # YAML lists: tuples
+        add(name, heuristic_class(name)(**params, language=lang, exclusion_writer=sample(name)))
+        if name == "c4" and cfg.count_tokens:
+            # C4 drops lines from the documents it keeps: their token counts are taken again
+            pipe.append(TokensCounter(tokenizer_file))
+            labels.append("recount")
+            steps[-1].tokens_index, steps[-1].tokens_metric = len(pipe) - 1, "tokens"
+    plan.input_stats = StepStats("input", "filter", 0, "filter", 1 if cfg.count_tokens else -1, "tokens")
+
+    if cfg.minhash.enabled:
+        mh = minhash_config(cfg)
+        pipe += [ColumnsParquetWriter(plan.folder("filtered"), schema, text_key, intermediate=True),
+                 MinhashDedupSignature(plan.folder("minhash", "sigs"), mh, language=lang)]
+        labels += ["write_filtered", "minhash_sig"]
+        stages.append(Stage("filter", pipe, tasks, labels))
+        stages.append(Stage("minhash_buckets", [MinhashDedupBuckets(
+            plan.folder("minhash", "sigs"), plan.folder("minhash", "buckets"), config=mh)],
+            cfg.minhash.bands * bucket_workers, ["buckets"]))
+        stages.append(Stage("minhash_cluster", [MinhashDedupCluster(
+            plan.folder("minhash", "buckets"), plan.folder("minhash", "remove"), config=mh)], 1, ["cluster"]))
+        final = [TaskFileReader(plan.folder("filtered"), text_key=text_key, adapter=read_row),
+                 MinhashDedupFilter(plan.folder("minhash", "remove"), exclusion_writer=sample("minhash")),
+                 ColumnsParquetWriter(plan.folder("output"), schema, text_key, intermediate=False)]
+        stages.append(Stage("minhash_filter", final, tasks, ["read_filtered", "minhash", "write"]))
+        # MinhashDedupFilter records no token stats: the writer after it sees exactly what it kept
+        steps.append(StepStats("minhash", "minhash_filter", 1, "minhash_filter", 2))
+    else:
+        pipe.append(ColumnsParquetWriter(plan.folder("output"), schema, text_key, intermediate=False))
+        labels.append("write")
+        stages.append(Stage("filter", pipe, tasks, labels))
+    plan.steps = steps
+    plan.stage_names = [s.name for s in stages] + ["finalize"]
+    return stages

@@ -1,0 +1,196 @@
+"""The thin adapters between our parquet files and datatrove's components, each the extension point datatrove offers
+for it: a reader adapter (rows -> Documents, refusing null text), a parquet writer that writes the input's own columns
+back (not datatrove's text/id/metadata layout), a length / character filter on datatrove's BaseFilter, a reader of one
+task's intermediate file, a capped writer for the removed-document samples, and a language filter that loads a local
+fastText model instead of downloading one.
+
+No `from __future__ import annotations` here: datatrove's exact dedup reads `document_text`'s return annotation to
+choose its hash function, and needs the type, not a string."""
+
+import unicodedata
+from typing import Any
+
+from datatrove.data import Document
+from datatrove.pipeline.base import PipelineStep
+from datatrove.pipeline.filters.base_filter import BaseFilter
+from datatrove.pipeline.filters.language_filter import LanguageFilter
+from datatrove.pipeline.readers import ParquetReader
+from datatrove.pipeline.writers import JsonlWriter, ParquetWriter
+from datatrove.utils.lid import FT176LID
+
+SOURCE = "_kaiyuan_source"   # the input file (relative path) a document came from; names its output file
+TOKENS = "_kaiyuan_tokens"   # token_count carried through the intermediate files between stages
+
+
+class CleanDataError(ValueError):
+    pass
+
+
+def document_text(doc: Document) -> str:
+    """What exact dedup hashes: the whole text."""
+    return doc.text
+
+
+def read_row(self: Any, data: dict, path: str, id_in_file: int) -> dict:
+    """ParquetReader adapter: the text column becomes the document's text, every other column its metadata (written
+    back unchanged). A null or non-string text is an error naming the file: datatrove's default adapter would drop
+    the row silently. (inputs.check_inputs has already found nulls from the footers; this is the backstop.)"""
+    text = data.pop(self.text_key, None)
+    if not isinstance(text, str):
+        where = self.data_folder.resolve_paths(path)
+        raise CleanDataError(f"{where}: document {id_in_file} (counting non-empty texts from 0): column "
+                             f"'{self.text_key}' is {'null' if text is None else type(text).__name__}, not a string")
+    if TOKENS in data:
+        tokens = data.pop(TOKENS)
+        if tokens is not None:
+            data["token_count"] = tokens
+    data.setdefault(SOURCE, path)
+    return {"text": text, "id": f"{data[SOURCE]}#{id_in_file}", "metadata": data}
+
+
+def make_reader(folder: str, paths_file: str, text_key: str) -> ParquetReader:
+    """The input files listed one per line in `paths_file` (inputs.check_inputs' order): with one task per file,
+    task i reads file i whichever executor runs it."""
+    return ParquetReader(folder, paths_file=paths_file, text_key=text_key, adapter=read_row)
+
+
+class ColumnsParquetWriter(ParquetWriter):
+    """datatrove's ParquetWriter writing the input's columns (schema given): the text column from the document's
+    text, the others from its metadata. `intermediate` also keeps the source file and token count for the next
+    stage; the final output is named after its input file, so the task count never shows in the file names."""
+
+    def __init__(self, output_folder: str, schema: Any, text_key: str, intermediate: bool):
+        import pyarrow as pa
+
+        self.columns = list(schema.names)
+        self.text_key = text_key
+        self.intermediate = intermediate
+        if intermediate:
+            schema = schema.append(pa.field(SOURCE, pa.string())).append(pa.field(TOKENS, pa.int64()))
+        # max_file_size=-1: one output file per input file; zstd like the corpora we read
+        super().__init__(output_folder, output_filename="${rank}.parquet" if intermediate else "${" + SOURCE + "}",
+                         compression="zstd", schema=schema, max_file_size=-1)
+
+    def _get_output_filename(self, document: Document, rank: int | str = 0, **kwargs) -> str:
+        # datatrove lets metadata fill the template; an input column named `rank` would then replace the task's
+        return self.output_filename.substitute({"rank": str(rank).zfill(5), SOURCE: document.metadata[SOURCE]})
+
+    def _default_adapter(self, document: Document) -> dict:
+        row = {name: (document.text if name == self.text_key else document.metadata.get(name))
+               for name in self.columns}
+        if self.intermediate:
+            row[SOURCE] = document.metadata[SOURCE]
+            row[TOKENS] = document.metadata.get("token_count")
+        return row
+
+
+class TaskFileReader(ParquetReader):
+    """Reads the intermediate file task `rank` wrote in the filter stage (`{rank:05d}.parquet`, absent when the task
+    kept nothing): MinHash's signatures and its filter count documents per task, so both stages must see the same
+    documents in the same order."""
+
+    def run(self, data=None, rank: int = 0, world_size: int = 1):
+        name = f"{rank:05d}.parquet"
+        if self.data_folder.isfile(name):
+            for doc in self.read_files_shard([name]):
+                self.update_doc_stats(doc)
+                yield doc
+
+
+class LengthCharFilter(BaseFilter):
+    """Length in characters and character hygiene: control characters, U+FFFD (text decoded with the wrong codec)
+    and, for Chinese corpora, a minimum share of CJK ideographs. Each removal is counted under its reason."""
+
+    name = "📏 Length / characters"
+
+    def __init__(self, min_chars=None, max_chars=None, max_non_printable_ratio=None, max_replacement_char_ratio=None,
+                 min_cjk_ratio=None, exclusion_writer=None):
+        super().__init__(exclusion_writer)
+        self.min_chars, self.max_chars = min_chars, max_chars
+        self.max_non_printable_ratio = max_non_printable_ratio
+        self.max_replacement_char_ratio = max_replacement_char_ratio
+        self.min_cjk_ratio = min_cjk_ratio
+
+    def filter(self, doc: Document):
+        text = doc.text
+        n = len(text)
+        if self.min_chars is not None and n < self.min_chars:
+            return False, "too_short"
+        if self.max_chars is not None and n > self.max_chars:
+            return False, "too_long"
+        if self.max_replacement_char_ratio is not None and text.count("\ufffd") / n > self.max_replacement_char_ratio:
+            return False, "replacement_chars"
+        if self.max_non_printable_ratio is not None:
+            bad = sum(1 for c in text if unicodedata.category(c) in ("Cc", "Cs", "Co") and not c.isspace())
+            if bad / n > self.max_non_printable_ratio:
+                return False, "non_printable"
+        if self.min_cjk_ratio is not None:
+            visible = [c for c in text if not c.isspace()]
+            cjk = sum(1 for c in visible if "\u4e00" <= c <= "\u9fff" or "\u3400" <= c <= "\u4dbf")
+            if not visible or cjk / len(visible) < self.min_cjk_ratio:
+                return False, "too_little_cjk"
+        return True
+
+
+class SampleWriter(JsonlWriter):
+    """The removed-document sample of one step: the first `limit` documents a task removed, as plain JSONL for a
+    person to read (the finalize stage keeps the first `limit` over all tasks)."""
+
+    def __init__(self, output_folder: str, limit: int):
+        super().__init__(output_folder, output_filename="${rank}.jsonl", compression=None)
+        self.limit = limit
+        self.written = 0
+
+    def _get_output_filename(self, document: Document, rank: int | str = 0, **kwargs) -> str:
+        return f"{str(rank).zfill(5)}.jsonl"  # never a metadata `rank` (see ColumnsParquetWriter)
+
+    def _default_adapter(self, document: Document) -> dict:
+        data = super()._default_adapter(document)
+        # datatrove's file_path is the file this stage read (for MinHash an intermediate one, deleted at the end);
+        # the input file is metadata[SOURCE], relative to the input directory
+        data.get("metadata", {}).pop("file_path", None)
+        return data
+
+    def write(self, document: Document, rank: int = 0, **kwargs):
+        if self.written < self.limit:
+            self.written += 1
+            super().write(document, rank, **kwargs)
+
+
+class LocalFastTextLID(FT176LID):
+    """datatrove's fastText language ID reading a model file given here (datatrove downloads its own)."""
+
+    def __init__(self, model_path: str, languages: list[str] | None = None):
+        super().__init__(languages)
+        self.model_path = model_path
+
+    @property
+    def model(self):
+        if self._model is None:
+            from fasttext.FastText import _FastText
+
+            self._model = _FastText(self.model_path)
+        return self._model
+
+
+class LocalLanguageFilter(LanguageFilter):
+    def __init__(self, model_path: str, languages: list[str], language_threshold: float, exclusion_writer=None):
+        super().__init__(languages=languages, language_threshold=language_threshold, exclusion_writer=exclusion_writer)
+        self.model = LocalFastTextLID(model_path, languages)
+
+
+class FinalizeStep(PipelineStep):
+    """The last stage (one task): the manifest, then the rename that makes the output directory appear whole. A
+    pipeline step so that Slurm runs it as a job after the others, and the submitting shell need not wait."""
+
+    name = "🏁 Finalize cleaning"
+    type = "KAIYUAN"
+
+    def __init__(self, plan: Any):
+        super().__init__()
+        self.plan = plan
+
+    def run(self, data=None, rank: int = 0, world_size: int = 1):
+        from kaiyuan_recipes.data.clean.manifest import finalize
+
+        finalize(self.plan)
