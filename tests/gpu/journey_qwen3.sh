@@ -91,7 +91,7 @@ from openai import OpenAI
 c = OpenAI(base_url='http://localhost:$opt_port/v1', api_key='none')
 r = c.completions.create(model='kaiyuan', prompt='A hacker is', max_tokens=32, temperature=0)
 print(r.model_dump_json())"
-step lm_eval_parity 0 python3 tests/gpu/lm_eval_parity.py --model $root/hf --url http://localhost:$opt_port \
+step lm_eval_parity 0 python3 tests/gpu/lm_eval_parity.py --model $root/hf --port $((opt_port + 1)) \
   --out "$logs/lm_eval_parity.json"
 step server_stopped 0 stop_server $server_pid $opt_port
 python3 - "$root/heldout.jsonl" <<'PY'
