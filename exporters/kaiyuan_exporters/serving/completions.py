@@ -233,6 +233,8 @@ async def stream(engine: GenerationEngine, body: CompletionRequest, prompts: lis
     try:
         done = asyncio.gather(*map(asyncio.wrap_future, submitted_.futures))
         done.add_done_callback(lambda _: arrivals.wake.set())
+        # a stream whose client left never awaits it: its error (the rows' cancellation) is read here, not logged
+        done.add_done_callback(lambda f: f.cancelled() or f.exception())
         rows = [Detokenizer(engine.decode) for _ in requests]
         stops = [StopMatcher(body.stops) for _ in requests]  # each new character read once: linear in the text
         texts, sent, ended = ["" for _ in requests], [0] * len(requests), [False] * len(requests)
