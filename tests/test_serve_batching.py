@@ -396,8 +396,9 @@ def test_a_stream_that_lags_takes_every_new_token_at_once(engine, reference):
     """A stream whose consumer is slower than the decoder gets the text of every token since its last turn in
     one event (not one event-loop callback and one event per token), and its text is still the greedy
     completion's."""
-    from kaiyuan_exporters.serving.completions import _Detokenizer, prepare, requests_for, stream
+    from kaiyuan_exporters.serving.completions import prepare, requests_for, start_stream, stream
     from kaiyuan_exporters.serving.openai_schema import CompletionRequest
+    from kaiyuan_exporters.serving.stops import Detokenizer
 
     body = CompletionRequest(prompt="The quick brown fox", max_tokens=200, temperature=0, stream=True)
     prompts = prepare(engine, body, 256)
@@ -407,7 +408,7 @@ def test_a_stream_that_lags_takes_every_new_token_at_once(engine, reference):
 
     async def consume() -> list[dict]:
         events = []
-        async for line in stream(engine, body, prompts, requests, "cmpl-test", 0, "tiny"):
+        async for line in stream(engine, body, prompts, start_stream(engine, requests), "cmpl-test", 0, "tiny"):
             if line.startswith("data: {"):
                 events.append(json.loads(line[6:]))
                 await asyncio.sleep(0.05)  # the consumer lags: tokens pile up meanwhile
@@ -418,7 +419,7 @@ def test_a_stream_that_lags_takes_every_new_token_at_once(engine, reference):
     text = "".join(c["text"] for e in events for c in e["choices"])
     assert text == engine.decode(expected)
     assert events[-1]["choices"][0]["finish_reason"] == "length"
-    detokenizer = _Detokenizer(engine)
+    detokenizer = Detokenizer(engine.decode)
     visible = sum(bool(detokenizer.add(t)) for t in expected)  # tokens completing some text: uncoalesced, an event each
     assert len(events) < visible / 2, (len(events), visible)
 

@@ -51,3 +51,35 @@ def test_stop_server_leaves_nothing_running(tiny_model, tmp_path, script, stoppe
     finally:
         if alive(pid):
             os.kill(pid, 9)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--port", "99999"], "--port 99999: a port is 0 to 65535"),
+    (["--port", "-1"], "--port -1"),
+    (["--max-batch", "0"], "--max-batch 0: must be at least 1"),
+    (["--drain-timeout-s", "nan"], "--drain-timeout-s nan"),
+    (["--header-timeout-s", "0"], "--header-timeout-s 0.0: must be more than 0"),
+    (["--max-queue", "-5"], "--max-queue -5"),
+    (["--host", "203.0.113.7"], "--host 203.0.113.7 --port"),  # an address of no interface here
+])
+def test_bad_serve_options_are_one_line_errors(tiny_model, args, message):  # noqa: F811
+    """Each is refused with one line naming the option, exit code 2, no traceback, before the model loads."""
+    done = subprocess.run([sys.executable, "-m", "kaiyuan_recipes.cli.main", "serve", str(tiny_model), "--device",
+                           "cpu", "--port", str(free_port()), *args], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kaiyuan: error: ") and message in lines[0], done.stderr
+
+
+def test_a_port_in_use_is_a_one_line_error(tiny_model):  # noqa: F811
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "kaiyuan_recipes.cli.main", "serve", str(tiny_model),
+                               "--device", "cpu", "--port", str(port)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stderr.strip() == f"kaiyuan: error: --host 127.0.0.1 --port {port}: cannot listen there: " \
+                                  "Address already in use"

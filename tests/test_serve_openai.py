@@ -141,6 +141,29 @@ def test_client_mistakes_are_400s_naming_the_field(client, extra, field):
     assert field in body["message"], body
 
 
+@pytest.mark.parametrize("content, param, message", [
+    ({"prompt": "x", "foo-bar": 1}, "foo-bar", "foo-bar: unknown field"),
+    ({"prompt": "x", "a[0]": 1}, "a[0]", "a[0]: unknown field"),
+    ({"prompt": "x", "stream": True, "stream_options": {"x-y": True}}, "stream_options", "stream_options.x-y"),
+    ({"prompt": [5, -2]}, "prompt", "prompt[1]: token id -2"),
+    ({"prompt": [[5, 6], [-3]]}, "prompt", "prompt[1][0]: token id -3"),
+    ({"prompt": ["a", 3]}, "prompt", "prompt: a string, a list of strings"),
+    ({"prompt": "x", "stop": ["a", ""]}, "stop", "stop[1]:"),
+    (b"hello", "body", "body: not valid JSON"),
+    (b'{"prompt": "x",}', "body", "body: not valid JSON"),
+    (b"", "body", "body: a JSON object is required"),
+    (b"[1, 2]", "body", "body: a JSON object is required"),
+])
+def test_every_400_names_its_field(url, content, param, message):
+    """The field at fault by its name as sent (an unknown key whatever its characters, a list item by its index),
+    in `param` and at the head of the message; a body that is not a JSON object is `body`."""
+    kwargs = {"json": content} if isinstance(content, dict) else {"content": content}
+    r = httpx.post(url + "/v1/completions", headers=AUTH | {"Content-Type": "application/json"}, **kwargs)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and error["message"].startswith(message), error
+
+
 def test_unknown_model_path_and_token_are_the_same_error_body(url, client):
     with pytest.raises(openai.NotFoundError) as err:
         client.completions.create(model="gpt-4", prompt=PROMPT, max_tokens=1)

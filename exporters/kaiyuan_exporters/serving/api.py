@@ -2,8 +2,8 @@
 response shape as Megatron's server, so existing curl commands work) and OpenAI's completions contract
 (`POST /v1/completions` with streaming, `GET /v1/models`; completions.py). Every error, on every path, is
 OpenAI's body {"error": {"message", "type", "param", "code"}}: a client's mistake a 4xx that says what is
-wrong (400, or 401 / 404 / 408 / 413), never a 5xx. A 503 says the server is not serving: still warming up
-(GET /health says when it is ready) or shutting down."""
+wrong (400, or 401 / 404 / 408 / 413), never a 5xx. A 429 says the server holds as much work as it may (retry
+later); a 503 that it is not serving: still warming up (GET /health says when it is ready) or shutting down."""
 
 from __future__ import annotations
 
@@ -14,13 +14,14 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import Depends, FastAPI
+from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
 from .completions import complete, submitted
 from .engine import GenerationEngine, Request, Sampling
-from .errors import APIError, BodyLimit, install_error_handlers
+from .errors import AnswerWhenCancelled, APIError, BodyLimit, install_error_handlers
 from .openai_schema import CompletionRequest, CompletionResponse, ModelCard, ModelList
 from .schema import MAX_NEW_TOKENS, MegatronGenerate, MegatronResponse, error_responses
 
@@ -41,6 +42,7 @@ def create_app(engine: GenerationEngine, api_token: str | None = None, max_body_
     app = FastAPI(title="kaiyuan serve", version="1", description=__doc__, lifespan=lifespan,
                   responses=error_responses(408, 413, 500, 503))
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes, timeout_s=body_timeout_s)
+    app.add_middleware(AnswerWhenCancelled)  # outermost: a request cut off by the shutdown still gets its 503
     install_error_handlers(app)
     bearer = HTTPBearer(auto_error=False)
     started = int(time.time())
@@ -77,15 +79,16 @@ def create_app(engine: GenerationEngine, api_token: str | None = None, max_body_
 
     @app.get("/health", responses={503: {"description": "Warming up, failed to start, or shutting down"}})
     async def health() -> Any:
-        """200 once warm-up is done (the envelope, what warm-up took, the engine's counters); 503 before, and
-        while shutting down."""
+        """200 once warm-up is done (the envelope, what warm-up took, the engine's counters, `unfinished`: the
+        requests it holds, of at most `max_unfinished`); 503 before, and while shutting down."""
         status = ("failed" if engine.failure is not None else "draining" if engine.draining
                   else "ok" if engine.ready.is_set() else "warming_up")
         body = {"status": status, "model": model_name, "device": engine.device,
                 "envelope": {"max_batch": engine.envelope.max_batch, "max_seq_len": engine.envelope.max_seq_len,
                              "decode_mode": engine.decoder.mode},
                 "warmup": vars(engine.warmup) if engine.warmup is not None else None,
-                "graphs_captured": engine.decoder.captures, **engine.stats}
+                "graphs_captured": engine.decoder.captures, "unfinished": engine.pending.held,
+                "max_unfinished": engine.pending.limit, **engine.stats}
         return body if status == "ok" else JSONResponse(status_code=503, content=body)
 
     @app.get("/v1/models", dependencies=auth, response_model=ModelList, responses=auth_errors)
@@ -100,15 +103,15 @@ def create_app(engine: GenerationEngine, api_token: str | None = None, max_body_
         return ModelCard(id=model_name, created=started)
 
     @app.put("/api", dependencies=auth, response_model=MegatronResponse, response_model_exclude_none=True,
-             responses=auth_errors | error_responses(400))
-    async def megatron_api(body: MegatronGenerate) -> dict[str, Any]:
+             responses=auth_errors | error_responses(400, 429))
+    async def megatron_api(body: MegatronGenerate, http: HttpRequest) -> dict[str, Any]:
         if body.tokens_to_generate == 0 and not body.logprobs:
             raise APIError(400, "tokens_to_generate=0 implies logprobs should be True", "logprobs")
         if body.top_k > 0 and body.top_p > 0:
             raise APIError(400, "cannot set both top-k and top-p samplings.", "top_p")
         sampling = Sampling(body.temperature, body.top_k, body.top_p or 1.0, body.random_seed)
         requests = await run_in_threadpool(megatron_requests, body, sampling)
-        results = await submitted(engine, requests)
+        results = await submitted(engine, requests, http.receive)
 
         def response() -> dict[str, Any]:
             out: dict[str, Any] = {
@@ -124,9 +127,9 @@ def create_app(engine: GenerationEngine, api_token: str | None = None, max_body_
 
     @app.post("/v1/completions", dependencies=auth, response_model=CompletionResponse,
               responses={200: {"content": {"text/event-stream": STREAM_DOC}}} | auth_errors
-              | error_responses(400, 404))
-    async def completions(body: CompletionRequest) -> Any:
-        return await complete(engine, body, model_name, limit)
+              | error_responses(400, 404, 429))
+    async def completions(body: CompletionRequest, http: HttpRequest) -> Any:
+        return await complete(engine, body, model_name, limit, http.receive)
 
     default_openapi = app.openapi
 

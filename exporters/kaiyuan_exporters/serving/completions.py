@@ -1,7 +1,9 @@
 """OpenAI's `POST /v1/completions` over the engine: prompts (text or token ids) checked against the envelope
 before any model work, stop strings cut from the text (never returned; a stream holds back what could
 still become one), logprobs with the top alternatives, echo (the prompt, its first token's logprob null),
-n choices per prompt, usage. Tokenizing and detokenizing whole texts run off the event loop."""
+n choices per prompt, usage. Tokenizing and detokenizing whole texts run off the event loop. A request is
+queued before its answer starts (a full engine is a 429, a stopping one a 503, streamed or not), and a
+client that leaves cancels its requests, streamed or not."""
 
 from __future__ import annotations
 
@@ -13,14 +15,17 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import StreamingResponse
+from starlette.types import Receive
 
-from .engine import Completion, EngineStopped, GenerationEngine, Request, Sampling, find_stop
+from .engine import Completion, EngineBusy, EngineStopped, GenerationEngine, Request, Sampling, find_stop
 from .errors import APIError, error_body
 from .openai_schema import CompletionLogprobs, CompletionRequest, CompletionResponse, Usage
+from .stops import Detokenizer, StopMatcher
 
 log = logging.getLogger(__name__)
 
@@ -122,14 +127,41 @@ def usage(prompts: list[Prompt], results: list[Completion]) -> Usage:
     return Usage(prompt_tokens=used[0], completion_tokens=used[1], total_tokens=sum(used))
 
 
-async def submitted(engine: GenerationEngine, requests: list[Request]) -> list[Completion]:
-    """The requests' completions; a 503 when the engine stops before they are done."""
+def submit(engine: GenerationEngine, requests: list[Request]) -> list[Future]:
+    """engine.submit_all with its refusals as answers: a 429 when it holds all it may, a 503 when it stops."""
     try:
-        return await asyncio.gather(*map(asyncio.wrap_future, engine.submit_all(requests)))
+        return engine.submit_all(requests)
+    except EngineBusy as err:
+        raise APIError(429, str(err), code="queue_full", headers={"Retry-After": "1"}) from None
     except EngineStopped as err:
-        for req in requests:
-            req.cancelled.set()
         raise APIError(503, str(err), code="shutting_down") from None
+
+
+async def client_gone(receive: Receive) -> None:
+    """Returns once the client has disconnected (or the answer is complete: uvicorn then says the same)."""
+    while (await receive())["type"] != "http.disconnect":  # bounded: the body was read, a disconnect is next
+        pass
+
+
+async def submitted(engine: GenerationEngine, requests: list[Request], receive: Receive) -> list[Completion]:
+    """The requests' completions; a 503 when the engine stops before they are done. When the client leaves first
+    (`receive`: its HTTP request's), the requests are cancelled, as a stream's are: the engine drops their rows at
+    its next step and never scores them, and nothing is answered."""
+    done = asyncio.gather(*map(asyncio.wrap_future, submit(engine, requests)))
+    gone = asyncio.ensure_future(client_gone(receive))
+    try:
+        await asyncio.wait({done, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not done.done():
+            raise APIError(499, "the client closed the connection", code="client_closed")
+        return done.result()
+    except EngineStopped as err:
+        raise APIError(503, str(err), code="shutting_down") from None
+    finally:
+        gone.cancel()
+        for req in requests:  # answered, failed or abandoned: whatever of the call still runs stops
+            req.cancelled.set()
+        if not done.done():
+            done.cancel()  # queued ones never start
 
 
 class EngineStream(StreamingResponse):
@@ -174,41 +206,37 @@ class _Arrivals:
         return [self.tokens.popleft() for _ in range(len(self.tokens))]  # bounded: what is there now
 
 
-class _Detokenizer:
-    """Incremental detokenizing of one row (a window of tokens, not the whole text, per token)."""
+@dataclass
+class Submitted:
+    """A stream's requests, queued: their futures, and the tokens arriving from the engine's worker."""
 
-    def __init__(self, engine: GenerationEngine):
-        self.engine, self.ids, self.prefix, self.read = engine, [], 0, 0
-
-    def add(self, token: int) -> str:
-        self.ids.append(token)
-        before = self.engine.decode(self.ids[self.prefix:self.read])
-        now = self.engine.decode(self.ids[self.prefix:])
-        if len(now) <= len(before) or now.endswith("\ufffd"):  # a character still incomplete
-            return ""
-        self.prefix, self.read = self.read, len(self.ids)
-        return now[len(before):]
+    requests: list[Request]
+    futures: list[Future]
+    arrivals: _Arrivals
 
 
-def held_back(text: str, stops: tuple[str, ...]) -> int:
-    """How many last characters of text could begin a stop string (not to be sent yet)."""
-    return max((k for s in stops for k in range(min(len(s) - 1, len(text)), 0, -1) if text.endswith(s[:k])),
-               default=0)
+def start_stream(engine: GenerationEngine, requests: list[Request]) -> Submitted:
+    """Queue a stream's requests (in the event loop), each new token to arrive as (request index, token)."""
+    arrivals = _Arrivals(asyncio.get_running_loop())
+    for index, req in enumerate(requests):
+        req.on_token = functools.partial(arrivals.put, index)
+    return Submitted(requests, submit(engine, requests), arrivals)
 
 
-async def stream(engine: GenerationEngine, body: CompletionRequest, prompts: list[Prompt],
-                 requests: list[Request], cid: str, created: int, model: str) -> AsyncIterator[str]:
+async def stream(engine: GenerationEngine, body: CompletionRequest, prompts: list[Prompt], submitted_: Submitted,
+                 cid: str, created: int, model: str) -> AsyncIterator[str]:
     def event(choices: list[dict], usage_: Usage | None = None) -> str:
         data = CompletionResponse(id=cid, created=created, model=model, choices=choices, usage=usage_)
         return "data: " + data.model_dump_json() + "\n\n"
 
+    requests, arrivals = submitted_.requests, submitted_.arrivals
     try:
-        arrivals = _Arrivals(asyncio.get_running_loop())
-        for index, req in enumerate(requests):
-            req.on_token = functools.partial(arrivals.put, index)
-        done = asyncio.gather(*map(asyncio.wrap_future, engine.submit_all(requests)))
+        done = asyncio.gather(*map(asyncio.wrap_future, submitted_.futures))
         done.add_done_callback(lambda _: arrivals.wake.set())
-        rows = [_Detokenizer(engine) for _ in requests]
+        # a stream whose client left never awaits it: its error (the rows' cancellation) is read here, not logged
+        done.add_done_callback(lambda f: f.cancelled() or f.exception())
+        rows = [Detokenizer(engine.decode) for _ in requests]
+        stops = [StopMatcher(body.stops) for _ in requests]  # each new character read once: linear in the text
         texts, sent, ended = ["" for _ in requests], [0] * len(requests), [False] * len(requests)
         if body.echo:
             yield event([{"index": i, "text": prompts[i // body.n].text, "finish_reason": None}
@@ -220,12 +248,13 @@ async def stream(engine: GenerationEngine, body: CompletionRequest, prompts: lis
             changed = set()
             for index, token in arrivals.take():
                 if not ended[index]:
-                    texts[index] += rows[index].add(token)
+                    piece = rows[index].add(token)
+                    texts[index] += piece
+                    ended[index] = stops[index].feed(piece) is not None
                     changed.add(index)
             for index in sorted(changed):  # every token since the last wake-up in one event per row
-                cut = find_stop(texts[index], body.stops) if body.stops else None
-                ended[index] = cut is not None
-                upto = cut if cut is not None else len(texts[index]) - held_back(texts[index], body.stops)
+                cut = stops[index].found
+                upto = cut if cut is not None else len(texts[index]) - stops[index].held_back()
                 if upto > sent[index]:
                     yield event([{"index": index, "text": texts[index][sent[index]:upto], "finish_reason": None}])
                     sent[index] = upto
@@ -245,8 +274,9 @@ async def stream(engine: GenerationEngine, body: CompletionRequest, prompts: lis
         yield "data: " + json.dumps(error_body(500, "generation failed (see the server log)")) + "\n\n"
 
 
-async def complete(engine: GenerationEngine, body: CompletionRequest, model: str,
-                   max_tokens: int) -> dict | EngineStream:
+async def complete(engine: GenerationEngine, body: CompletionRequest, model: str, max_tokens: int,
+                   receive: Receive) -> dict | EngineStream:
+    """receive: the HTTP request's (a client that leaves cancels its requests)."""
     if body.model not in (None, model):
         raise APIError(404, f"model {body.model!r} is not served here (GET /v1/models: {model!r})", "model",
                        "model_not_found")
@@ -254,8 +284,7 @@ async def complete(engine: GenerationEngine, body: CompletionRequest, model: str
     cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     requests = requests_for(body, prompts)
     if body.stream:
-        if engine.draining:
-            raise APIError(503, "the server is shutting down", code="shutting_down")
-        return EngineStream(stream(engine, body, prompts, requests, cid, created, model), requests)
-    results = await submitted(engine, requests)
+        queued = start_stream(engine, requests)
+        return EngineStream(stream(engine, body, prompts, queued, cid, created, model), requests)
+    results = await submitted(engine, requests, receive)
     return await run_in_threadpool(respond, engine, body, prompts, results, cid, created, model)

@@ -1,19 +1,21 @@
 """The generation engine behind `kaiyuan serve`: a HF causal LM decoding every request in one continuously
-batched decode state (batch_decoder.py). A worker thread admits queued requests into free rows at every step
-(their prompts prefilled, eagerly), runs one decode step for all rows (a CUDA graph captured at start-up, on
-CUDA), and retires rows as they end: at end-of-text, at max_new_tokens, at one of their stop strings, or
-when their caller cancels them (a client gone). Each row samples with its own temperature / top-k / top-p
-and seed (sampling.py), greedy rows take the argmax. New tokens reach streaming callers as they are
-produced. Log-probabilities (with the top alternatives) come from one teacher-forced forward pass over
-prompt + completion: log_softmax of the logits. `drain(seconds)` lets in-flight requests finish, then fails
-what is left with EngineStopped."""
+batched decode state (batch_decoder.py). A worker thread admits waiting requests into free rows (their prompts
+prefilled, eagerly), runs one decode step for all rows (a CUDA graph captured at start-up, on CUDA), and
+retires rows as they end: at end-of-text (a token of the completion), at max_new_tokens, at one of their stop
+strings, or when their caller cancels them (a client gone). Each row samples with its own temperature / top-k /
+top-p and seed (sampling.py), greedy rows take the argmax. New tokens reach streaming callers as they are
+produced. Log-probabilities (with the top alternatives) come from a teacher-forced pass over prompt +
+completion (scoring.py), one chunk of positions between two decode steps, one sequence at a time.
+
+Fair turns (admission.py): free rows, and the scorer, go to the waiting calls round-robin, one request of each
+call in turn, so a call of many choices never keeps a later call of one waiting for all of its own. The engine
+holds at most a bounded number of unfinished requests; past it a call is refused (EngineBusy). `drain(seconds)`
+lets in-flight requests finish, then fails what is left with EngineStopped."""
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
-import math
 import queue
 import random
 import threading
@@ -21,17 +23,26 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from . import attention
+from .admission import EngineBusy, PendingLimit, RoundRobin
 from .batch_decoder import BatchDecoder, Envelope, WarmUp
+from .request import Completion, EngineStopped, Request, Sampling, TokenScores, find_stop
 from .sampling import seed_key
+from .scoring import SCORE_CHUNK, ScoringJob, score_chunk
+from .stops import Detokenizer, StopMatcher
+
+__all__ = ["Completion", "EngineBusy", "EngineStopped", "GenerationEngine", "JoinPolicy", "Request", "Sampling",
+           "TokenScores", "find_stop"]
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_SEQ_LEN = 4096  # the envelope's positions when neither the model nor --max-seq-len says fewer
 IDLE_WAIT_S = 0.05  # with no row decoding, the worker waits this long for a request, then looks again
+# unfinished requests the engine holds beyond its rows, by default: room for the largest call (128 completions)
+# twice over; more is refused (a 429), not queued without end
+DEFAULT_MAX_QUEUE = 256
 
 
 @dataclass(frozen=True)
@@ -48,71 +59,24 @@ class JoinPolicy:
         return self.min_rows or max(1, max_batch // 8)
 
 
-class EngineStopped(RuntimeError):
-    """The engine is shutting down (or failed to start): the request was not finished."""
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """temperature 0 means greedy; top_k 0 and top_p 1 mean no filtering."""
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
-
-
-@dataclass
-class Request:
-    prompt_ids: list[int]
-    max_new_tokens: int
-    sampling: Sampling = Sampling()
-    logprobs: bool = False  # Megatron's: Completion.logprobs over prompt + completion
-    ignore_eos: bool = False  # generate exactly max_new_tokens (benchmarks)
-    on_token: Callable[[int], None] | None = None  # streaming: called from the worker thread
-    stop: tuple[str, ...] = ()  # the row ends with the token that completes one of these in its text
-    top_logprobs: int | None = None  # Completion.scores: every token's logprob and this many alternatives
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    future: Future = field(default_factory=Future)
-    submitted_at: float = 0.0  # time.monotonic() at submit
-
-
-@dataclass
-class TokenScores:
-    """Per token from position 1 of prompt + completion: log p(token | tokens before) and the `top` likeliest
-    (token id, logprob) pairs at that position, most likely first."""
-
-    logprobs: list[float]
-    top: list[list[tuple[int, float]]]
-
-
-@dataclass
-class Completion:
-    prompt_ids: list[int]
-    token_ids: list[int]  # generated: an end-of-text that ended the row is the last (as vLLM's and Megatron's)
-    finish_reason: str  # "stop" (end of text or a stop string) or "length"
-    logprobs: list[float] | None = None  # prompt (first token has none) + generated, natural log
-    scores: TokenScores | None = None
-
-
-def find_stop(text: str, stops: tuple[str, ...] | list[str]) -> int | None:
-    """Where the first of `stops` begins in text (None: none occurs)."""
-    found = [i for i in (text.find(s) for s in stops) if i >= 0]
-    return min(found) if found else None
-
-
 @dataclass
 class _Row:
-    """A request decoding in one row of the batch."""
+    """A request decoding in one row of the batch; with stop strings, its text as it grows and their matcher."""
 
     request: Request
-    window: int  # a stop string's characters lie within this many last tokens (<= 4 byte tokens a character)
+    text: Detokenizer | None = None
+    stops: StopMatcher | None = None
     tokens: list[int] = field(default_factory=list)
     finish: str | None = None  # "stop", "length" or "cancelled" once ended
+
+
+@dataclass
+class _Scoring:
+    """A completed request whose logprobs are being computed."""
+
+    request: Request
+    completion: Completion
+    job: ScoringJob
 
 
 def _fail(request: Request, error: BaseException) -> None:
@@ -122,7 +86,10 @@ def _fail(request: Request, error: BaseException) -> None:
 
 class GenerationEngine:
     def __init__(self, model_dir: Path, device: str | None = None, envelope: Envelope | None = None,
-                 dtype: torch.dtype | None = None, join: JoinPolicy = JoinPolicy()):
+                 dtype: torch.dtype | None = None, join: JoinPolicy = JoinPolicy(), max_queue: int = DEFAULT_MAX_QUEUE,
+                 score_chunk: int = SCORE_CHUNK):
+        """max_queue: unfinished requests held beyond the envelope's rows (more: EngineBusy); score_chunk:
+        positions per scoring forward."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -149,15 +116,20 @@ class GenerationEngine:
         self._drain_deadline: float | None = None
         self._stop = threading.Event()
         self.join = join
+        self.score_chunk = score_chunk
+        self.pending = PendingLimit(self.envelope.max_batch + max_queue)
+        self._calls = 0  # submit_all calls so far: each one's requests share a call number
         self._queue: queue.Queue[Request] = queue.Queue()
         self._intake = threading.Lock()  # held while a submit_all queues its requests, and while _admit takes them
-        self._waiting: collections.deque[Request] = collections.deque()  # taken off the queue, not yet joined
+        self._waiting: RoundRobin[Request] = RoundRobin()  # taken off the queue, not yet joined, by call
+        self._scoring: RoundRobin[_Scoring] = RoundRobin()  # completed, their logprobs not yet computed, by call
+        self._scored: _Scoring | None = None  # the one being scored (its cache: one sequence's keys and values)
         self._rng = random.Random()  # noise keys of unseeded sampled rows
         # rows admitted, most rows in one step, new tokens, rows ended because their caller left (a client gone);
-        # seconds in decode steps (each until its tokens reach the host) and in prefills: with the wall time, where
-        # a loaded server's time goes
+        # seconds in decode steps (each until its tokens reach the host), in prefills and in scoring chunks: with
+        # the wall time, where a loaded server's time goes
         self.stats = {"requests": 0, "steps": 0, "max_batch": 0, "tokens": 0, "cancelled": 0, "rows": 0,
-                      "decode_s": 0.0, "prefills": 0, "prefill_s": 0.0}
+                      "decode_s": 0.0, "prefills": 0, "prefill_s": 0.0, "score_chunks": 0, "score_s": 0.0}
         self._worker = threading.Thread(target=self._serve, name="generation", daemon=True)
         self._worker.start()
 
@@ -180,17 +152,21 @@ class GenerationEngine:
         return self.submit_all([request])[0]
 
     def submit_all(self, requests: list[Request]) -> list[Future]:
-        """Queue `requests` as one: all or none (each is checked first), and the worker takes them in the same
-        admission, so the prompts of one HTTP request join the batch at the same step."""
+        """Queue `requests` as one call: all or none (each is checked first, EngineBusy when the engine holds
+        too much), and the worker takes them in the same admission, so the prompts of one HTTP request join the
+        batch at the same step when rows are free."""
         if self.failure is not None or self.draining:
             raise EngineStopped("the server is shutting down" if self.draining else "the engine failed to start")
         for request in requests:
             if len(request.prompt_ids) + request.max_new_tokens > self.max_length:
                 raise ValueError(f"prompt ({len(request.prompt_ids)} tokens) + tokens_to_generate "
                                  f"({request.max_new_tokens}) exceeds the served {self.max_length} positions")
+        self.pending.admit(len(requests))
         with self._intake:
+            self._calls += 1
             for request in requests:
-                request.submitted_at = time.monotonic()
+                request.submitted_at, request.call = time.monotonic(), self._calls
+                request.future.add_done_callback(self.pending.release)
                 self._queue.put(request)
         return [r.future for r in requests]
 
@@ -223,9 +199,10 @@ class GenerationEngine:
                  self.envelope.max_batch, self.envelope.max_seq_len)
         self.ready.set()
         rows: dict[int, _Row] = {}
-        while not self._stop.is_set():
+        while not self._stop.is_set():  # each turn is short (a step, a prefill, a scoring chunk): a stop is seen
             if self._drain_deadline is not None and time.monotonic() >= self._drain_deadline:
                 self._fail_rows(rows, EngineStopped("the server shut down before the request finished"))
+                self._fail_scoring(EngineStopped("the server shut down before the request finished"))
                 self._fail_queued(EngineStopped("the server shut down before the request started"))
                 self._stop.wait(IDLE_WAIT_S)
                 continue
@@ -236,31 +213,38 @@ class GenerationEngine:
             except Exception as err:  # noqa: BLE001  (delivered to every caller in the batch)
                 log.exception("decoding failed: %s", err)
                 self._fail_rows(rows, err)
+            self._score_next()
         self._fail_rows(rows, EngineStopped("the server shut down before the request finished"))
+        self._fail_scoring(EngineStopped("the server shut down before the request finished"))
         self._fail_queued(EngineStopped("the server shut down before the request started"))
 
     def _admit(self, rows: dict[int, _Row]) -> None:
-        """Waiting requests into free rows (at most one per free row) as the join policy says, their prompts
-        prefilled, grouped by prompt length; waits IDLE_WAIT_S for one when no row is decoding."""
-        if not rows and not self._waiting:
+        """Waiting requests into free rows (at most one per free row, the calls in turn) as the join policy says,
+        their prompts prefilled, grouped by prompt length; waits IDLE_WAIT_S for one when nothing else is to do."""
+        if not rows and not self._waiting and not self._scoring and self._scored is None:
             with contextlib.suppress(queue.Empty):
-                self._waiting.append(self._queue.get(timeout=IDLE_WAIT_S))
+                req = self._queue.get(timeout=IDLE_WAIT_S)
+                self._waiting.add(req.call, req)
         with self._intake:  # a submit_all under way: all of its requests, not the first few
             for _ in range(self._queue.qsize()):  # bounded: what is queued now
                 with contextlib.suppress(queue.Empty):
-                    self._waiting.append(self._queue.get_nowait())
+                    req = self._queue.get_nowait()
+                    self._waiting.add(req.call, req)
         free = [slot for slot in range(self.envelope.max_batch) if slot not in rows]
         if not self._waiting or not free:
             return
         enough = min(len(free), self.join.rows_for(self.envelope.max_batch))
         if rows and len(self._waiting) < enough and \
-                time.monotonic() - self._waiting[0].submitted_at < self.join.max_wait_s:
+                time.monotonic() - min(r.submitted_at for r in self._waiting.heads()) < self.join.max_wait_s:
             return
         joining: list[Request] = []
         while self._waiting and len(joining) < len(free):
-            req = self._waiting.popleft()
-            if req.cancelled.is_set() or not req.future.set_running_or_notify_cancel():
-                continue  # its client left while it waited
+            req = self._waiting.take()
+            if req.cancelled.is_set():  # its client left while it waited: it never starts
+                req.future.cancel()  # done: its place in the bound is free
+                continue
+            if not req.future.set_running_or_notify_cancel():
+                continue  # cancelled by its caller while it waited
             self.stats["requests"] += 1
             if req.max_new_tokens == 0:
                 self._complete(req, [], "length")
@@ -284,7 +268,7 @@ class GenerationEngine:
                     _fail(req, err)
                 continue
             for slot, req, token in zip(slots, group, first):
-                rows[slot] = _Row(req, 4 * max(map(len, req.stop)) + 4 if req.stop else 0)
+                rows[slot] = _Row(req, Detokenizer(self.decode), StopMatcher(req.stop)) if req.stop else _Row(req)
                 self._accept(rows[slot], token)
         self._retire(rows)
 
@@ -319,7 +303,7 @@ class GenerationEngine:
             req.on_token(token)
         if token in self.eos and not req.ignore_eos:
             row.finish = "stop"
-        elif req.stop and find_stop(self.decode(row.tokens[-row.window:]), req.stop) is not None:
+        elif row.stops is not None and row.stops.feed(row.text.add(token)) is not None:
             row.finish = "stop"
         elif len(row.tokens) >= req.max_new_tokens:
             row.finish = "length"
@@ -334,16 +318,51 @@ class GenerationEngine:
 
     def _complete(self, req: Request, tokens: list[int], finish: str) -> None:
         comp = Completion(req.prompt_ids, tokens, finish)
-        try:
-            if req.logprobs:
-                comp.logprobs = self.sequence_logprobs(comp.prompt_ids + comp.token_ids)
-            if req.top_logprobs is not None:
-                comp.scores = self.token_scores(comp.prompt_ids + comp.token_ids, req.top_logprobs)
-        except Exception as err:  # noqa: BLE001  (delivered to its caller)
-            _fail(req, err)
-            return
-        if not req.future.done():
+        if req.scored and not req.cancelled.is_set():  # its logprobs are computed in turn (_score_next)
+            self._scoring.add(req.call, _Scoring(req, comp, ScoringJob(comp.prompt_ids + tokens, req.top_logprobs)))
+        elif not req.future.done():
             req.future.set_result(comp)
+
+    def _score_next(self) -> None:
+        """One chunk of the scoring under way, or of the next call's in turn; a request done is answered."""
+        while self._scored is None and self._scoring:
+            candidate = self._scoring.take()
+            if not candidate.request.cancelled.is_set():  # its caller left: not scored
+                self._scored = candidate
+            else:
+                _fail(candidate.request, EngineStopped("the request was cancelled"))
+        scored = self._scored
+        if scored is None:
+            return
+        start = time.perf_counter()
+        try:
+            score_chunk(self.model, self.device, scored.job, self.score_chunk)
+        except Exception as err:  # noqa: BLE001  (delivered to its caller)
+            log.exception("scoring failed: %s", err)
+            self._scored = None
+            _fail(scored.request, err)
+            return
+        self.stats["score_chunks"] += 1
+        self.stats["score_s"] += time.perf_counter() - start
+        if scored.request.cancelled.is_set() or scored.job.finished:
+            self._scored = None
+            comp, job, req = scored.completion, scored.job, scored.request
+            if req.cancelled.is_set():
+                _fail(req, EngineStopped("the request was cancelled"))
+                return
+            if req.logprobs:
+                comp.logprobs = job.megatron_logprobs()
+            if req.top_logprobs is not None:
+                comp.scores = TokenScores(job.openai_logprobs(), job.alternatives)
+            if not req.future.done():
+                req.future.set_result(comp)
+
+    def _fail_scoring(self, error: BaseException) -> None:
+        if self._scored is not None:
+            _fail(self._scored.request, error)
+            self._scored = None
+        for scoring in self._scoring.take_all():
+            _fail(scoring.request, error)
 
     def _fail_rows(self, rows: dict[int, _Row], error: BaseException) -> None:
         for slot, row in rows.items():
@@ -353,30 +372,10 @@ class GenerationEngine:
         self.stats["rows"] = 0
 
     def _fail_queued(self, error: BaseException) -> None:
-        while self._waiting:
-            _fail(self._waiting.popleft(), error)
+        for req in self._waiting.take_all():
+            _fail(req, error)
         while True:  # bounded: submit() refuses new requests once stopping or failed
             try:
                 _fail(self._queue.get_nowait(), error)
             except queue.Empty:
                 return
-
-    def token_scores(self, ids: list[int], top: int) -> TokenScores:
-        """TokenScores of `ids` (the model's log_softmax over the vocabulary, fp32; -inf reported as -9999)."""
-        if len(ids) < 2:
-            return TokenScores([], [])
-        with torch.inference_mode():
-            logits = self.model(torch.tensor([ids], device=self.device)).logits[0, :-1].float()
-            logp = torch.log_softmax(logits, -1).clamp(min=-9999.0)
-            chosen = logp.gather(-1, torch.tensor(ids[1:], device=self.device)[:, None])[:, 0].tolist()
-            values, indices = logp.topk(top, -1) if top else (logp[:, :0], logp[:, :0].long())
-        return TokenScores(chosen, [list(zip(i, v)) for i, v in zip(indices.tolist(), values.tolist())])
-
-    def sequence_logprobs(self, ids: list[int]) -> list[float]:
-        """log p(token_i | tokens_<i) for i >= 1 under the model (Megatron's server reports these)."""
-        if len(ids) < 2:
-            return []
-        with torch.inference_mode():
-            logits = self.model(torch.tensor([ids], device=self.device)).logits[0, :-1].float()
-        picked = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:], device=self.device)[:, None])
-        return [v if math.isfinite(v) else -1e9 for v in picked[:, 0].tolist()]

@@ -38,20 +38,81 @@ def error_response(status: int, message: str, param: str | None = None, code: st
     return JSONResponse(status_code=status, content=error_body(status, message, param, code), headers=headers)
 
 
+# How pydantic names a union's member in an error's location (str, list[int], constrained-str, function-after[..]):
+# not a field of the request
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+def _is_tag(part: str) -> bool:
+    return part in _TYPE_TAGS or any(c in part for c in "[-(")
+
+
+def _path(err: dict) -> list[str | int]:
+    """The error's location in the request as the client wrote it: field names and list indices (FastAPI's
+    leading "body" and a union's member tags left out; an unknown key is named whatever its characters)."""
+    loc = list(err.get("loc", ()))
+    if loc[:1] == ["body"]:
+        loc = loc[1:]
+    unknown = err.get("type") == "extra_forbidden"
+    return [p for i, p in enumerate(loc)
+            if isinstance(p, int) or (unknown and i == len(loc) - 1) or not _is_tag(str(p))]
+
+
+def _spelled(path: list[str | int]) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "body"
+
+
+def validation_message(errors: list[dict]) -> tuple[str, str]:
+    """(message, param) for pydantic's errors of one request: each names its field (`prompt[1]`,
+    `stream_options.x-y`, `body` for one that is not JSON or not an object); of a union's complaints about one
+    field, the most specific (deepest) ones; a validator's own message as it wrote it."""
+    unicode = [e for e in errors if e.get("type") == "string_unicode"]  # JSON's lone surrogates (strict)
+    chosen = unicode[:1] or errors
+    if any(e.get("type") == "json_invalid" for e in chosen):
+        err = next(e for e in chosen if e.get("type") == "json_invalid")
+        reason = (err.get("ctx") or {}).get("error", "JSON decode error")
+        at = err["loc"][-1] if isinstance(err.get("loc", [None])[-1], int) else None
+        return f"body: not valid JSON ({reason}{f' at character {at}' if at is not None else ''})", "body"
+    deepest: dict[str, int] = {}
+    for err in chosen:
+        path = _path(err)
+        top = str(path[0]) if path else "body"
+        deepest[top] = max(deepest.get(top, 0), len(path))
+    parts, params = [], []
+    for err in chosen:
+        path = _path(err)
+        top = str(path[0]) if path else "body"
+        if len(path) < deepest[top]:
+            continue
+        where = _spelled(path)
+        if err in unicode:
+            text = "not valid Unicode (a lone surrogate?)"
+        elif err.get("type") == "value_error":
+            text = str((err.get("ctx") or {}).get("error", err.get("msg")))
+        elif err.get("type") == "extra_forbidden":
+            text = "unknown field"
+        elif where == "body" and err.get("type") in ("missing", "model_attributes_type", "dict_type"):
+            text = "a JSON object is required" + (" (the body is empty)" if err.get("type") == "missing" else "")
+        else:
+            text = str(err.get("msg"))
+        named = text.split(":", 1)[0].split("[", 1)[0] if ":" in text else ""
+        if top == "body" and named.isidentifier():
+            top = named  # a rule over several fields names the one at fault in its message
+        message = text if named and named == top else f"{where}: {text}"
+        if message not in parts:
+            parts.append(message)
+            params.append(top)
+    return "; ".join(parts), params[0] if params else "body"
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def bad_request(_request: HttpRequest, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        unicode = [e for e in errors if e.get("type") == "string_unicode"]  # JSON's lone surrogates (strict)
-        parts, params = [], []
-        for err in unicode[:1] or errors:
-            # a union's members show in `loc` as type tags (constrained-str, list[int]): not field names
-            loc = [str(p) for p in err.get("loc", ()) if p != "body" and not ("-" in str(p) or "[" in str(p))]
-            where = ".".join(loc) or "body"
-            msg = "not valid Unicode (a lone surrogate?)" if err in unicode else err.get("msg")
-            params.append(where)
-            parts.append(f"{where}: {msg}")
-        return error_response(400, "; ".join(parts), params[0].split(".")[0] if params else None)
+        message, param = validation_message(list(exc.errors()))
+        return error_response(400, message, param)
 
     @app.exception_handler(StarletteHTTPException)  # FastAPI's HTTPException (APIError) and routing's 404 / 405
     async def http_error(_request: HttpRequest, exc: StarletteHTTPException) -> JSONResponse:
@@ -109,3 +170,32 @@ class BodyLimit:
             return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
 
         await self.app(scope, replay, send)
+
+
+class AnswerWhenCancelled:
+    """A request whose handler is cancelled before it answered (uvicorn cancels what is still running when its
+    graceful shutdown runs out) gets the JSON 503 of a shutdown rather than uvicorn's plain-text 500. The
+    cancellation has done its work, the handler is gone: it is not raised again, so the connection closes
+    after the answer without an error in the log."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except asyncio.CancelledError:
+            if started:  # a stream under way: its connection closes
+                raise
+            await error_response(503, "the server shut down before the request finished",
+                                 code="shutting_down")(scope, receive, send)

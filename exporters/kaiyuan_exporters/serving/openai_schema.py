@@ -47,6 +47,30 @@ class CompletionRequest(BaseModel):
     frequency_penalty: float | None = Field(0.0, ge=0.0, le=0.0, description="not supported: 0 only")
     user: str | None = Field(None, description="an end-user id (accepted; not used)")
 
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_shape(cls, v: object) -> object:
+        """The prompt's shape and token ids, each fault named where it is (pydantic's own error for a union lists
+        every member's complaint)."""
+        def token(x: object) -> bool:
+            return isinstance(x, int) and not isinstance(x, bool)
+
+        if isinstance(v, str) or not isinstance(v, list):
+            return v  # a string, or not a prompt at all (the union's error)
+        if all(token(t) for t in v):
+            rows = [("prompt", v)]
+        elif all(isinstance(p, list) and all(token(t) for t in p) for p in v):
+            rows = [(f"prompt[{i}]", p) for i, p in enumerate(v)]
+        elif all(isinstance(p, str) for p in v):
+            return v
+        else:
+            raise ValueError("prompt: a string, a list of strings, a list of token ids or a list of token-id lists")
+        for where, ids in rows:
+            for j, t in enumerate(ids):
+                if t < 0:
+                    raise ValueError(f"{where}[{j}]: token id {t}: token ids are 0 or more")
+        return v
+
     @field_validator("prompt")
     @classmethod
     def _prompt(cls, v: Prompt) -> Prompt:

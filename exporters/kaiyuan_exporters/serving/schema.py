@@ -71,12 +71,14 @@ class ErrorResponse(BaseModel):
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                405: "invalid_request_error", 408: "timeout_error", 413: "request_too_large",
-               500: "server_error", 503: "server_error"}
+               429: "rate_limit_error", 500: "server_error", 503: "server_error"}
 
 
 def error_responses(*statuses: int) -> dict[int | str, dict]:
     """OpenAPI `responses` for these error statuses, all with the error body."""
     words = {400: "Bad request: the message names the field", 401: "Missing or wrong bearer token",
              404: "Unknown model or path", 408: "The request body did not arrive in time",
-             413: "Request body over --max-body-bytes", 500: "Server error"}
+             413: "Request body over --max-body-bytes",
+             429: "The server holds as much work as it may (--max-queue): retry later", 500: "Server error",
+             503: "Warming up, or shutting down"}
     return {s: {"model": ErrorResponse, "description": words.get(s, "Error")} for s in statuses}
