@@ -1,5 +1,7 @@
 """One console line per log interval: iteration, loss, lr, tokens/s, TFLOP/s, peak memory and ETA
-(training/run_logging.py formats it). A Megatron-Bridge Callback: it only observes.
+(training/run_logging.py formats it). A Megatron-Bridge Callback: it only observes. The first step of a start or a
+resume gets its line too, so a user sees the loss as soon as there is one (a recipe's step can take a minute and its
+log interval ten steps); its figures include that step's compilation and warm-up.
 
 Figures are over the interval since the previous line, wall clock included (evaluations and saves in it count),
 so the ETA is what the run will really take at this pace. The loss is the interval's mean."""
@@ -22,6 +24,7 @@ class ConsoleProgressCallback(Callback):
         self.interval = max(int(log_interval or 1), 1)
         self.seq_length = seq_length
         self._since: tuple[float, int, float] | None = None  # (time, iteration, FLOPs so far) at the window start
+        self._first_iteration: int | None = None  # the first step of this start or resume
         self._losses: list[float] = []
 
     @staticmethod
@@ -34,6 +37,7 @@ class ConsoleProgressCallback(Callback):
     def on_train_start(self, context: Any) -> None:
         ts = context.state.train_state
         self._since = (time.perf_counter(), ts.step, float(ts.floating_point_operations_so_far))
+        self._first_iteration = ts.step + 1
 
     def on_train_step_end(self, context: Any) -> None:
         if context.loss_dict:
@@ -41,7 +45,7 @@ class ConsoleProgressCallback(Callback):
             self._losses.append(float(value.item() if hasattr(value, "item") else value))
         ts = context.state.train_state
         iteration = ts.step + 1  # train_state.step is incremented after this hook
-        if iteration % self.interval or self._since is None:
+        if self._since is None or (iteration % self.interval and iteration != self._first_iteration):
             return
         now, flops = time.perf_counter(), float(ts.floating_point_operations_so_far)
         start, first, flops_then = self._since
