@@ -191,7 +191,8 @@ def test_a_job_ended_outside_kaiyuan_is_lost_with_its_progress(slurm, tmp_path):
     job = SlurmRun(run_dir, cpu_spec())
     job.start([JOB, "--mode", "signal", "--marker-dir", str(marks), "--run-dir", str(run_dir)])
     wait_for(lambda: len(markers(marks, "ready")) == 2, 90, "both ranks ready")
-    running = job.status()
+    # the accounting database can lag the job: until it records it, status says pending (SUBMITTED)
+    running = wait_for(lambda: (st := job.status())["state"] == "running" and st, 60, "sacct to show it running")
     assert (running["state"], running["iteration"], running["last_checkpoint"]) == ("running", 3, 2), running
     subprocess.run(["scancel", job.job_id], check=True, timeout=30)  # not `kaiyuan stop`
     wait_for(lambda: job.status()["state"] not in ("pending", "running"), 60, "the cancelled job to end")
@@ -216,6 +217,24 @@ def test_a_slurm_start_is_refused_while_the_run_trains_on_this_node(tmp_path):
     finally:
         local.stop(grace=10)
     assert not local.layout.slurm_state.exists()
+
+
+def test_a_local_start_is_refused_while_the_runs_slurm_job_is_alive(slurm, tmp_path):
+    """The other way round: while the run's Slurm job runs, `kaiyuan start` of the same run on this node is
+    refused and starts nothing."""
+    from kaiyuan_recipes.launch.lifecycle import LocalRun, RunStateError
+
+    marks, run_dir = tmp_path / "m", tmp_path / "runs" / "both"
+    job = SlurmRun(run_dir, cpu_spec())
+    job.start([JOB, "--mode", "signal", "--marker-dir", str(marks)])
+    try:
+        wait_for(lambda: len(markers(marks, "ready")) == 2, 90, "both ranks ready")
+        local = LocalRun(run_dir)
+        with pytest.raises(RunStateError, match=f"run 'both' is (pending|running) on Slurm \\(job {job.job_id}\\)"):
+            local.start([sys.executable, "-c", "import time; time.sleep(120)"])
+        assert local.running_pid() is None
+    finally:
+        job.stop(grace=60)
 
 
 def test_a_requeued_job_finds_its_previous_state(slurm, tmp_path):

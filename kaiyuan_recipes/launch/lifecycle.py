@@ -108,6 +108,7 @@ class LocalRun(Run):
         claim = membership.claim(layout.state, f"run {self.name!r} is already running")
         try:
             self._leave_multinode()
+            self._refuse_while_on_slurm()
             layout.console_log.parent.mkdir(parents=True, exist_ok=True)
             for stale in (layout.exit_record, layout.stop_request, layout.child_pid, layout.supervisor_identity,
                           layout.phase):
@@ -119,6 +120,22 @@ class LocalRun(Run):
             os.close(claim.fd)
             raise
         return claim
+
+    def _refuse_while_on_slurm(self) -> None:
+        """Two trainings in one run directory: a run whose Slurm job is pending or running is not started here."""
+        if not self.layout.slurm_state.is_file():
+            return
+        from kaiyuan_recipes.launch.slurm import ACTIVE, SlurmRun
+
+        try:
+            status = SlurmRun(self.run_dir).status()
+        except RunError as err:
+            raise RunStateError(f"run {self.name!r} was submitted to Slurm and the scheduler cannot be asked whether "
+                                f"its job still runs ({err}); `kaiyuan stop {self.name}` there, or remove "
+                                f"{self.layout.slurm_state}") from None
+        if status["state"] in ACTIVE:
+            raise RunStateError(f"run {self.name!r} is {status['state']} on Slurm (job {status.get('job_id')}); "
+                                f"`kaiyuan stop {self.name}` first")
 
     def _leave_multinode(self) -> None:
         """A directory a multi-node run used becomes this node's: its multinode.json would keep routing stop /
