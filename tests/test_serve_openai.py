@@ -227,6 +227,7 @@ def test_tokenizing_a_large_prompt_does_not_stall_the_event_loop(url):
 
     async def probe():
         async with httpx.AsyncClient(headers=AUTH, timeout=60) as c:
+            started = time.monotonic()
             posts = [asyncio.ensure_future(c.post(url + "/v1/completions", json=big)) for _ in range(3)]
             await asyncio.sleep(0.05)
             worst = 0.0
@@ -234,12 +235,13 @@ def test_tokenizing_a_large_prompt_does_not_stall_the_event_loop(url):
                 t0 = time.monotonic()
                 assert (await c.get(url + "/health")).status_code == 200
                 worst = max(worst, time.monotonic() - t0)
-            return worst, [(await p).status_code for p in posts]
+            return worst, time.monotonic() - started, [(await p).status_code for p in posts]
 
-    worst, codes = asyncio.run(probe())
-    # one of these prompts takes ~0.45 s to tokenize on this CPU (on the loop, /health would wait that long);
-    # in a thread /health answered within 0.05 s
-    assert codes == [400] * 3 and worst < 0.3, worst
+    worst, total, codes = asyncio.run(probe())
+    # Tokenized on the event loop, the three prompts would run one after another and /health would wait for a whole
+    # one: about a third of the total. In a thread it answers between them. Relative to the total, so that a busy
+    # host (which slows both) does not decide the outcome.
+    assert codes == [400] * 3 and worst < 0.2 * total, (worst, total)
 
 
 def test_a_seeded_request_is_the_same_alone_or_with_others(url):
