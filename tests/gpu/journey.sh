@@ -56,17 +56,7 @@ PY
 source tests/gpu/journey_lib.sh  # step, expect_state, not_running, reached
 
 prepare_data() {  # the held-out file and set, and the two phases' data: the sample corpus, English then Chinese
-  python3 - "$root/heldout.jsonl" <<'PY'
-import json, sys
-from kaiyuan_recipes.data.heldout import DIMENSIONS
-with open(sys.argv[1], "w", encoding="utf-8") as fh:
-    for dim in DIMENSIONS:
-        for i in range(4):
-            row = {"dimension": dim, "prompt": f"[{dim} #{i}] 问题：{i}+{i}=?\n答：", "completion": f" {2 * i}"}
-            if i % 2 == 0:
-                row |= {"choices": [f" {2 * i}", f" {2 * i + 1}", " 0"], "answer": 0}
-            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-PY
+  write_heldout_input $root/heldout.jsonl
   step heldout_data 0 kaiyuan data heldout $root/heldout.jsonl --output-dir $root/heldout --per-dimension 4
   # Phase 2 of a two-phase curriculum whose phase 1 is the 200 default steps above (16 x 4096 tokens each).
   local corpus=kaiyuan_recipes/data/sample_corpus

@@ -36,3 +36,17 @@ except FileNotFoundError:
 sys.exit(0 if its and its[-1] >= int(sys.argv[2]) else 1)
 PY
 }
+
+write_heldout_input() {  # write_heldout_input FILE: 4 prompt/completion rows per dimension, half of them with choices
+  python3 - "$1" <<'PY'
+import json, sys
+from kaiyuan_recipes.data.heldout import DIMENSIONS
+with open(sys.argv[1], "w", encoding="utf-8") as fh:
+    for dim in DIMENSIONS:
+        for i in range(4):
+            row = {"dimension": dim, "prompt": f"[{dim} #{i}] 问题：{i}+{i}=?\n答：", "completion": f" {2 * i}"}
+            if i % 2 == 0:
+                row |= {"choices": [f" {2 * i}", f" {2 * i + 1}", " 0"], "answer": 0}
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+PY
+}

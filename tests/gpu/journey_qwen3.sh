@@ -94,17 +94,7 @@ print(r.model_dump_json())"
 step lm_eval_parity 0 python3 tests/gpu/lm_eval_parity.py --model $root/hf --port $((opt_port + 1)) \
   --out "$logs/lm_eval_parity.json"
 step server_stopped 0 stop_server $server_pid $opt_port
-python3 - "$root/heldout.jsonl" <<'PY'
-import json, sys
-from kaiyuan_recipes.data.heldout import DIMENSIONS
-with open(sys.argv[1], "w", encoding="utf-8") as fh:
-    for dim in DIMENSIONS:
-        for i in range(4):
-            row = {"dimension": dim, "prompt": f"[{dim} #{i}] 问题：{i}+{i}=?\n答：", "completion": f" {2 * i}"}
-            if i % 2 == 0:
-                row |= {"choices": [f" {2 * i}", f" {2 * i + 1}", " 0"], "answer": 0}
-            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-PY
+write_heldout_input $root/heldout.jsonl
 step heldout_data 0 kaiyuan data heldout $root/heldout.jsonl --output-dir $root/heldout --per-dimension 4
 step eval 0 kaiyuan eval heldout --model $root/hf --data $root/heldout/heldout_prompt_completion.jsonl \
   --out "$logs/eval" --device cuda
