@@ -192,7 +192,9 @@ def test_a_job_ended_outside_kaiyuan_is_lost_with_its_progress(slurm, tmp_path):
     job.start([JOB, "--mode", "signal", "--marker-dir", str(marks), "--run-dir", str(run_dir)])
     wait_for(lambda: len(markers(marks, "ready")) == 2, 90, "both ranks ready")
     # the accounting database can lag the job: until it records it, status says pending (SUBMITTED)
-    running = wait_for(lambda: (st := job.status())["state"] == "running" and st, 60, "sacct to show it running")
+    # and the first reads of the job's files may come before they show: wait for both, then check the values
+    running = wait_for(lambda: (st := job.status())["state"] == "running" and "iteration" in st and st, 60,
+                       "sacct to show it running with its progress")
     assert (running["state"], running["iteration"], running["last_checkpoint"]) == ("running", 3, 2), running
     subprocess.run(["scancel", job.job_id], check=True, timeout=30)  # not `kaiyuan stop`
     wait_for(lambda: job.status()["state"] not in ("pending", "running"), 60, "the cancelled job to end")
