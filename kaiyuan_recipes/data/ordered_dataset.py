@@ -161,6 +161,17 @@ class OrderedGPTDataset(GPTDataset):
             {"description": Path(f"{base}-description.txt")}
 
 
+def finalize_gpt_dataset_config(config: Any) -> None:
+    """Bridge's GPTDatasetConfig.finalize for a config of our own that derives from megatron-core's: its checks run
+    in megatron-core's __post_init__, deferred until the tokenizer is known (as Bridge defers them)."""
+    config.sequence_length = config.seq_length
+    BlendedMegatronDatasetConfig.__post_init__(config)
+    for name in ("reset_position_ids", "reset_attention_mask", "eod_mask_loss"):
+        if getattr(config, name) is None:
+            raise ValueError(f"dataset.{name} must be set (true or false)")
+    DatasetProvider.finalize(config)
+
+
 def _builds_cache() -> bool:
     return not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
 
@@ -228,12 +239,7 @@ class OrderedGPTDatasetConfig(MCoreGPTDatasetConfig, DatasetProvider):
         if given:
             raise ValueError(f"an ordered phase builds its own indices: dataset.{', dataset.'.join(given)} is not "
                              "supported there; unset it")
-        self.sequence_length = self.seq_length
-        BlendedMegatronDatasetConfig.__post_init__(self)  # as Bridge: megatron-core's GPT checks need the tokenizer
-        for name in ("reset_position_ids", "reset_attention_mask", "eod_mask_loss"):
-            if getattr(self, name) is None:
-                raise ValueError(f"dataset.{name} must be set (true or false)")
-        DatasetProvider.finalize(self)
+        finalize_gpt_dataset_config(self)
 
     def build_datasets(self, context: DatasetBuildContext) -> tuple[Any, Any, Any]:
         phase_samples = context.train_samples - self.first_sample  # train_samples counts from the run's start

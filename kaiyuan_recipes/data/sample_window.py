@@ -26,9 +26,10 @@ except ImportError:
     from megatron.bridge.training.config import DatasetBuildContext, DatasetProvider
 import torch  # noqa: E402
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder  # noqa: E402
-from megatron.core.datasets.blended_megatron_dataset_config import BlendedMegatronDatasetConfig  # noqa: E402
 from megatron.core.datasets.gpt_dataset import GPTDataset  # noqa: E402
 from megatron.core.datasets.gpt_dataset import GPTDatasetConfig as MCoreGPTDatasetConfig  # noqa: E402
+
+from kaiyuan_recipes.data.ordered_dataset import finalize_gpt_dataset_config  # noqa: E402
 
 # Steps of training the sample corpus's index covers before the run starts over at its first sample. 1,000 steps
 # of qwen3_1p7b (512 x 4096) are thousands of passes over the corpus yet index in about a second.
@@ -83,12 +84,7 @@ class SampleWindowDatasetConfig(MCoreGPTDatasetConfig, DatasetProvider):
         if self.train_window_samples < 1 or self.eval_window_samples < 1:
             raise ValueError(f"sample corpus windows must be positive: train {self.train_window_samples}, "
                              f"validation/test {self.eval_window_samples}")
-        self.sequence_length = self.seq_length
-        BlendedMegatronDatasetConfig.__post_init__(self)  # as Bridge: megatron-core's GPT checks need the tokenizer
-        for name in ("reset_position_ids", "reset_attention_mask", "eod_mask_loss"):
-            if getattr(self, name) is None:
-                raise ValueError(f"dataset.{name} must be set (true or false)")
-        DatasetProvider.finalize(self)
+        finalize_gpt_dataset_config(self)
 
     def window_sizes(self, context: DatasetBuildContext) -> list[int]:
         asked = [context.train_samples, context.valid_samples, context.test_samples]
