@@ -13,9 +13,12 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import pytest
 
 DAEMONS = ("munged", "mariadbd", "mariadb-install-db", "slurmdbd", "slurmctld", "slurmd", "sbatch", "sacct")
 PARTITION = "ci"
@@ -24,6 +27,15 @@ NODE_CPUS = 8
 
 class SlurmClusterError(RuntimeError):
     pass
+
+
+@pytest.fixture(scope="module", autouse=True)
+def devnull_stdin():
+    """NeMo-Run runs local commands through invoke, which reads stdin; pytest's stand-in stdin raises on a read."""
+    stdin, sys.stdin = sys.stdin, open(os.devnull)
+    yield
+    sys.stdin.close()
+    sys.stdin = stdin
 
 
 def missing_programs() -> list[str]:

@@ -14,22 +14,13 @@ import time
 from pathlib import Path
 
 import pytest
-from slurm_cluster import PARTITION, SlurmCluster, missing_programs
+from slurm_cluster import PARTITION, SlurmCluster, devnull_stdin, missing_programs  # noqa: F401 (fixture)
 
 from kaiyuan_recipes.launch.backends import open_run
 from kaiyuan_recipes.launch.slurm import SlurmError, SlurmRun, SlurmSpec
 
 JOB = str(Path(__file__).parent / "fixtures" / "slurm_job.py")
 CHECK = ["-m", "kaiyuan_recipes.launch.allreduce_check"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def devnull_stdin():
-    """NeMo-Run runs local commands through invoke, which reads stdin; pytest's stand-in stdin raises on a read."""
-    stdin, sys.stdin = sys.stdin, open(os.devnull)
-    yield
-    sys.stdin.close()
-    sys.stdin = stdin
 
 
 @pytest.fixture(scope="module")

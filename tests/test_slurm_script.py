@@ -13,19 +13,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from slurm_cluster import devnull_stdin  # noqa: F401 (fixture)
 
 from kaiyuan_recipes.launch.slurm import SlurmRun, SlurmSpec
 
 TARGET = ["-m", "kaiyuan_recipes.launch.allreduce_check", "--tag"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def devnull_stdin():
-    """NeMo-Run runs local commands through invoke, which reads stdin; pytest's stand-in stdin raises on a read."""
-    stdin, sys.stdin = sys.stdin, open(os.devnull)
-    yield
-    sys.stdin.close()
-    sys.stdin = stdin
 
 
 def hostile(marks: Path, tag: str) -> str:
