@@ -82,6 +82,7 @@ def main() -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--max-length", type=int, default=1024)
     p.add_argument("--tolerance", type=float, default=1e-4, help="nats per request")
+    p.add_argument("--rev", default="unknown", help="the revision under test (recorded in the JSON)")
     args = p.parse_args()
     os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", OPENAI_API_KEY="none")
     os.chdir(FIXTURES)  # the task YAMLs name their jsonl relative to the working directory
@@ -102,7 +103,8 @@ def main() -> int:
     tasks = compare(hf, served, args.tolerance)
     gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
                          text=True).stdout.strip() if args.device == "cuda" else "cpu"
-    record = {"model": str(args.model), "gpu": gpu, "dtype": "float32", "tolerance": args.tolerance,
+    record = {"command": " ".join(["python3", "tests/gpu/lm_eval_parity.py", *sys.argv[1:]]), "rev": args.rev,
+              "model": str(args.model), "gpu": gpu, "dtype": "float32", "tolerance": args.tolerance,
               "wall_s": round(time.time() - started, 1), "tasks": tasks}
     args.out.write_text(json.dumps(record, indent=1))
     print(json.dumps(record))
