@@ -92,7 +92,8 @@ def check_command(argv: list[str], container_keys: set[str], tmp_path: Path) -> 
         run = subprocess.run(["bash", argv[1], "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert run.returncode == 0, f"{argv[1]} --help fails:\n{run.stderr[-2000:]}"
         for flag in (a for a in argv[2:] if a.startswith("--")):
-            assert re.search(rf"(?m)^\s*{re.escape(flag)}\b", run.stdout), f"{shlex.join(argv)}: {argv[1]} has no {flag}"
+            listed = re.search(rf"(?m)^\s*{re.escape(flag)}\b", run.stdout)
+            assert listed, f"{shlex.join(argv)}: {argv[1]} has no {flag}"
     elif argv[:3] == ["python", "-m", "pytest"]:
         run = subprocess.run([sys.executable, "-m", "pytest", *argv[3:], "--collect-only", "-q", "-p",
                               "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True, timeout=300)
