@@ -51,10 +51,21 @@ def equality(out: Path, name: str) -> dict[str, Any] | None:
     ours = json.loads(in_training.read_text())["samples"]["in_training"]
     theirs = next(iter(json.loads(post_hoc.read_text())["samples"].values()))
     rel = [abs(a["nll"] - b["nll"]) / b["nll"] for a, b in zip(ours, theirs, strict=True)]
-    flips = [a["line"] for a, b in zip(ours, theirs)
-             if (a.get("pred_sum"), a.get("pred_avg_norm")) != (b.get("pred_sum"), b.get("pred_avg_norm"))]
+    per_token = sorted(abs(a["nll"] - b["nll"]) / a["tokens"] for a, b in zip(ours, theirs))
+    flips, flip_margins = [], []
+    for a, b in zip(ours, theirs):
+        differs = [key for key in ("pred_sum", "pred_avg_norm") if a.get(key) != b.get(key)]
+        if differs:  # the in-training margin of the metric that picked differently: a near-tie or a real difference
+            flips.append(a["line"])
+            scores = a["choice_logprob_sum" if differs[0] == "pred_sum" else "choice_logprob_avg"]
+            top = sorted(scores, reverse=True)
+            flip_margins.append(top[0] - top[1])
     return {"samples": len(rel), "max_rel_nll_diff": max(rel), "mean_rel_nll_diff": sum(rel) / len(rel),
+            "share_over_tolerance": sum(r >= BF16_REL_TOLERANCE for r in rel) / len(rel),
+            "per_token_abs_nll_diff": {"median": per_token[len(per_token) // 2],
+                                       "p99": per_token[int(0.99 * (len(per_token) - 1))], "max": per_token[-1]},
             "within_tolerance": max(rel) < BF16_REL_TOLERANCE, "tolerance": BF16_REL_TOLERANCE,
+            "mcq_flip_margins_nats": flip_margins,
             "mcq_prediction_mismatches": flips, "mcq_samples": sum("pred_sum" in r for r in ours)}
 
 

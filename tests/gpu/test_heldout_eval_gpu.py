@@ -40,6 +40,7 @@ def heldout_rows() -> list[dict]:
 def test_in_training_scorer_equals_the_exported_model_in_bf16(tmp_path):
     from kaiyuan_exporters.heldout_eval import evaluate_models
     from kaiyuan_exporters.megatron_to_hf import bridge_for, write_hf_dir
+    from megatron.core.process_groups_config import ProcessGroupCollection
     from transformers import AutoTokenizer
 
     from kaiyuan_recipes.data.heldout_scoring import (
@@ -61,6 +62,9 @@ def test_in_training_scorer_equals_the_exported_model_in_bf16(tmp_path):
     provider = build_provider(dict(shape.fields), "fast")
     provider.params_dtype, provider.bf16 = torch.bfloat16, True
     provider.finalize()
+    # provide() reads the process groups from the provider (Megatron-Bridge sets them in
+    # provide_distributed_model); here the ones megatron_parallel initialised
+    provider._pg_collection = ProcessGroupCollection.use_mpu_process_groups()
     torch.manual_seed(0)
     model = provider.provide().cuda().to(torch.bfloat16).eval()
     with torch.no_grad():
