@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kaiyuan_recipes.ckpt import regions, store
-from kaiyuan_recipes.run_layout import RunLayout
+from kaiyuan_recipes.config.run_layout import RunLayout
 
 # The model.yaml fields that tell recipes apart (a recipe is the model file plus its hparams).
 RECIPE_SHAPE = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
@@ -149,7 +149,7 @@ def find_recipe(ckpt: Path, model: dict[str, Any]) -> tuple[str | None, str]:
                 recipe = None
             if recipe:
                 return recipe, str(command)
-    from kaiyuan_recipes.recipe_tree import known_recipes, load_model_file
+    from kaiyuan_recipes.config.recipe_tree import known_recipes, load_model_file
 
     for name in known_recipes():
         shipped = load_model_file(name)

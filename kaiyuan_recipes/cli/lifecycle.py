@@ -95,8 +95,8 @@ def start_multinode(args: Any, overrides: list[str], cfg: Any, run: Any) -> int:
 
 
 def stop(args: Any) -> int:
+    from kaiyuan_recipes.config.run_layout import dumps_record
     from kaiyuan_recipes.launch.backends import open_run
-    from kaiyuan_recipes.run_layout import dumps_record
 
     run = open_run(args.run_root / checked_run_name(args.run_name))
     result = run.stop(grace=args.grace)
@@ -110,9 +110,9 @@ def stop(args: Any) -> int:
 def status(args: Any) -> int:
     """One JSON line per run. Every run is listed: one whose state cannot be read gets a line with its error
     (naming the file) and the exit code 1, and the others are still shown."""
+    from kaiyuan_recipes.config.run_layout import RunLayout, dumps_record
     from kaiyuan_recipes.launch.backends import open_run
     from kaiyuan_recipes.launch.run import RunError
-    from kaiyuan_recipes.run_layout import RunLayout, dumps_record
 
     if args.run_name is not None:
         print(dumps_record(open_run(args.run_root / checked_run_name(args.run_name)).status(), ensure_ascii=False))

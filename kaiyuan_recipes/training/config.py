@@ -16,13 +16,13 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from kaiyuan_recipes import compat, fastpath
+from kaiyuan_recipes.config import overrides as ov
+from kaiyuan_recipes.config.knobs import Knobs
+from kaiyuan_recipes.config.recipe_tree import load_recipe_tree
+from kaiyuan_recipes.config.run_layout import RunLayout
 from kaiyuan_recipes.fastpath.decisions import FastPathPlan
 from kaiyuan_recipes.models.providers import resolve_layer_spec
 from kaiyuan_recipes.models.shape import ModelShape
-from kaiyuan_recipes.recipe_tree import load_recipe_tree
-from kaiyuan_recipes.run_layout import RunLayout
-from kaiyuan_recipes.training import overrides as ov
-from kaiyuan_recipes.training.knobs import Knobs
 
 # Megatron's NullTokenizer appends EOD after the base vocabulary: with 151,643 base ranks the EOD id
 # is 151,643, the same id <|endoftext|> has in the Qwen2 tokenizer.
