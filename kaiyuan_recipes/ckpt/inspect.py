@@ -76,6 +76,8 @@ class CheckpointReport:
     groups: list[TensorGroup]
     objects: list[str]  # non-tensor entries (RNG, common state, extra state)
     tensors: list[TensorInfo] = field(default_factory=list)  # those matching --tensors
+    # the run's resolved plan (run_state/plan.json, its latest launch; config/plan_file.py plan_brief), if any
+    run_plan: dict[str, Any] | None = None
 
 
 def group_of(key: str) -> str:
@@ -243,4 +245,13 @@ def inspect_checkpoint(path: Path, tensor_pattern: str | None = None) -> Checkpo
         recipe=recipe, recipe_source=source, model=model, knobs=_knobs(config) if config else {},
         train_state=store.read_train_state(ckpt), layout=layout, loadable=load_targets(fmt, has_optimizer, sharding),
         groups=group_tensors(infos), objects=objects,
-        tensors=match_tensors(infos, tensor_pattern) if tensor_pattern else [])
+        tensors=match_tensors(infos, tensor_pattern) if tensor_pattern else [], run_plan=run_plan_of(ckpt))
+
+
+def run_plan_of(ckpt: Path) -> dict[str, Any] | None:
+    """The plan of the run whose checkpoints/ holds `ckpt`, briefly, with the file it is read from."""
+    from kaiyuan_recipes.config.plan_file import plan_brief, read_plan
+
+    root = Path(ckpt).parent
+    record = read_plan(root.parent) if root.name == "checkpoints" else None
+    return None if record is None else {**plan_brief(record), "file": str(RunLayout(root.parent).plan)}
