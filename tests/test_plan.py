@@ -8,6 +8,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from slurm_cluster import devnull_stdin  # noqa: F401 (fixture: the Slurm dry run's NeMo-Run reads stdin)
 
 from kaiyuan_recipes.config.plan_file import plan_digest, read_plan, write_plan
 from kaiyuan_recipes.config.run_layout import RunLayout
@@ -16,9 +17,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_a_command_line_override_reaches_the_container_once(tmp_path, monkeypatch):
-    from megatron.bridge.training.utils import omegaconf_utils
-
+    from kaiyuan_recipes import compat
     from kaiyuan_recipes.training.config import build_config
+
+    compat.import_megatron_bridge()  # its import-time workarounds first
+    from megatron.bridge.training.utils import omegaconf_utils
 
     seen = []
     upstream = omegaconf_utils.process_config_with_overrides
