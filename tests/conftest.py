@@ -34,7 +34,7 @@ def megatron_forward_on_cpu(setattr=setattr) -> None:
 
 def tiny_gpt_shape(**changes) -> dict:
     """gpt_smoke's model file at a size a CPU test builds in a second (one layer, hidden 64, vocab 512)."""
-    from kaiyuan_recipes.recipe_tree import load_model_file
+    from kaiyuan_recipes.config.recipe_tree import load_model_file
 
     return load_model_file("gpt_smoke") | {"num_layers": 1, "hidden_size": 64, "ffn_hidden_size": 128,
                                           "num_attention_heads": 4, "num_query_groups": 2, "kv_channels": 16,

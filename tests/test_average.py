@@ -127,7 +127,7 @@ def test_all_zero_weights_are_refused_and_huge_ones_normalise(run, tmp_path, cap
 def test_an_output_inside_a_runs_checkpoints_is_refused(run, tmp_path, capsys):
     """Inside checkpoints/, the average's iter_* would count among the run's saves: keep-last-K keeps it as the
     newest and deletes a real one."""
-    from kaiyuan_recipes.run_layout import RunLayout
+    from kaiyuan_recipes.config.run_layout import RunLayout
 
     fresh = tmp_path / "fresh_run"  # a run that has saved nothing yet: its checkpoints/ is still empty
     RunLayout(fresh).state.mkdir(parents=True)

@@ -8,6 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from kaiyuan_recipes.config.recipe_tree import recipes_root
 from kaiyuan_recipes.data.blend import (
     BlendError,
     load_curriculum,
@@ -19,7 +20,6 @@ from kaiyuan_recipes.data.blend import (
 )
 from kaiyuan_recipes.data.convert import ConvertOptions, convert_directory
 from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
-from kaiyuan_recipes.recipe_tree import recipes_root
 
 
 def fake_output_dir(path, shard_tokens):

@@ -8,8 +8,8 @@ import pytest
 import torch
 from conftest import megatron_forward_on_cpu, tiny_gpt_shape
 
+from kaiyuan_recipes.config.recipe_tree import load_model_file
 from kaiyuan_recipes.models.providers import build_provider
-from kaiyuan_recipes.recipe_tree import load_model_file
 
 
 def reference(q, k, v, scale):

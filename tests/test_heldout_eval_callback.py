@@ -62,7 +62,7 @@ def test_a_malformed_file_is_refused_when_the_config_is_built_naming_its_lines(t
 
 
 def test_layouts_the_scorer_cannot_run_are_refused_up_front(tmp_path, heldout_file):
-    from kaiyuan_recipes.training.knobs import KnobError
+    from kaiyuan_recipes.config.knobs import KnobError
 
     with pytest.raises(HeldoutEvalConfigError, match="pipeline_model_parallel_size=2 is not supported"):
         config(tmp_path, f"kaiyuan.heldout_eval={heldout_file}", "model.pipeline_model_parallel_size=2")
@@ -106,8 +106,8 @@ def context(state, model, step):
 def test_evaluations_at_the_interval_reach_tensorboard_metrics_and_status(trained):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    from kaiyuan_recipes.config.run_layout import read_metrics
     from kaiyuan_recipes.launch.lifecycle import LocalRun
-    from kaiyuan_recipes.run_layout import read_metrics
     from kaiyuan_recipes.training.heldout_eval.callback import HeldoutEvalCallback
     from kaiyuan_recipes.training.metrics import RunMetricsCallback
 
@@ -153,7 +153,7 @@ def test_a_stop_requested_during_an_evaluation_ends_it_unreported(trained):
     evaluation asks the same handler between batches, so it ends and Bridge's loop goes on to save and exit."""
     from megatron.bridge.training.utils.sig_utils import DistributedSignalHandler
 
-    from kaiyuan_recipes.run_layout import read_metrics
+    from kaiyuan_recipes.config.run_layout import read_metrics
     from kaiyuan_recipes.training.heldout_eval.callback import HeldoutEvalCallback
 
     cfg, run, callbacks, state, model = trained

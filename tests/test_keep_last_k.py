@@ -5,7 +5,7 @@ newer save."""
 import inspect
 
 from kaiyuan_recipes import compat
-from kaiyuan_recipes.recipe_tree import load_recipe_tree
+from kaiyuan_recipes.config.recipe_tree import load_recipe_tree
 
 
 def make_ckpts(root, iterations):

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from kaiyuan_recipes.config.knobs import BEGIN, END, KnobError, Knobs, knob_table
 from kaiyuan_recipes.training.config import build_config
-from kaiyuan_recipes.training.knobs import BEGIN, END, KnobError, Knobs, knob_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,8 +27,8 @@ def test_readme_knob_table_is_the_generated_one():
     assert BEGIN in readme and END in readme, "README.md lost its knob table markers"
     shown = readme.split(BEGIN, 1)[1].split(END, 1)[0].strip()
     assert shown == knob_table().strip(), (
-        "README's knob table differs from kaiyuan_recipes/training/knobs.py: "
-        "run `python -m kaiyuan_recipes.training.knobs --write README.md`")
+        "README's knob table differs from kaiyuan_recipes/config/knobs.py: "
+        "run `python -m kaiyuan_recipes.config.knobs --write README.md`")
 
 
 @pytest.mark.parametrize("override, message", [

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
+from kaiyuan_recipes.config.run_layout import RunLayout
 from kaiyuan_recipes.launch.lifecycle import LocalRun, RunStateError, _alive
 from kaiyuan_recipes.launch.supervise import is_torchrun, training_ranks
-from kaiyuan_recipes.run_layout import RunLayout
 
 
 # The local back-end's verbs, as `kaiyuan start / stop / status / logs` call them (through launch/run.py's Run).

@@ -3,8 +3,8 @@ HF → provider mapping, onto the provider we train; the sequence length is the 
 
 import pytest
 
+from kaiyuan_recipes.config.recipe_tree import known_recipes, load_model_file
 from kaiyuan_recipes.models.shape import SHAPE_FIELDS, ModelShape
-from kaiyuan_recipes.recipe_tree import known_recipes, load_model_file
 from kaiyuan_recipes.training.config import build_config
 
 # Fields the HF side has no name for, or represents differently (our padded vocab is kept; HF's MoE configs

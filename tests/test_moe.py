@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from kaiyuan_recipes.config.recipe_tree import load_model_file
 from kaiyuan_recipes.data.tokenizer import TokenizerError, default_tokenizer_dir
 from kaiyuan_recipes.models.param_count import count_parameters
-from kaiyuan_recipes.recipe_tree import load_model_file
 from kaiyuan_recipes.training.config import build_config
 
 SMALL_MOE = dict(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,

@@ -71,8 +71,8 @@ print(json.dumps(out))
 
 @pytest.mark.parametrize("recipe", ["qwen3_1p7b", "gpt_smoke"])
 def test_nemo2_model_config_matches_the_bridge_provider(recipe):
+    from kaiyuan_recipes.config.recipe_tree import load_model_file
     from kaiyuan_recipes.models.shape import provider_for_recipe
-    from kaiyuan_recipes.recipe_tree import load_model_file
 
     shape = load_model_file(recipe)
     fields = [k for k in shape if k not in ("max_position_embeddings",)] + list(EXTRA_FIELDS)

@@ -11,8 +11,8 @@ import pytest
 import torch
 from conftest import tiny_gpt_shape
 
+from kaiyuan_recipes.config.overrides import OverrideError
 from kaiyuan_recipes.training.config import build_config
-from kaiyuan_recipes.training.overrides import OverrideError
 
 
 def test_profile_overrides_reach_bridge(tmp_path):

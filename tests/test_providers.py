@@ -4,9 +4,9 @@ the recipe's model.yaml implies, and the totals against the analytic count."""
 
 import pytest
 
+from kaiyuan_recipes.config.recipe_tree import load_model_file
 from kaiyuan_recipes.models import available_models, get_model_provider
 from kaiyuan_recipes.models.param_count import count_parameters, padded_vocab_size
-from kaiyuan_recipes.recipe_tree import load_model_file
 
 
 def expected_shapes(shape: dict) -> dict[str, tuple]:

@@ -2,9 +2,9 @@
 
 import pytest
 
-from kaiyuan_recipes.recipe_tree import UnknownRecipeError, known_recipes, load_recipe_tree
+from kaiyuan_recipes.config.overrides import OverrideError
+from kaiyuan_recipes.config.recipe_tree import UnknownRecipeError, known_recipes, load_recipe_tree
 from kaiyuan_recipes.training.config import build_config
-from kaiyuan_recipes.training.overrides import OverrideError
 from kaiyuan_recipes.training.summary import resolve_with_upstream
 from kaiyuan_recipes.training.validate import ConfigError, validate
 

@@ -10,11 +10,11 @@ import pytest
 from test_lifecycle import job, wait_for  # noqa: F401  (job: the torchrun job fixture)
 from test_multinode import CHECK, spec_for
 
+from kaiyuan_recipes.config.run_layout import RunLayout
 from kaiyuan_recipes.launch.backends import open_run
 from kaiyuan_recipes.launch.lifecycle import LocalRun, RunStateError
 from kaiyuan_recipes.launch.run import Run, RunError
 from kaiyuan_recipes.launch.ssh import MultiNodeRun
-from kaiyuan_recipes.run_layout import RunLayout
 
 
 def test_open_run_picks_the_back_end_from_the_run_dir(tmp_path, sshd):

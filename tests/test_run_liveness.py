@@ -13,9 +13,9 @@ import sys
 import pytest
 from test_lifecycle import _foreground, job, wait_for  # noqa: F401  (job: the torchrun job fixture)
 
+from kaiyuan_recipes.config.run_layout import RunLayout
 from kaiyuan_recipes.launch.lifecycle import LocalRun, RunStateError, _alive
 from kaiyuan_recipes.launch.membership import members
-from kaiyuan_recipes.run_layout import RunLayout
 
 
 def start(run_dir, argv, extra=None):

@@ -10,9 +10,9 @@ import time
 
 from test_lifecycle import wait_for
 
+from kaiyuan_recipes.config.run_layout import RunLayout
 from kaiyuan_recipes.launch.lifecycle import LocalRun
 from kaiyuan_recipes.launch.membership import members
-from kaiyuan_recipes.run_layout import RunLayout
 
 
 def test_a_stop_during_set_up_ends_a_real_run_at_once_without_a_checkpoint(tmp_path):

@@ -28,7 +28,7 @@ from kaiyuan_recipes.ckpt.store import (
     iteration_dirs,
     iteration_of,
 )
-from kaiyuan_recipes.run_layout import RUN_CONFIG_FILE, RunLayout
+from kaiyuan_recipes.config.run_layout import RUN_CONFIG_FILE, RunLayout
 
 from .megatron_to_hf import (
     bridge_for,

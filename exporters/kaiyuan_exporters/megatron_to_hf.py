@@ -12,9 +12,9 @@ from typing import Any
 
 from kaiyuan_recipes import compat
 from kaiyuan_recipes.atomic import atomic_directory
+from kaiyuan_recipes.config.run_layout import LATEST_ITERATION_FILE, RUN_CONFIG_FILE, RunLayout
 from kaiyuan_recipes.data.tokenizer import special_token_ids, tokenizer_vocab_size
 from kaiyuan_recipes.models.shape import ModelShape
-from kaiyuan_recipes.run_layout import LATEST_ITERATION_FILE, RUN_CONFIG_FILE, RunLayout
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kaiyuan_recipes.ckpt import regions, store
-from kaiyuan_recipes.run_layout import RunLayout
+from kaiyuan_recipes.config.run_layout import RunLayout
 
 # The model.yaml fields that tell recipes apart (a recipe is the model file plus its hparams).
 RECIPE_SHAPE = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
@@ -76,6 +76,8 @@ class CheckpointReport:
     groups: list[TensorGroup]
     objects: list[str]  # non-tensor entries (RNG, common state, extra state)
     tensors: list[TensorInfo] = field(default_factory=list)  # those matching --tensors
+    # the run's resolved plan (run_state/plan.json, its latest launch; config/plan_file.py plan_brief), if any
+    run_plan: dict[str, Any] | None = None
 
 
 def group_of(key: str) -> str:
@@ -149,7 +151,7 @@ def find_recipe(ckpt: Path, model: dict[str, Any]) -> tuple[str | None, str]:
                 recipe = None
             if recipe:
                 return recipe, str(command)
-    from kaiyuan_recipes.recipe_tree import known_recipes, load_model_file
+    from kaiyuan_recipes.config.recipe_tree import known_recipes, load_model_file
 
     for name in known_recipes():
         shipped = load_model_file(name)
@@ -243,4 +245,13 @@ def inspect_checkpoint(path: Path, tensor_pattern: str | None = None) -> Checkpo
         recipe=recipe, recipe_source=source, model=model, knobs=_knobs(config) if config else {},
         train_state=store.read_train_state(ckpt), layout=layout, loadable=load_targets(fmt, has_optimizer, sharding),
         groups=group_tensors(infos), objects=objects,
-        tensors=match_tensors(infos, tensor_pattern) if tensor_pattern else [])
+        tensors=match_tensors(infos, tensor_pattern) if tensor_pattern else [], run_plan=run_plan_of(ckpt))
+
+
+def run_plan_of(ckpt: Path) -> dict[str, Any] | None:
+    """The plan of the run whose checkpoints/ holds `ckpt`, briefly, with the file it is read from."""
+    from kaiyuan_recipes.config.plan_file import plan_brief, read_plan
+
+    root = Path(ckpt).parent
+    record = read_plan(root.parent) if root.name == "checkpoints" else None
+    return None if record is None else {**plan_brief(record), "file": str(RunLayout(root.parent).plan)}

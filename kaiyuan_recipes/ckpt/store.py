@@ -9,10 +9,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from kaiyuan_recipes.run_layout import LATEST_ITERATION_FILE, RUN_CONFIG_FILE, RunLayout
+from kaiyuan_recipes.config.run_layout import LATEST_ITERATION_FILE, RUN_CONFIG_FILE, RunLayout
 
 ITER_DIR = re.compile(r"^iter_(\d+)$")
-# Megatron-Bridge's tracker file and per-iteration files (named once, in run_layout.py; train_state.pt only here).
+# Megatron-Bridge's tracker file and per-iteration files (named once, in config/run_layout.py; train_state.pt only
+# here).
 TRACKER = LATEST_ITERATION_FILE
 RUN_CONFIG = RUN_CONFIG_FILE
 TRAIN_STATE = "train_state.pt"

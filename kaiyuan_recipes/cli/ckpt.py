@@ -122,6 +122,8 @@ def inspect_cmd(args: Any) -> int:
     summary.add_row("saved with", f"TP={lay.tensor} PP={lay.pipeline} CP={lay.context} EP={lay.expert} "
                                   f"DP={lay.data or '?'} ZeRO={lay.zero_stage} "
                                   f"optimizer={lay.optimizer_sharding or 'none'} ({lay.writer_ranks} writer rank(s))")
+    if report.run_plan:
+        summary.add_row("run's plan", ", ".join(f"{k}={v}" for k, v in report.run_plan.items()))
     lt = report.loadable
     summary.add_row("loads into", f"resume with another DP: {'yes' if lt.resume_other_dp else 'no'}; "
                                   f"another TP/PP: {'yes' if lt.resume_other_tp_pp else 'no'}; "

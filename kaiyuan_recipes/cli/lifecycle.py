@@ -5,6 +5,7 @@ handle from its directory (kaiyuan_recipes.launch.backends.open_run) and ask it.
 from __future__ import annotations
 
 import re
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -60,13 +61,15 @@ def start(args: Any) -> int:
 
     checked_run_name(args.run_name)
     overrides = [*args.overrides, f"kaiyuan.run_name={args.run_name}"]
-    cfg, run = build_config(args.recipe, overrides)  # bad input fails here, before anything starts
     if args.slurm and args.hosts:
         raise ValueError("--slurm and --hosts: choose one back-end")
+    # Bad input fails here, before anything starts. Launching elsewhere (Slurm, SSH), this host does not train:
+    # the layer spec and fast path are decided on the training node (its rank 0 writes them to the run's plan).
+    cfg, run = build_config(args.recipe, overrides, decide_here=not (args.slurm or args.hosts))
     if args.slurm:
         return start_slurm(args, overrides, cfg, run)
-    if args.dry_run:
-        raise ValueError("--dry-run: only with --slurm (it prints the sbatch script)")
+    if args.dry_run and not args.hosts:
+        raise ValueError("--dry-run: only with --slurm (it prints the sbatch script) or --hosts")
     if args.hosts:
         return start_multinode(args, overrides, cfg, run)
     nproc = args.nproc_per_node or 1
@@ -87,16 +90,29 @@ def start_multinode(args: Any, overrides: list[str], cfg: Any, run: Any) -> int:
 
     spec = spec_from(args, nproc_per_node=args.nproc_per_node or 1, master_port=args.master_port,
                      container=args.container_name, python=args.python, workdir=os.getcwd())
-    validate(cfg, spec.torchrun(0).world_size, run.max_positions)
+    validate(cfg, spec.torchrun(0).world_size, run.max_positions, spec_decided=not run.decided_on_node)
+    if args.dry_run:
+        print(node_decides_note(run), file=sys.stderr)
+        for rank, node in enumerate(spec.nodes):
+            print(f"node {rank} ({node.host}): {shlex.join(spec.torchrun(rank).argv(args.recipe, overrides))}")
+        return 0
     pids = MultiNodeRun(run.run_dir, spec).start(["-m", ENTRY_MODULE, args.recipe, *overrides])
     print(f"started {args.run_name} on {len(pids)} node(s): {', '.join(n.host for n in spec.nodes)}; "
           f"kaiyuan status {args.run_name} --run-root {run.run_dir.parent}")
     return 0
 
 
+def node_decides_note(run: Any) -> str:
+    """What a dry run on a launch host says instead of a layer spec and fast path decided here."""
+    from kaiyuan_recipes.config.plan_file import NODE_DECIDES
+
+    return (f"kaiyuan: layer spec and fast path: {NODE_DECIDES} (kaiyuan.layer_spec={run.layer_spec_knob}); its "
+            f"rank 0 writes them to {run.layout.plan} (kaiyuan status shows them)")
+
+
 def stop(args: Any) -> int:
+    from kaiyuan_recipes.config.run_layout import dumps_record
     from kaiyuan_recipes.launch.backends import open_run
-    from kaiyuan_recipes.run_layout import dumps_record
 
     run = open_run(args.run_root / checked_run_name(args.run_name))
     result = run.stop(grace=args.grace)
@@ -110,22 +126,31 @@ def stop(args: Any) -> int:
 def status(args: Any) -> int:
     """One JSON line per run. Every run is listed: one whose state cannot be read gets a line with its error
     (naming the file) and the exit code 1, and the others are still shown."""
+    from kaiyuan_recipes.config.run_layout import RunLayout, dumps_record
     from kaiyuan_recipes.launch.backends import open_run
     from kaiyuan_recipes.launch.run import RunError
-    from kaiyuan_recipes.run_layout import RunLayout, dumps_record
 
     if args.run_name is not None:
-        print(dumps_record(open_run(args.run_root / checked_run_name(args.run_name)).status(), ensure_ascii=False))
+        run_dir = args.run_root / checked_run_name(args.run_name)
+        print(dumps_record(with_plan(open_run(run_dir).status(), run_dir), ensure_ascii=False))
         return 0
     failed = 0
     for run_dir in RunLayout.run_dirs_under(args.run_root):
         try:
-            print(dumps_record(open_run(run_dir).status(), ensure_ascii=False), flush=True)
+            print(dumps_record(with_plan(open_run(run_dir).status(), run_dir), ensure_ascii=False), flush=True)
         except (RunError, OSError, ValueError) as err:
             failed += 1
             print(dumps_record({"run": run_dir.name, "state": "unreadable", "error": str(err)}, ensure_ascii=False),
                   flush=True)
     return 1 if failed else 0
+
+
+def with_plan(status: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """A run's status with its resolved plan (run_state/plan.json, briefly), once a launch has written it."""
+    from kaiyuan_recipes.config.plan_file import plan_brief, read_plan
+
+    record = read_plan(run_dir)
+    return status if record is None else {**status, "plan": plan_brief(record)}
 
 
 def logs(args: Any) -> int:

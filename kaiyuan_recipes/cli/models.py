@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from kaiyuan_recipes.config.recipe_tree import known_recipes
 from kaiyuan_recipes.models.registry import available_models
 from kaiyuan_recipes.models.shape import ModelShape
-from kaiyuan_recipes.recipe_tree import known_recipes
 
 
 def add_parser(sub: Any) -> None:

@@ -21,7 +21,8 @@ def add_slurm_arguments(p: Any) -> None:
     p.add_argument("--signal-grace", type=int, default=300,
                    help="seconds before the time limit that the ranks get SIGTERM to save (--signal=TERM@N)")
     p.add_argument("--retries", type=int, default=0, help="requeue a failed job this many times")
-    p.add_argument("--dry-run", action="store_true", help="print the sbatch script; submit nothing")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the sbatch script (--slurm) or each node's command (--hosts); start nothing")
 
 
 def start_slurm(args: Any, overrides: list[str], cfg: Any, run: Any) -> int:
@@ -38,11 +39,16 @@ def start_slurm(args: Any, overrides: list[str], cfg: Any, run: Any) -> int:
                      tunnel=args.tunnel, identity_file=args.identity_file,
                      cluster_run_dir=str(PurePosixPath(cluster_root, args.run_name)) if args.cluster_run_root else None,
                      signal_grace_s=args.signal_grace, retries=args.retries)
-    validate(cfg, spec.nodes * spec.ranks_per_node, run.max_positions)
+    validate(cfg, spec.nodes * spec.ranks_per_node, run.max_positions, spec_decided=not run.decided_on_node)
     # The job writes where the cluster sees the run directory (the same path on the login node).
     target = ["-m", ENTRY_MODULE, args.recipe, *overrides, f"kaiyuan.run_root={cluster_root}"]
     job = SlurmRun(run.run_dir, spec)
     if args.dry_run:
+        import sys
+
+        from kaiyuan_recipes.cli.lifecycle import node_decides_note
+
+        print(node_decides_note(run), file=sys.stderr)
         print(job.sbatch_script(target), end="")
         return 0
     job_id = job.start(target, {"recipe": args.recipe, "train_iters": cfg.train.train_iters})[0]

@@ -123,7 +123,7 @@ def plan_categories(plan: dict[str, Any], sources: dict[str, list[Source]]) -> d
 
 def plan_path(name_or_path: str) -> Path:
     """A plan shipped under recipes/plans/ by name, or a YAML path."""
-    from kaiyuan_recipes.recipe_tree import shipped_yaml
+    from kaiyuan_recipes.config.recipe_tree import shipped_yaml
 
     try:
         return shipped_yaml("plans", name_or_path, "plan")

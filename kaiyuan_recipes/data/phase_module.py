@@ -20,7 +20,7 @@ from kaiyuan_recipes.data.blend import (
 
 
 def curriculum_path(name_or_path: str) -> Path:
-    from kaiyuan_recipes.recipe_tree import shipped_yaml
+    from kaiyuan_recipes.config.recipe_tree import shipped_yaml
 
     try:
         return shipped_yaml("curricula", name_or_path, "curriculum")
@@ -117,7 +117,7 @@ def _recorded_scheduler(checkpoint_dir: str | None) -> dict[str, Any]:
     """The scheduler section of the newest checkpoint's run_config.yaml under `checkpoint_dir` ({} if none)."""
     import yaml
 
-    from kaiyuan_recipes.run_layout import RUN_CONFIG_FILE, RunLayout
+    from kaiyuan_recipes.config.run_layout import RUN_CONFIG_FILE, RunLayout
 
     latest = RunLayout.latest_iteration_dir(Path(checkpoint_dir)) if checkpoint_dir else None
     if latest is None:

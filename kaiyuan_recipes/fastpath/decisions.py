@@ -9,7 +9,7 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
-from kaiyuan_recipes.training.knobs import AUTO, Knobs
+from kaiyuan_recipes.config.knobs import AUTO, Knobs
 
 
 @dataclass(frozen=True)

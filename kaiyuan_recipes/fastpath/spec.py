@@ -18,7 +18,7 @@ from megatron.core.models.common.embeddings import rope_utils
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 
-from kaiyuan_recipes.training.knobs import SDPA_BACKENDS
+from kaiyuan_recipes.config.knobs import SDPA_BACKENDS
 
 # kaiyuan.sdpa_backend: which SDPA kernels to try first, the rest kept as fallbacks. cuDNN's attention is
 # the faster one on Hopper in NVIDIA's numbers, but below flash in torch's default priority.

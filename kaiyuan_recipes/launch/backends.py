@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kaiyuan_recipes.config.run_layout import RunLayout
 from kaiyuan_recipes.launch.lifecycle import LocalRun
 from kaiyuan_recipes.launch.run import Run
 from kaiyuan_recipes.launch.slurm import SlurmRun
 from kaiyuan_recipes.launch.ssh import MultiNodeRun
-from kaiyuan_recipes.run_layout import RunLayout
 
 
 def open_run(run_dir: Path) -> Run:

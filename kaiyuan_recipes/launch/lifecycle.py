@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kaiyuan_recipes.atomic import redacted_env, write_text_atomic
+from kaiyuan_recipes.config.run_layout import read_metrics
 from kaiyuan_recipes.launch import membership
 from kaiyuan_recipes.launch.failure import last_exception, log_tail
 from kaiyuan_recipes.launch.identity import IdentityError, ProcessIdentity
@@ -41,7 +42,6 @@ from kaiyuan_recipes.launch.supervise import (
     run_foreground,
     terminate,
 )
-from kaiyuan_recipes.run_layout import read_metrics
 
 # Environment variables recorded with a run (never tokens or keys).
 RECORDED_ENV = ("CUDA_VISIBLE_DEVICES", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_DEBUG", "HF_ENDPOINT",

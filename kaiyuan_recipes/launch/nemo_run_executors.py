@@ -21,9 +21,9 @@ from nemo_run.run.torchx_backend.schedulers import api as nemo_run_schedulers
 from torchx.schedulers.api import AppDryRunInfo, DescribeAppResponse, ListAppResponse, Scheduler, Stream
 from torchx.specs import AppDef, AppState, Role
 
+from kaiyuan_recipes.config.run_layout import RunLayout
 from kaiyuan_recipes.launch.ssh import MultiNodeRun, MultiNodeSpec
 from kaiyuan_recipes.launch.torchrun import ENTRY_MODULE
-from kaiyuan_recipes.run_layout import RunLayout
 
 SCHEDULER = "kaiyuan_ssh"
 

@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, TextIO
 
-from kaiyuan_recipes.run_layout import RunLayout
+from kaiyuan_recipes.config.run_layout import RunLayout
 
 
 class RunError(RuntimeError):

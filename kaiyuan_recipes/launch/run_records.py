@@ -1,4 +1,4 @@
-"""Reading the records a run keeps in run_state/ (run_layout.py names them). They are input: a file kaiyuan would
+"""Reading the records a run keeps in run_state/ (config/run_layout.py names them). They are input: a file kaiyuan would
 not have written (cut short, edited, from another tool) is a RunStateError that names the file, never a traceback
 and never a guess."""
 
@@ -9,8 +9,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from kaiyuan_recipes.config.run_layout import RunLayout
 from kaiyuan_recipes.launch.run import RunError
-from kaiyuan_recipes.run_layout import RunLayout
 
 NUMBER = (int, float)
 

@@ -17,7 +17,7 @@ exception in the node logs when it failed and the last iteration and checkpoint 
 --signal=TERM` (the ranks save), then `scancel` after the grace period (refused for a job that has ended);
 logs = the node logs; all through the tunnel, as argument lists quoted with shlex. What the job asks of Slurm
 is launch/slurm_spec.py (SlurmSpec, checked for the places of the script its values go). State:
-run_state/slurm.json (run_layout.py)."""
+run_state/slurm.json (config/run_layout.py)."""
 
 from __future__ import annotations
 
@@ -33,11 +33,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kaiyuan_recipes.atomic import redacted_env, write_text_atomic
+from kaiyuan_recipes.config.run_layout import LATEST_ITERATION_FILE, RunLayout
 from kaiyuan_recipes.launch.failure import TAIL_BYTES, last_exception
 from kaiyuan_recipes.launch.run import Run, RunError
 from kaiyuan_recipes.launch.slurm_spec import SlurmSpec, job_name, time_limit_seconds
 from kaiyuan_recipes.launch.ssh import Node
-from kaiyuan_recipes.run_layout import LATEST_ITERATION_FILE, RunLayout
 
 # sacct's states of a job that has not ended, as `kaiyuan status` words them; the ended ones: run_state().
 STATES = {"PENDING": "pending", "REQUEUED": "pending", "REQUEUE_HOLD": "pending", "REQUEUE_FED": "pending",

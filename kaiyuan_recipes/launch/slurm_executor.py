@@ -22,8 +22,8 @@ import nemo_run as run
 from nemo_run.core.execution.slurm import SlurmJobDetails
 
 from kaiyuan_recipes.compat.nemo_run import quote_srun_arguments
+from kaiyuan_recipes.config.run_layout import RunLayout
 from kaiyuan_recipes.launch.slurm_spec import SlurmSpec, mount_path, one_line
-from kaiyuan_recipes.run_layout import RunLayout
 
 __all__ = ["PerNodeLogs", "SlurmSpec", "make_tunnel", "slurm_executor", "torchrun_task"]
 

@@ -5,7 +5,7 @@ variables passed through, one log per node, stop = SIGTERM to every node's super
 ranks (SIGKILL to the group after the grace period), and a node that dies fails the job and stops the others.
 
 Every remote command is built from argument lists and quoted with shlex: a run name or override holding
-shell metacharacters reaches the program as one literal argument. State (run_layout.py): run_state/multinode.json
+shell metacharacters reaches the program as one literal argument. State (config/run_layout.py): run_state/multinode.json
 on the launching machine; per node, run_state/nodes/<rank>/ (the node supervisor's records) and logs/node<rank>.log
 on that node."""
 
@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kaiyuan_recipes.atomic import redacted_env, write_text_atomic
+from kaiyuan_recipes.config.run_layout import EXIT_FILE, IDENTITY_FILE, RunLayout
 from kaiyuan_recipes.launch.failure import TAIL_BYTES, last_exception
 from kaiyuan_recipes.launch.run import Run, RunError
 from kaiyuan_recipes.launch.torchrun import TorchrunSpec
-from kaiyuan_recipes.run_layout import EXIT_FILE, IDENTITY_FILE, RunLayout
 
 # Passed from the launching environment to every node (never secrets).
 PASS_THROUGH_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_DEBUG", "NCCL_IB_HCA", "NCCL_IB_DISABLE",

@@ -1,6 +1,6 @@
 """The detached supervisor of a run: `python -m kaiyuan_recipes.launch.supervise STATE_DIR -- ARGV…`.
 It leads the run's process group, runs ARGV, and records the exit code (and signal) in STATE_DIR/exit.json when
-it ends (the file names: run_layout.py), so `kaiyuan status` can tell finished from failed from stopped.
+it ends (the file names: config/run_layout.py), so `kaiyuan status` can tell finished from failed from stopped.
 
 A stop is SIGTERM to the supervisor, which hands it to the training ranks only — the children of each
 torchrun agent below it. Not to the whole group: torchrun answers SIGTERM by killing its ranks 30 s later
@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 from kaiyuan_recipes.atomic import write_text_atomic
+from kaiyuan_recipes.config.run_layout import CHILD_PID_FILE, EXIT_FILE, IDENTITY_FILE, PHASE_FILE, STOP_FILE
 from kaiyuan_recipes.launch import membership
 from kaiyuan_recipes.launch.identity import IdentityError, ProcessIdentity
 from kaiyuan_recipes.launch.run import RunError
 from kaiyuan_recipes.launch.run_records import read_exit, read_object
-from kaiyuan_recipes.run_layout import CHILD_PID_FILE, EXIT_FILE, IDENTITY_FILE, PHASE_FILE, STOP_FILE
 
 SUPERVISED_ENV = "KAIYUAN_SUPERVISED"  # set for the command a supervisor runs: it records nothing itself
 

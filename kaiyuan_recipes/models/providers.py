@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from kaiyuan_recipes import compat
-from kaiyuan_recipes.training.knobs import LAYER_SPECS
+from kaiyuan_recipes.config.knobs import LAYER_SPECS
 
 ACTIVATIONS = ("silu", "gelu", "relu")
 # Stated in model.yaml for validation and HF export; RoPE models have no position table.

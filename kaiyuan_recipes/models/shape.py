@@ -32,7 +32,7 @@ class ModelShape:
     @classmethod
     def for_recipe(cls, name: str) -> "ModelShape":
         """recipes/<name>/model.yaml with the recipe's dataset.seq_length."""
-        from kaiyuan_recipes.recipe_tree import load_model_file, load_recipe_tree
+        from kaiyuan_recipes.config.recipe_tree import load_model_file, load_recipe_tree
 
         seq_length = int(load_recipe_tree(name).dataset.seq_length)
         return cls({**load_model_file(name), "seq_length": seq_length})

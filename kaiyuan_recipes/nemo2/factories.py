@@ -25,8 +25,8 @@ from nemo.collections.llm.recipes.qwen3 import qwen3_trainer  # noqa: E402
 from nemo.lightning.pytorch.optim import MegatronOptimizerModule, WarmupHoldAnnealScheduler  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
+from kaiyuan_recipes.config.recipe_tree import load_recipe_tree  # noqa: E402
 from kaiyuan_recipes.models.shape import ModelShape  # noqa: E402
-from kaiyuan_recipes.recipe_tree import load_recipe_tree  # noqa: E402
 
 
 def model_config(recipe: str) -> run.Config:

@@ -16,13 +16,13 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from kaiyuan_recipes import compat, fastpath
+from kaiyuan_recipes.config import overrides as ov
+from kaiyuan_recipes.config.knobs import Knobs
+from kaiyuan_recipes.config.recipe_tree import load_recipe_tree
+from kaiyuan_recipes.config.run_layout import RunLayout
 from kaiyuan_recipes.fastpath.decisions import FastPathPlan
 from kaiyuan_recipes.models.providers import resolve_layer_spec
 from kaiyuan_recipes.models.shape import ModelShape
-from kaiyuan_recipes.recipe_tree import load_recipe_tree
-from kaiyuan_recipes.run_layout import RunLayout
-from kaiyuan_recipes.training import overrides as ov
-from kaiyuan_recipes.training.knobs import Knobs
 
 # Megatron's NullTokenizer appends EOD after the base vocabulary: with 151,643 base ranks the EOD id
 # is 151,643, the same id <|endoftext|> has in the Qwen2 tokenizer.
@@ -35,6 +35,20 @@ ZERO_STAGES = {
     1: dict(use_distributed_optimizer=True, data_parallel_sharding_strategy="optim", use_megatron_fsdp=False),
     2: dict(use_distributed_optimizer=True, data_parallel_sharding_strategy="optim_grads", use_megatron_fsdp=True),
 }
+@dataclass(frozen=True)
+class NodeDecisions:
+    """What the host-dependent `auto`s became on the node that trains (training/plan.py records them in the run's
+    plan file): handed to build_config, they are taken as decided instead of being decided again."""
+
+    layer_spec: str
+    fastpath: FastPathPlan
+
+
+# build_config(decide_here=False): a launch host (an SSH or Slurm login node) that does not train. What it builds
+# is for checking and showing the plan; the layer spec and the fast path are decided on the training node.
+STAND_IN_SPEC = "local"
+
+
 @dataclass
 class RunSettings(Knobs):
     """The `kaiyuan.*` knobs resolved for one run: the layer spec decided (never `auto`), where the run lives, and
@@ -45,6 +59,15 @@ class RunSettings(Knobs):
     max_positions: int | None = None
     fastpath: FastPathPlan | None = None
     wgrad_fusion_without_apex: str | None = None  # what compat.wgrad_fusion_without_apex did, if anything
+    # "this host": decided where build_config ran; "plan": taken from the run's plan file (NodeDecisions); "node":
+    # not decided here (a launch host), the training node decides
+    decided: str = "this host"
+    layer_spec_knob: str = "auto"  # kaiyuan.layer_spec as given (layer_spec holds what it was decided to be)
+    container_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)  # field -> value, as applied
+
+    @property
+    def decided_on_node(self) -> bool:
+        return self.decided == "node"
 
     @property
     def layout(self) -> RunLayout:
@@ -93,12 +116,19 @@ def _build_section(name: str, cls: type, values: dict[str, Any], recipe: str) ->
     return cls(**values)
 
 
-def resolve_run_settings(recipe: str, values: dict[str, Any]) -> RunSettings:
+def resolve_run_settings(recipe: str, values: dict[str, Any], decided: NodeDecisions | None = None,
+                         decide_here: bool = True) -> RunSettings:
     knobs = Knobs.from_mapping(values)
     run_name = knobs.run_name or recipe
-    layer_spec = resolve_layer_spec(knobs.layer_spec, knobs.deterministic)
-    return RunSettings(**{**knobs.knob_values(), "layer_spec": layer_spec},
-                       recipe=recipe, run_dir=Path(knobs.run_root).expanduser().resolve() / run_name)
+    if decided is not None:
+        layer_spec, how = decided.layer_spec, "plan"
+    elif not decide_here:
+        layer_spec, how = STAND_IN_SPEC, "node"
+    else:
+        layer_spec, how = resolve_layer_spec(knobs.layer_spec, knobs.deterministic), "this host"
+    return RunSettings(**{**knobs.knob_values(), "layer_spec": layer_spec}, decided=how,
+                       layer_spec_knob=knobs.layer_spec, recipe=recipe,
+                       run_dir=Path(knobs.run_root).expanduser().resolve() / run_name)
 
 
 def _apply_zero_stage(cfg: Any, stage: int) -> None:
@@ -228,8 +258,12 @@ def _sample_window(cfg: Any) -> None:
         corpus_tokens=int(sum(cfg.dataset.blend[1])))
 
 
-def build_config(recipe: str, overrides: list[str] | None = None) -> tuple[Any, RunSettings]:
-    """The complete ConfigContainer for `recipe`, and the resolved run settings."""
+def build_config(recipe: str, overrides: list[str] | None = None, decided: NodeDecisions | None = None,
+                 decide_here: bool = True) -> tuple[Any, RunSettings]:
+    """The complete ConfigContainer for `recipe`, and the resolved run settings. `decided`: the layer spec and the
+    fast path as the run's plan file records them (taken, not decided again); `decide_here=False`: on a host that
+    launches but does not train, the layer spec and fast path are left to the training node (RunSettings.decided
+    says "node"; a stand-in spec is built)."""
     compat.import_megatron_bridge()
     from megatron.bridge.training.config import ConfigContainer, DistributedDataParallelConfig
 
@@ -240,7 +274,7 @@ def build_config(recipe: str, overrides: list[str] | None = None) -> tuple[Any, 
     tree = load_recipe_tree(recipe)
     ov.apply_to_tree(tree, knob_overrides)
     data = OmegaConf.to_container(tree, resolve=True)
-    run = resolve_run_settings(recipe, data.pop("kaiyuan", {}))
+    run = resolve_run_settings(recipe, data.pop("kaiyuan", {}), decided, decide_here)
     from kaiyuan_recipes.training.profiling import profiling_config
 
     profiling = profiling_config(data.pop("profile", {}))
@@ -267,15 +301,16 @@ def build_config(recipe: str, overrides: list[str] | None = None) -> tuple[Any, 
         cfg.model.deterministic_mode = True
         cfg.model.cross_entropy_loss_fusion = False  # upstream: not deterministic
     _apply_run_layout(cfg, run)
-    # Twice: the data source reads the final batch and sequence length (a curriculum turns token budgets into
-    # iterations with them), and the user's overrides then win over what the source set.
-    ov.apply_to_container(cfg, container_overrides)
+    # Once, before the data source: it reads the final batch and sequence length (a curriculum turns token budgets
+    # into iterations with them); the overridden fields then keep the user's values over what the source set.
+    run.container_overrides = ov.apply_to_container(cfg, container_overrides)
     _apply_data_source(cfg, run)
-    ov.apply_to_container(cfg, container_overrides)
+    ov.keep_values(cfg, run.container_overrides)
     _keep_for_average(cfg, run.average_last)
     if not any(ov.split_key(o)[0] == "model.seq_length" for o in container_overrides):
         cfg.model.seq_length = cfg.dataset.seq_length  # an override of dataset.seq_length reaches the model
-    run.fastpath = fastpath.plan(cfg, run)  # on the final config (an override may add TP or experts)
+    # on the final config (an override may add TP or experts), unless the run's plan decided it already
+    run.fastpath = decided.fastpath if decided is not None else fastpath.plan(cfg, run)
     fastpath.apply(cfg, run.fastpath)
     _wgrad_fusion_as_decided(cfg, run, container_overrides)
     _megatron_fsdp_grads_as_declared(cfg)

@@ -15,8 +15,9 @@ from kaiyuan_recipes import compat, fastpath
 from kaiyuan_recipes.launch.membership import join_run_from_env
 from kaiyuan_recipes.launch.stacks import enable_stack_dumps
 from kaiyuan_recipes.training import run_logging
-from kaiyuan_recipes.training.config import RunSettings, build_config, deterministic_env
+from kaiyuan_recipes.training.config import RunSettings, deterministic_env
 from kaiyuan_recipes.training.phase_file import SETTING_UP, supervised_state_dir, write_phase
+from kaiyuan_recipes.training.plan import plan_line, resolve_for_rank
 from kaiyuan_recipes.training.validate import validate
 
 
@@ -57,10 +58,13 @@ def main(argv: list[str] | None = None) -> None:
     if phase_dir is not None:
         write_phase(phase_dir, f"{SETTING_UP}: building the config")
     compat.apply()
-    cfg, run = build_config(argv[0], argv[1:])
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    # Rank 0 resolves (every `auto` decided here, on the training node), checks, and writes run_state/plan.json;
+    # the other ranks take its plan (training/plan.py)
+    cfg, run, record = resolve_for_rank(argv[0], argv[1:], check=lambda c, r: validate(c, world_size, r.max_positions))
     os.environ.update(deterministic_env(cfg))  # before CUDA and NCCL read them
-    validate(cfg, int(os.environ.get("WORLD_SIZE", "1")), run.max_positions)
     prepare_run_dirs(run)
+    print(plan_line(record, int(os.environ.get("RANK", "0"))), flush=True)
     phase_dir = phase_dir or run.layout.state
 
     from kaiyuan_recipes.training.run_phase import (

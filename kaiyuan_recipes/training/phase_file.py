@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 from kaiyuan_recipes.atomic import write_text_atomic
+from kaiyuan_recipes.config.run_layout import PHASE_FILE
 from kaiyuan_recipes.launch.membership import STATE_ENV
-from kaiyuan_recipes.run_layout import PHASE_FILE
 
 SETTING_UP = "setting up"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kaiyuan_recipes.run_layout import RunLayout
+from kaiyuan_recipes.config.run_layout import RunLayout
 
 # PNG name -> (title, candidate TensorBoard tags, first found wins)
 PANELS = {

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kaiyuan_recipes import compat
-from kaiyuan_recipes.run_layout import RunLayout
+from kaiyuan_recipes.config.run_layout import RunLayout
 from kaiyuan_recipes.training.phase_file import SETTING_UP, write_phase
 
 compat.apply()

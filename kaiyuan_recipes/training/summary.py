@@ -8,9 +8,12 @@ import os
 import shlex
 from typing import Any
 
+from kaiyuan_recipes.config.plan_file import NODE_DECIDES
 from kaiyuan_recipes.models.param_count import count_parameters
 from kaiyuan_recipes.training.config import RunSettings
 from kaiyuan_recipes.training.validate import ConfigError
+
+SPEC_DEPENDENT = ("layer_spec", "transformer_impl", "cuda_graph_impl", "gradient_accumulation_fusion")
 
 
 def resolve_with_upstream(cfg: Any, world_size: int) -> Any:
@@ -56,13 +59,17 @@ def summarize(cfg: Any, run: RunSettings, layout: dict[str, int], launch_argv: l
             "layers": cfg.model.num_layers,
             "hidden": cfg.model.hidden_size,
             "heads/groups": f"{cfg.model.num_attention_heads}/{cfg.model.num_query_groups}",
-            "layer_spec": getattr(cfg.model.transformer_layer_spec, "__name__", str(cfg.model.transformer_layer_spec)),
-            "transformer_impl": cfg.model.transformer_impl,
             "deterministic": bool(getattr(cfg.model, "deterministic_mode", False)),
-            "cuda_graph_impl": cfg.model.cuda_graph_impl,
-            "gradient_accumulation_fusion": bool(cfg.model.gradient_accumulation_fusion),
+            # what the layer spec decides (a launch host built a stand-in: its values would be the login node's)
+            **({key: NODE_DECIDES for key in SPEC_DEPENDENT} if run.decided_on_node else {
+                "layer_spec": getattr(cfg.model.transformer_layer_spec, "__name__",
+                                      str(cfg.model.transformer_layer_spec)),
+                "transformer_impl": cfg.model.transformer_impl,
+                "cuda_graph_impl": cfg.model.cuda_graph_impl,
+                "gradient_accumulation_fusion": bool(cfg.model.gradient_accumulation_fusion)}),
         },
-        "fast_path": run.fastpath.summary(),
+        "decided": decided_where(run),
+        "fast_path": NODE_DECIDES if run.decided_on_node else run.fastpath.summary(),
         "batch": {
             "global_batch_size": cfg.train.global_batch_size,
             "micro_batch_size": cfg.train.micro_batch_size,
@@ -105,6 +112,18 @@ def summarize(cfg: Any, run: RunSettings, layout: dict[str, int], launch_argv: l
                       if cfg.profiling is not None and cfg.profiling.use_pytorch_profiler else "off"),
         "launch_command": shlex.join(launch_argv),
     }
+
+
+def decided_where(run: RunSettings) -> dict[str, str]:
+    """Where the host-dependent `auto`s (layer spec, fast path) are decided, and what the layer spec became."""
+    from kaiyuan_recipes.training.plan import layer_spec_reason
+
+    if run.decided_on_node:
+        return {"on": f"the training node (recorded in {run.layout.plan})", "layer_spec": NODE_DECIDES}
+    import socket
+
+    return {"on": f"this host ({socket.gethostname()}); the run's plan: {run.layout.plan}",
+            "layer_spec": f"{run.layer_spec} ({layer_spec_reason(run)})"}
 
 
 def data_description(cfg: Any, run: RunSettings) -> str:

@@ -103,7 +103,9 @@ def check_blends(dataset: Any) -> None:
         check_blend("dataset.data_path", get_blend_from_list(paths))
 
 
-def validate(cfg: Any, world_size: int, max_positions: int | None) -> dict[str, int]:
+def validate(cfg: Any, world_size: int, max_positions: int | None, spec_decided: bool = True) -> dict[str, int]:
+    """Every cross-check of a built config, before any GPU work; the parallel layout. `spec_decided=False`: built on
+    a launch host with a stand-in layer spec (the training node decides it), so the spec's own checks wait."""
     m, seq = cfg.model, cfg.dataset.seq_length
     if m.seq_length != seq:
         raise ConfigError(f"model.seq_length={m.seq_length} differs from dataset.seq_length={seq}; set them equal")
@@ -117,7 +119,7 @@ def validate(cfg: Any, world_size: int, max_positions: int | None) -> dict[str, 
     if groups % m.tensor_model_parallel_size:
         raise ConfigError(f"model.num_query_groups={groups} is not divisible by "
                           f"tensor_model_parallel_size={m.tensor_model_parallel_size}")
-    if m.sequence_parallel and m.transformer_impl == "local" and local_spec_norms_are_torchs():
+    if spec_decided and m.sequence_parallel and m.transformer_impl == "local" and local_spec_norms_are_torchs():
         raise ConfigError("model.sequence_parallel=true needs Transformer Engine or Apex norms: without them the local "
                           "and fast specs use torch's RMSNorm / LayerNorm, which megatron-core refuses under sequence "
                           "parallelism (megatron/core/transformer/torch_norm.py); set model.sequence_parallel=false")

@@ -64,7 +64,7 @@ while :; do
 import sys
 from pathlib import Path
 from kaiyuan_recipes.launch.backends import open_run
-from kaiyuan_recipes.run_layout import read_metrics
+from kaiyuan_recipes.config.run_layout import read_metrics
 run = Path(sys.argv[1])
 steps = [r for r in read_metrics(run / "run_state") if r.get("event") == "step"]
 if steps and steps[-1]["iteration"] >= int(sys.argv[2]):

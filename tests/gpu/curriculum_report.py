@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from provenance import provenance, write_json  # noqa: E402
 
-from kaiyuan_recipes.run_layout import read_metrics  # noqa: E402
+from kaiyuan_recipes.config.run_layout import read_metrics  # noqa: E402
 
 GBS = 8
 PHASES = {1: (1, 20), 2: (21, 50), 3: (51, 65)}

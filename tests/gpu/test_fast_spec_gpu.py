@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from kaiyuan_recipes.recipe_tree import load_model_file
+from kaiyuan_recipes.config.recipe_tree import load_model_file
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(DEVICE != "cuda", reason="needs CUDA")]

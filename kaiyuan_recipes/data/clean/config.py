@@ -234,7 +234,7 @@ def load_config(path: Path | str | None) -> CleanConfig:
     """A YAML path, a name shipped under recipes/cleaning/ (web, edu, chinese, code), or None for `web`."""
     import yaml
 
-    from kaiyuan_recipes.recipe_tree import shipped_yaml
+    from kaiyuan_recipes.config.recipe_tree import shipped_yaml
 
     try:
         resolved = shipped_yaml("cleaning", str(path or "web"), "cleaning config")

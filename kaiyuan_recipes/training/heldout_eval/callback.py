@@ -27,6 +27,7 @@ compat.apply()
 from megatron.bridge.training.callbacks import Callback  # noqa: E402
 
 from kaiyuan_recipes.atomic import write_text_atomic  # noqa: E402
+from kaiyuan_recipes.config.run_layout import METRICS_FILE, RunLayout  # noqa: E402
 from kaiyuan_recipes.data.heldout_scoring import (  # noqa: E402
     OVERALL,
     Sample,
@@ -36,7 +37,6 @@ from kaiyuan_recipes.data.heldout_scoring import (  # noqa: E402
     sample_rows,
     scoring_pairs,
 )
-from kaiyuan_recipes.run_layout import METRICS_FILE, RunLayout  # noqa: E402
 
 METRICS = ("nll_per_token", "ppl", "bits_per_byte", "mcq_acc_avg_norm", "mcq_acc_sum")
 EVENT = "heldout_eval"

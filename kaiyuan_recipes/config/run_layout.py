@@ -24,6 +24,7 @@ PHASE_FILE = "phase.json"  # what the run is doing now (training/run_phase.py): 
 # Megatron's checkpoint folder: one iter_NNNNNNN/ per save, each with the config it was trained with.
 LATEST_ITERATION_FILE = "latest_checkpointed_iteration.txt"
 RUN_CONFIG_FILE = "run_config.yaml"
+PLAN_FILE = "plan.json"  # the run's resolved plan, written once per launch by rank 0 (config/plan_file.py)
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,11 @@ class RunLayout:
     def command(self) -> Path:
         """The exact command of a detached run, its recorded environment, the recipe and train_iters."""
         return self.state / "command.json"
+
+    @property
+    def plan(self) -> Path:
+        """The resolved plan the ranks train with (config/plan_file.py)."""
+        return self.state / PLAN_FILE
 
     @property
     def metrics(self) -> Path:

@@ -22,7 +22,7 @@ def recipes_root() -> Path:
     try:
         return Path(str(resources.files("kaiyuan_recipes.recipe_files")))
     except ModuleNotFoundError:
-        return Path(__file__).resolve().parent.parent / "recipes"
+        return Path(__file__).resolve().parents[2] / "recipes"
 
 
 def shipped_yaml(folder: str, name_or_path: str, what: str) -> Path:

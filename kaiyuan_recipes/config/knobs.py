@@ -1,7 +1,7 @@
 """The `kaiyuan:` section of a recipe: our own settings, beside Megatron-Bridge's ConfigContainer sections.
 
 One typed dataclass; each field's documentation is here and only here. The README's knob table is generated
-from it (`python -m kaiyuan_recipes.training.knobs --write README.md`; tests/test_knobs.py fails when they
+from it (`python -m kaiyuan_recipes.config.knobs --write README.md`; tests/test_knobs.py fails when they
 differ), and recipes/_base/*.yaml set every field's recipe default (tested to equal the fields)."""
 
 from __future__ import annotations
@@ -60,7 +60,8 @@ class Knobs:
     wgrad_fusion: bool | str = knob(AUTO, "Weight gradients accumulated straight into the fp32 main grad (fast "
                                           "spec, ZeRO 0/1). auto = with the CUDA graph.", TRI_STATE)
     # Where the run lives
-    run_root: str = knob("./runs", "Runs live in <run_root>/<run_name>/ (layout: kaiyuan_recipes/run_layout.py).")
+    run_root: str = knob("./runs", "Runs live in <run_root>/<run_name>/ (layout: "
+                                   "kaiyuan_recipes/config/run_layout.py).")
     run_name: str | None = knob(None, "Default: the recipe name.")
     average_last: int = knob(0, "Keep at least this many newest checkpoints for `kaiyuan average RUN --last N` "
                                 "(raises checkpoint.most_recent_k to it; 0 = keep-last-K as set).")

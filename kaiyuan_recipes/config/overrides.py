@@ -84,10 +84,11 @@ def _to_field(cfg: Any, override: str) -> str:
     return override[: len(override) - len(override.lstrip("+~"))] + f"dataset.sequence_length={value}"
 
 
-def apply_to_container(cfg: Any, overrides: list[str]) -> None:
-    """Apply overrides to a ConfigContainer through Megatron-Bridge's process_config_with_overrides."""
+def apply_to_container(cfg: Any, overrides: list[str]) -> dict[str, Any]:
+    """Apply overrides to a ConfigContainer through Megatron-Bridge's process_config_with_overrides; returns each
+    overridden field (dotted) with the value it now has, so a later step can keep the user's value."""
     if not overrides:
-        return
+        return {}
     from megatron.bridge.training.utils.omegaconf_utils import OverridesError, process_config_with_overrides
 
     overrides = [_to_field(cfg, o) for o in overrides]
@@ -110,6 +111,14 @@ def apply_to_container(cfg: Any, overrides: list[str]) -> None:
             raise OverrideError(f"override {key}={new!r}: expected a {type(old).__name__}")
         if isinstance(new, str) and _is_dtype_field(cfg, key):
             _set(cfg, key, _dtype(key, new))
+    return {key: _get(cfg, key) for key in before}
+
+
+def keep_values(cfg: Any, values: dict[str, Any]) -> None:
+    """Set each dotted field of `values` again (apply_to_container's result): the user's overrides win over what a
+    later step (the data source) set, without applying the overrides a second time."""
+    for key, value in values.items():
+        _set(cfg, key, value)
 
 
 # torch.dtype fields (e.g. ddp.megatron_fsdp_grad_comm_dtype) arrive from the command line as text; upstream's

@@ -1,0 +1,117 @@
+"""One resolved plan per run: overrides reach the container by one route, rank 0 writes run_state/plan.json once
+and the other ranks train with it, a launch host leaves `auto` to the training node, and status shows the plan."""
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from slurm_cluster import devnull_stdin  # noqa: F401 (fixture: the Slurm dry run's NeMo-Run reads stdin)
+
+from kaiyuan_recipes.config.plan_file import plan_digest, read_plan, write_plan
+from kaiyuan_recipes.config.run_layout import RunLayout
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_a_command_line_override_reaches_the_container_once(tmp_path, monkeypatch):
+    from kaiyuan_recipes import compat
+    from kaiyuan_recipes.training.config import build_config
+
+    compat.import_megatron_bridge()  # its import-time workarounds first
+    from megatron.bridge.training.utils import omegaconf_utils
+
+    seen = []
+    upstream = omegaconf_utils.process_config_with_overrides
+
+    def counting(cfg, cli_overrides=None, **kw):
+        seen.extend(cli_overrides or [])
+        return upstream(cfg, cli_overrides=cli_overrides, **kw)
+
+    monkeypatch.setattr(omegaconf_utils, "process_config_with_overrides", counting)
+    cfg, run = build_config("gpt_smoke", ["kaiyuan.data=sample", f"kaiyuan.run_root={tmp_path}",
+                                          "train.train_iters=7", "dataset.blend_per_split=null"])
+    assert seen.count("train.train_iters=7") == 1
+    assert cfg.train.train_iters == 7
+    # the data source set dataset.blend_per_split=None itself; the user's value is kept, not applied again
+    assert cfg.dataset.blend_per_split is None and cfg.dataset.blend is not None
+
+
+RANK_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    from kaiyuan_recipes.training import config
+    if os.environ["RANK"] != "0":
+        def decided_again(*a, **k):
+            raise AssertionError("a rank other than 0 decided the layer spec again")
+        config.resolve_layer_spec = decided_again
+    from kaiyuan_recipes.config.plan_file import plan_digest
+    from kaiyuan_recipes.training.plan import resolve_for_rank
+    cfg, run, record = resolve_for_rank("gpt_smoke", sys.argv[2:])
+    with open(os.path.join(sys.argv[1], "rank" + os.environ["RANK"] + ".json"), "w") as fh:
+        json.dump({"digest": plan_digest(record), "layer_spec": run.layer_spec, "decided": run.decided,
+                   "fast_path": {k: p.on for k, p in run.fastpath.pieces.items()},
+                   "train_iters": cfg.train.train_iters}, fh)
+""")
+
+
+def test_rank_0_writes_the_plan_once_and_the_other_rank_trains_with_it(tmp_path):
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    overrides = ["kaiyuan.data=mock", f"kaiyuan.run_root={tmp_path}", "kaiyuan.run_name=r", "train.train_iters=3"]
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone",
+                          str(script), str(tmp_path), *overrides], capture_output=True, text=True, timeout=900,
+                         cwd=REPO)
+    assert out.returncode == 0, out.stderr[-4000:]
+    plan = read_plan(tmp_path / "r")
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["digest"] for r in ranks] == [plan_digest(plan)] * 2
+    assert ranks[0]["decided"] == "this host" and ranks[1]["decided"] == "plan"
+    for rank in ranks:
+        assert rank["layer_spec"] == plan["layer_spec"]["decided"]
+        assert rank["fast_path"] == {k: p["on"] for k, p in plan["fast_path"].items()}
+        assert rank["train_iters"] == plan["container"]["train"]["train_iters"] == 3
+    assert plan["overrides"] == overrides and plan["world_size"] == 2
+    assert [p.name for p in RunLayout(tmp_path / "r").state.iterdir()] == ["plan.json"]  # once, no leftovers
+
+
+@pytest.mark.parametrize("backend", [["--slurm", "batch", "--gpus-per-node", "8"],
+                                     ["--hosts", "gpu1,gpu2", "--nproc-per-node", "8"]])
+def test_a_launch_hosts_dry_run_leaves_the_layer_spec_to_the_training_node(tmp_path, monkeypatch, capsys, backend):
+    from kaiyuan_recipes.cli.main import main
+    from kaiyuan_recipes.training import config
+
+    def decided_here(*a, **k):
+        raise AssertionError("the launch host decided the layer spec")
+
+    monkeypatch.setattr(config, "resolve_layer_spec", decided_here)
+    monkeypatch.chdir(tmp_path)
+    rc = main(["start", "gpt_smoke", "exp", *backend, "--dry-run", "kaiyuan.data=mock",
+               "train.global_batch_size=128"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err[-3000:]
+    assert "layer spec and fast path: decided on the training node" in out.err
+    assert "kaiyuan_recipes.training.entry gpt_smoke" in out.out
+    assert not (tmp_path / "runs" / "exp").exists()
+
+
+def test_status_shows_the_runs_plan(tmp_path, capsys):
+    from kaiyuan_recipes.cli.main import main
+
+    run_dir = tmp_path / "r"
+    RunLayout(run_dir).state.mkdir(parents=True)
+    record = {"format": 1, "recipe": "gpt_smoke", "overrides": [], "world_size": 2,
+              "decided": {"where": "this host", "host": "node7", "cuda": True, "transformer_engine": False},
+              "layer_spec": {"knob": "auto", "decided": "fast", "why": "auto: no Transformer Engine, a CUDA host"},
+              "fast_path": {"fast_spec": {"on": True, "reason": "SDPA"}, "cuda_graph": {"on": False, "reason": "x"}},
+              "sdpa_backend": "auto", "knobs": {}, "container": {}}
+    write_plan(run_dir, record)
+    assert main(["status", "r", "--run-root", str(tmp_path)]) == 0
+    shown = json.loads(capsys.readouterr().out)["plan"]
+    assert shown == {"decided_on": "node7", "layer_spec": "fast", "fast_path_on": ["fast_spec"], "world_size": 2,
+                     "digest": plan_digest(record)}
+
+    from kaiyuan_recipes.ckpt.inspect import run_plan_of
+
+    assert run_plan_of(RunLayout(run_dir).checkpoints / "iter_0000002")["digest"] == plan_digest(record)
