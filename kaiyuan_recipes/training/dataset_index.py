@@ -33,6 +33,8 @@ from kaiyuan_recipes.data.index_cache import (
     sweep_incomplete,
 )
 
+# megatron-core warns whenever a blend has one source (a curriculum phase of one source does): nothing to act on.
+SINGLE_SOURCE_BLEND = "Building a BlendedDataset for a single MegatronDataset"
 HEARTBEAT_S = 30  # a line this often while one source's index builds (megatron-core reports no progress inside)
 
 
@@ -122,7 +124,7 @@ class _Progress(logging.Handler):
         elif message.startswith("> total number of samples") and thread in self.started:
             t0, _ = self.started.pop(thread)
             print(f"    done in {time.monotonic() - t0:.1f} s ({message[2:]})", flush=True)
-        elif record.levelno >= logging.WARNING:
+        elif record.levelno >= logging.WARNING and not message.startswith(SINGLE_SOURCE_BLEND):
             print(f"  megatron: {message}", flush=True)
 
 
