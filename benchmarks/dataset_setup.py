@@ -35,20 +35,13 @@ def _peak_rss_gb() -> float:
 
 
 def build_as_pretrain(cfg: Any) -> tuple[tuple[Any, Any, Any], list[int]]:
-    """The datasets Bridge's pretrain builds for `cfg` (a resolved ConfigContainer), and the sizes it asks for."""
+    """The datasets Bridge's pretrain builds for `cfg` (a resolved ConfigContainer), and the sizes it asks for:
+    what `kaiyuan data index` builds."""
     from megatron.bridge.data.loaders import get_train_valid_test_num_samples
-    from megatron.bridge.data.utils import get_dataset_provider
-    from megatron.bridge.training.tokenizers.tokenizer import build_tokenizer
 
-    tokenizer = build_tokenizer(cfg.tokenizer)
-    cfg.dataset.tokenizer = tokenizer
-    sizes = list(get_train_valid_test_num_samples(cfg))
-    provider = get_dataset_provider(cfg.dataset)
-    try:
-        datasets = provider(sizes, cfg.dataset, tokenizer=tokenizer)
-    except TypeError:  # the registry's providers take (sizes, config) only
-        datasets = provider(sizes, cfg.dataset)
-    return datasets, sizes
+    from kaiyuan_recipes.training.dataset_index import build_as_pretrain as build
+
+    return build(cfg), list(get_train_valid_test_num_samples(cfg))
 
 
 def measure_recipe(recipe: str, overrides: list[str]) -> dict[str, Any]:

@@ -75,3 +75,32 @@ def test_the_train_figure_names_the_layer_spec_auto_picked_and_the_last_20_mean(
     assert train["layer_spec"] == spec and train["final_iteration"] == 200
     assert train["chunked_loss"] is model["fast_path"]["chunked_loss"]  # the loss it trained with, as recorded
     assert abs(train["mean_loss_last20"] - (12.0 - 190.5 / 20)) < 1e-9 and train["tokens_per_s_last10"] == 1196
+
+
+def test_the_qwen3_phase2_launch_is_timed_to_its_first_step_after_its_indices_are_built(tmp_path):
+    from kaiyuan_recipes.training.dataset_index import IndexReport, describe
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    built = [cache / "a-GPTDataset-train-description.txt", cache / "a-GPTDataset-train-shuffle_index.npy"]
+    for path in built:
+        path.write_bytes(b"x" * 2_500_000)
+    steps = [{"step": s, "rc": 0, "wall_s": 1.0, "ok": True, "command": c} for s, c in (
+        ("index_phase2", "kaiyuan data index"), ("index_phase2_again", "kaiyuan data index"),
+        ("phase2", "kaiyuan train"))]
+    logs = {"index_phase2": "indexing ...\n" + describe(IndexReport(cache, built=built, cached=2, seconds=51.24)),
+            "index_phase2_again": describe(IndexReport(cache, cached=6, seconds=2.5)) + "\n"}
+    folder = part(tmp_path / "logs_qwen3", "qwen3", "bridge", steps, logs)
+    (folder / "launch_3.json").write_text(json.dumps({"t": 1000.0, "event": "launch", "resumes_from": 20}))
+    metrics = [{"event": "step", "iteration": i, "loss": 9.0, "time": 900.0 + i} for i in range(1, 21)]
+    metrics += [{"event": "train_start", "iteration": 20, "time": 1050.0}]
+    metrics += [{"event": "step", "iteration": 20 + i, "loss": 8.0 + i, "time": 1061.5 + i} for i in (1, 2)]
+    (folder / "q1_metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics))
+    rc, result = report(tmp_path, folder)
+    figures = {s["step"]: s["figure"] for s in result["steps"]}
+    assert rc == 0
+    assert figures["index_phase2"] == {"entries_built": 1, "index_mb": 5.0, "index_s": 51.2}
+    assert figures["index_phase2_again"] == {"entries_built": 0, "entries_cached": 6, "index_s": 2.5}
+    phase2 = figures["phase2"]
+    assert phase2["seconds_launch_to_first_step_logged"] == 62.5 and phase2["first_iteration"] == 21
+    assert phase2["resumes_from_checkpoint"] == 20 and phase2["final_iteration"] == 22

@@ -18,7 +18,7 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--sha256")
     c.set_defaults(func=check)
 
-    data = sub.add_parser("data", help="data pipeline: download, inspect, clean, plan, convert")
+    data = sub.add_parser("data", help="data pipeline: download, inspect, clean, plan, convert, index")
     dsub = data.add_subparsers(dest="data_cmd", required=True)
     i = dsub.add_parser("inspect", help="schema, rows, text statistics, a sample row; a cleaned directory's manifest")
     i.add_argument("paths", nargs="+", type=Path)
@@ -68,6 +68,13 @@ def add_parser(sub: Any) -> None:
     pl.add_argument("plan", type=Path)
     pl.add_argument("--out", type=Path, help="write the manifest JSON here")
     pl.set_defaults(func=plan)
+    ix = dsub.add_parser("index", help="build a run's dataset indices ahead of its launch, on a CPU node")
+    ix.add_argument("recipe")
+    ix.add_argument("overrides", nargs="*", help="section.field=value, as for `kaiyuan train`")
+    ix.add_argument("--phase", type=int, help="phase N of kaiyuan.curriculum (default kaiyuan_2b), as for train")
+    ix.add_argument("--world-size", type=int, default=1,
+                    help="the run's GPUs in all, for the config checks (the indices do not depend on it)")
+    ix.set_defaults(func=index)
     ho = dsub.add_parser("heldout", help="held-out set -> validation prefix + prompt/completion jsonl")
     ho.add_argument("jsonl", type=Path)
     ho.add_argument("--output-dir", type=Path, required=True)
@@ -225,4 +232,31 @@ def heldout(args: Any) -> int:
 
     tokenizer = check_tokenizer_dir(args.tokenizer) if args.tokenizer else default_tokenizer_dir()
     print(json.dumps(write_heldout(args.jsonl, args.output_dir, tokenizer, args.per_dimension), indent=2))
+    return 0
+
+
+def index(args: Any) -> int:
+    import sys
+
+    from kaiyuan_recipes import compat
+    from kaiyuan_recipes.cli.train import with_phase
+    from kaiyuan_recipes.training.config import build_config
+    from kaiyuan_recipes.training.dataset_index import IndexInterrupted, describe, prebuild_indices
+    from kaiyuan_recipes.training.summary import resolve_with_upstream
+    from kaiyuan_recipes.training.validate import validate
+
+    compat.apply()
+    cfg, settings = build_config(args.recipe, with_phase(args.phase, args.overrides))
+    validate(cfg, args.world_size, settings.max_positions)
+    resolved = resolve_with_upstream(cfg, args.world_size)
+    if settings.data == "mock" or not resolved.dataset.path_to_cache:
+        print(f"{args.recipe}: kaiyuan.data={settings.data} has no dataset index to build")
+        return 0
+    print(f"indexing {settings.recipe} ({settings.data}) for run {settings.run_dir}", flush=True)
+    try:
+        report = prebuild_indices(resolved)
+    except IndexInterrupted as err:
+        print(f"kaiyuan: {err}", file=sys.stderr)
+        return 128 + err.signum
+    print(describe(report))
     return 0

@@ -36,11 +36,18 @@ def add_parser(sub: Any) -> None:
     pl.set_defaults(func=plot)
 
 
+def with_phase(phase: int | None, overrides: list[str]) -> list[str]:
+    """`--phase N`: the overrides that train phase N of kaiyuan.curriculum (default kaiyuan_2b)."""
+    if phase is None:
+        return list(overrides)
+    overrides = ["kaiyuan.data=curriculum", f"kaiyuan.phase={phase}"] + list(overrides)
+    if not any(o.startswith("kaiyuan.curriculum=") for o in overrides):
+        overrides.append("kaiyuan.curriculum=kaiyuan_2b")
+    return overrides
+
+
 def run(args: Any) -> int:
-    if args.phase is not None:
-        args.overrides = ["kaiyuan.data=curriculum", f"kaiyuan.phase={args.phase}"] + list(args.overrides)
-        if not any(o.startswith("kaiyuan.curriculum=") for o in args.overrides):
-            args.overrides.append("kaiyuan.curriculum=kaiyuan_2b")
+    args.overrides = with_phase(args.phase, args.overrides)
     spec = TorchrunSpec(nproc_per_node=args.nproc_per_node)
     cfg, settings = build_config(args.recipe, args.overrides)
     layout = validate(cfg, spec.world_size, settings.max_positions)

@@ -16,7 +16,10 @@ Built on megatron-core's dataset classes, not beside them:
 Megatron's sequential sampler (dataloader_type "single") then gives each step's global batch the next samples,
 split across data-parallel ranks, and starts a resumed run at the checkpoint's consumed samples: exact resume.
 A phase resumes the previous phase's run, so its sampler starts at the samples consumed before it (`first_sample`):
-PhaseStart shifts the index so that sample is the phase's first, not one deep into its order."""
+PhaseStart shifts the index so that sample is the phase's first, not one deep into its order. A later shuffled phase
+(order `shuffled`, first_sample > 0) comes here too, for that alone: megatron-core's own GPTDataset, indexed for the
+phase's samples only (Bridge would index train_iters x global batch: every earlier phase's samples as well, which are
+never read and, on a 1T-token run, minutes of start-up)."""
 
 from __future__ import annotations
 
@@ -208,8 +211,9 @@ class PhaseStart(torch.utils.data.Dataset):
 
 @dataclass(kw_only=True)
 class OrderedGPTDatasetConfig(MCoreGPTDatasetConfig, DatasetProvider):
-    """An ordered phase's dataset settings. Not a subclass of Bridge's GPTDatasetConfig (Bridge maps that class to
-    its shuffling GPTDataset provider); like it, megatron-core's checks run at finalize(), after overrides."""
+    """An ordered phase's (or a later shuffled phase's) dataset settings. Not a subclass of Bridge's GPTDatasetConfig
+    (Bridge maps that class to its own provider, which indexes from the run's first sample); like it, megatron-core's
+    checks run at finalize(), after overrides."""
 
     seq_length: int
     order: str = "as_stored"
@@ -227,16 +231,17 @@ class OrderedGPTDatasetConfig(MCoreGPTDatasetConfig, DatasetProvider):
         return cls(order=order, first_sample=first_sample, **values)
 
     def finalize(self) -> None:
-        if self.order not in ORDERED:
-            raise ValueError(f"dataset order {self.order!r}: expected one of {', '.join(ORDERED)}")
+        if self.order not in PHASE_ORDERS:
+            raise ValueError(f"dataset order {self.order!r}: expected one of {', '.join(PHASE_ORDERS)}")
         if self.dataloader_type not in (None, "single"):
-            raise ValueError(f"an ordered phase reads its samples in order: dataset.dataloader_type must be 'single' "
-                             f"(Megatron's sequential sampler), got {self.dataloader_type!r}")
+            raise ValueError(f"a curriculum phase after the first reads its samples from the phase's first on: "
+                             f"dataset.dataloader_type must be 'single' (Megatron's sequential sampler), got "
+                             f"{self.dataloader_type!r}")
         self.dataloader_type = "single"
         unsupported = {"defer_npy_index_mmap": self.defer_npy_index_mmap, "fast_cache_load": self.fast_cache_load,
                        "sequences_per_dataset": self.sequences_per_dataset}
         given = [k for k, v in unsupported.items() if v]
-        if given:
+        if given and self.order in ORDERED:
             raise ValueError(f"an ordered phase builds its own indices: dataset.{', dataset.'.join(given)} is not "
                              "supported there; unset it")
         finalize_gpt_dataset_config(self)
@@ -247,5 +252,6 @@ class OrderedGPTDatasetConfig(MCoreGPTDatasetConfig, DatasetProvider):
             raise ValueError(f"an ordered phase starting at sample {self.first_sample} has no samples to train: the "
                              f"run trains {context.train_samples} in all (train.train_iters x global batch)")
         sizes = [phase_samples, context.valid_samples, context.test_samples]
-        train, valid, test = BlendedMegatronDatasetBuilder(OrderedGPTDataset, sizes, lambda: True, self).build()
+        cls = OrderedGPTDataset if self.order in ORDERED else GPTDataset
+        train, valid, test = BlendedMegatronDatasetBuilder(cls, sizes, lambda: True, self).build()
         return (PhaseStart(train, self.first_sample) if train is not None and self.first_sample else train), valid, test

@@ -67,7 +67,7 @@ class PhaseBlendDataModule:
         return phase_order(self.spec(), self.phase)
 
     def dataset_config(self) -> Any:
-        """A Megatron-Bridge GPTDatasetConfig for this phase (OrderedGPTDatasetConfig for an ordered one)."""
+        """A Megatron-Bridge GPTDatasetConfig for this phase (OrderedGPTDatasetConfig where it starts past sample 0)."""
         from megatron.bridge.training.config import GPTDatasetConfig
 
         config = GPTDatasetConfig(random_seed=self.seed, seq_length=self.seq_length, reset_attention_mask=False,
@@ -75,11 +75,13 @@ class PhaseBlendDataModule:
         return self._ordered(config)
 
     def _ordered(self, config: Any) -> Any:
-        if self.order() == "shuffled":
+        """The phase's own samples only: an ordered phase, or a shuffled one after the first, is indexed from its
+        first sample on (ordered_dataset.py); the first shuffled phase is Bridge's own dataset config."""
+        first_iteration = self.iterations()[self.phase][0]  # samples before it were the earlier phases'
+        if self.order() == "shuffled" and first_iteration == 1:
             return config
         from kaiyuan_recipes.data.ordered_dataset import OrderedGPTDatasetConfig
 
-        first_iteration = self.iterations()[self.phase][0]  # samples before it were the earlier phases'
         return OrderedGPTDatasetConfig.from_config(config, self.order(), (first_iteration - 1) * self.global_batch_size)
 
     def apply(self, cfg: Any) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from kaiyuan_recipes import compat, fastpath
@@ -66,6 +67,12 @@ def main(argv: list[str] | None = None) -> None:
     prepare_run_dirs(run)
     print(plan_line(record, int(os.environ.get("RANK", "0"))), flush=True)
     phase_dir = phase_dir or run.layout.state
+    if os.environ.get("RANK", "0") == "0" and getattr(cfg.dataset, "path_to_cache", None):
+        from kaiyuan_recipes.data.index_cache import sweep_incomplete
+
+        # A run stopped during an earlier set-up may have cut an index file short, which Megatron takes for cached.
+        for path in sweep_incomplete(Path(cfg.dataset.path_to_cache)):
+            print(f"kaiyuan: removed a truncated dataset index file (rebuilt now): {path}", file=sys.stderr)
 
     from kaiyuan_recipes.training.run_phase import (
         RunPhaseCallback,

@@ -6,7 +6,8 @@
 # start (detached) -> status through set-up and training (time to the first step, every state seen) -> stop
 # mid-training (checkpoint at the stop) -> restart resumes at the next iteration -> stop -> ckpt ls / verify ->
 # export hf -> serve (the original scripts' curl, an OpenAI client completion, lm-eval local-completions against
-# lm-eval hf on the same export) -> data heldout + eval heldout -> phase 2 of a two-phase curriculum from this run.
+# lm-eval hf on the same export) -> data heldout + eval heldout -> phase 2 of a two-phase curriculum from this run
+# (its indices built first by `kaiyuan data index`, then its launch timed to the first step).
 # Every step's exit code, wall time and log land in DIR/logs_qwen3 (tests/gpu/journey_report.py reads them).
 set -uo pipefail
 source tests/gpu/flags.sh
@@ -111,8 +112,13 @@ phases:
   1: {tokens: $((saved * tokens_per_step)), sources: [{name: phase2, dir: $root/phase2, weight: tokens}]}
   2: {tokens: $((2 * tokens_per_step)), sources: [{name: phase2, dir: $root/phase2, weight: tokens}]}
 YAML
-step phase2 0 kaiyuan train $recipe --phase 2 kaiyuan.curriculum=$root/two_phases.yaml kaiyuan.run_name=$run \
-  kaiyuan.run_root=$runs
+phase2=(--phase 2 kaiyuan.curriculum=$root/two_phases.yaml kaiyuan.run_name=$run kaiyuan.run_root=$runs)
+# The phase's indices built on the CPU first (what a cluster user does before a phase's GPU launch), then the
+# launch: its time to the first step is launch 3's (journey_report.py).
+step index_phase2 0 kaiyuan data index $recipe "${phase2[@]}"
+step index_phase2_again 0 kaiyuan data index $recipe "${phase2[@]}"
+echo "{\"t\": $(date +%s.%N), \"event\": \"launch\", \"resumes_from\": $saved}" > "$logs/launch_3.json"
+step phase2 0 kaiyuan train $recipe "${phase2[@]}"
 step status_phase2 0 expect_state $run finished
 cp $runs/$run/run_state/metrics.jsonl "$logs/q1_metrics.jsonl" 2>/dev/null
 grep -c '"ok": true' "$steps"; ! grep '"ok": false' "$steps"

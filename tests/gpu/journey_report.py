@@ -89,8 +89,15 @@ def key_figure(name: str, log: str, folder: Path) -> dict[str, Any]:
         metrics = _json_lines(folder / "q1_metrics.jsonl")
         starts = [r["iteration"] for r in metrics if r.get("event") == "train_start"]
         steps = _steps(metrics)
+        launch = _launch_to_step(folder, 3) if (folder / "launch_3.json").is_file() else {}
         return {"train_starts_at": starts, "final_iteration": steps[-1]["iteration"] if steps else None,
-                "final_loss": steps[-1]["loss"] if steps else None}
+                "final_loss": steps[-1]["loss"] if steps else None,
+                **{k: v for k, v in launch.items() if k != "states_seen"}}
+    if name.startswith("index_"):  # `kaiyuan data index`'s last line
+        if m := re.search(r"built (\d+) index entries \(([\d.,]+) MB\) in ([\d.]+) s", log):
+            return {"entries_built": int(m[1]), "index_mb": float(m[2].replace(",", "")), "index_s": float(m[3])}
+        if m := re.search(r"every index this run reads is cached .*\((\d+) entries there; ([\d.]+) s\)", log):
+            return {"entries_built": 0, "entries_cached": int(m[1]), "index_s": float(m[2])}
     if name == "phase2":
         steps = _steps(_json_lines(folder / "gpt_smoke_metrics.jsonl"))
         if steps:
