@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from kaiyuan_recipes.cli.main import build_parser
-from kaiyuan_recipes.training.knobs import Knobs
+from kaiyuan_recipes.config.knobs import Knobs
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -60,7 +60,7 @@ def parse_kaiyuan(argv: list[str]):
 @pytest.fixture(scope="module")
 def container_keys():
     from kaiyuan_recipes.training.config import build_config
-    from kaiyuan_recipes.training.overrides import dataclass_keys
+    from kaiyuan_recipes.config.overrides import dataclass_keys
 
     cfg, _ = build_config("gpt_smoke", ["kaiyuan.data=mock"])
     return set(dataclass_keys(cfg))

@@ -2,7 +2,7 @@
 
 One function per concern: sections from YAML, ZeRO stage → DDP settings, run layout, data source, and the fast
 path's plan (kaiyuan_recipes/fastpath/). Everything a recipe can say is a ConfigContainer field or a `kaiyuan.*`
-knob (training/knobs.py) — nothing hidden here."""
+knob (config/knobs.py) — nothing hidden here."""
 
 from __future__ import annotations
 
