@@ -35,6 +35,15 @@ RoPE theta 1e6 and no biases on both sides.
   `torchtitan_untied` row unties the peer (lm_head and embedding both initialised N(0, 0.02)) to remove this.
 - init: the peer draws every linear from N(0, 0.02); ours scales the output projections by 1/sqrt(2 * layers).
 - QKV: one fused projection in the peer, Megatron's fused linear_qkv in ours: the same matrix multiply.
+How the two train it (what the rows measure, not corrected):
+- precision: the peer keeps fp32 weights and gradients and computes in bf16 (FSDP2's cast on a 1-GPU mesh); ours
+  keeps bf16 weights with fp32 main weights and gradients in Megatron's distributed optimizer.
+- attention: the peer's FlexAttention (Triton, autotuned at compile) vs ours' SDPA kernels.
+- CUDA graph: the peer's covers one micro-batch's forward and backward (optimizer eager, fused AdamW); ours the
+  whole step. compile: the peer's every transformer block and its loss; ours its norm kernel.
+- loss: both chunked (the peer over 8 sequence chunks, the logits never whole).
+- FLOPs: the peer's own formula counts causal attention in full (13.1 GFLOP per token here); the rows' tflops use
+  Megatron's (from `ours`), which counts half; the peer's figure stays under own_tflops.
 
 usage: python benchmarks/peer_torchtitan.py --stream stream.npy --out row.json [--untied] [--steps 15]
        CPU check (no CUDA needed): python benchmarks/peer_torchtitan.py --check [--stream stream.npy]"""
@@ -64,6 +73,7 @@ from torchtitan.config import CompileConfig
 from torchtitan.distributed.activation_checkpoint import SelectiveAC
 from torchtitan.models.qwen3 import model_registry
 from torchtitan.models.qwen3.config_registry import qwen3_1_7b
+from torchtitan.tools.logging import init_logger
 from torchtitan.trainer import Trainer
 
 MICRO_BATCH, MICRO_BATCHES = 2, 4  # train_throughput.BATCH["qwen3_1p7b"]
@@ -142,7 +152,8 @@ def untie(spec) -> None:
     model.tok_embeddings.param_init = {"weight": partial(torch.nn.init.normal_, std=0.02)}
 
 
-def titan_config(stream: str, seq: int, steps: int, untied: bool, ac: str, dump: str) -> Trainer.Config:
+def titan_config(stream: str, seq: int, steps: int, untied: bool, ac: str, dump: str,
+                 cuda_graphs: bool = True) -> Trainer.Config:
     """torchtitan's qwen3_1_7b with the changes of this module's table."""
     config = qwen3_1_7b()
     if untied:
@@ -159,6 +170,7 @@ def titan_config(stream: str, seq: int, steps: int, untied: bool, ac: str, dump:
     config.optimizer = default_adamw(lr=OURS_LR, weight_decay=OURS_WEIGHT_DECAY)
     config.lr_scheduler = LRSchedulersContainer.Config(warmup_steps=steps)
     config.compile = CompileConfig(enable=True, components=["model", "loss"])
+    config.training.disable_cuda_graphs = not cuda_graphs
     config.activation_checkpoint = SelectiveAC.Config() if ac == "selective" else None
     config.checkpoint = CheckpointManager.Config(enable=False)
     config.validator = Validator.Config(enable=False)
@@ -181,8 +193,9 @@ def train(args: argparse.Namespace) -> dict:
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}.items():
         os.environ.setdefault(key, value)
+    init_logger()  # torchtitan's console lines (its step lines: loss, memory, tps, tflops) go to the row's log
     dump = tempfile.mkdtemp(prefix="torchtitan-")
-    config = titan_config(str(args.stream), args.seq, args.steps, args.untied, args.ac, dump)
+    config = titan_config(str(args.stream), args.seq, args.steps, args.untied, args.ac, dump, not args.no_cuda_graphs)
     trainer = config.build()
     recorder = StepRecorder()
     metrics = trainer.metrics_processor
@@ -285,6 +298,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--untied", action="store_true", help="our untied embeddings instead of the peer's tied ones")
     ap.add_argument("--ac", choices=["none", "selective"], default="none")
+    ap.add_argument("--no-cuda-graphs", action="store_true", help="the peer's fwd+bwd CUDA graph off (its default: on)")
     ap.add_argument("--check", action="store_true", help="the CPU check instead of training")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()

@@ -304,6 +304,8 @@ def main() -> None:
         for r in row.values():
             if "tflops" not in r and flops_per_token and "tokens_per_s" in r:
                 r["tflops"] = r["tokens_per_s"] * flops_per_token / 1e12
+            if r.get("losses"):  # the same stream and optimizer settings: a peer that does not learn shows here
+                r["final_loss"] = r["losses"][-1]
         with_ratios(row)
     write_results(args, results)
     print(json.dumps(results, indent=1))
