@@ -248,10 +248,11 @@ def peer_run(args: argparse.Namespace, model: str, impl: str, streams: dict[str,
     if args.peer_pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(args.peer_pythonpath), env.get("PYTHONPATH")) if p)
     code, output = run_bounded(command, args.impl_timeout, env)
-    out.with_suffix(".log").write_text(output)  # the peer's whole output stays beside its row
+    log = args.out.with_name(f"{args.out.stem}_{model}_{impl}.log")  # the peer's whole output, beside the results
+    log.write_text(output)
     if code != 0 or not out.exists():
-        return {"error": failure_summary(output), "log": str(out.with_suffix(".log"))}
-    return json.loads(out.read_text()) | {"log": str(out.with_suffix(".log"))}
+        return {"error": failure_summary(output), "log": log.name}
+    return json.loads(out.read_text()) | {"log": log.name}
 
 
 def write_results(args: argparse.Namespace, results: dict) -> None:
