@@ -175,15 +175,16 @@ def train(stream: str, seq: int, steps: int, tiny: bool, gpu: bool) -> dict:
     steady = steps_done[3:] or steps_done  # the CPU check's three steps are all it has
     if not steps_done:
         return {"error": f"0 of {steps} steps logged"}
-    row = {"tokens_per_s": statistics.median(s["throughput/device/TPS"] for s in steady),
+    timed = [s for s in steady if "throughput/device/TPS" in s]  # its speed monitor skips the first step
+    row = {"tokens_per_s": statistics.median(s["throughput/device/TPS"] for s in timed),
            "own_flops_per_token": flops,
-           "timed_steps": len(steady),
+           "timed_steps": len(timed),
            "losses": [s.get("train/CE loss") for s in steps_done],
            "model_settings": {"framework": "olmo_core", "model": "qwen3_1_7B", "parameters": params,
                               "tied_embeddings": config.tie_word_embeddings, "tiny": tiny,
                               "train_module": train_module_config(seq, steps, gpu).as_config_dict()}}
     if gpu:
-        row["own_tflops"] = statistics.median(s["throughput/device/TFLOPs_per_GPU"] for s in steady)
+        row["own_tflops"] = statistics.median(s["throughput/device/TFLOPs_per_GPU"] for s in timed)
         row["peak_mem_gb"] = max(s.get("peak_allocated_gb", 0.0) for s in steps_done)
     return row
 

@@ -1,18 +1,19 @@
 """Training throughput side by side in one GPU run, same batch and sequence length:
 our fast spec (`kaiyuan.layer_spec=fast`), Megatron's local spec, a plain transformers loop (eager SDPA, random
-tokens) and the same loop under torch.compile; torchtitan's own qwen3 1.7B trainer (peer_torchtitan.py:
-`torchtitan` with its tied embeddings, `torchtitan_untied` with ours' untied ones) on the token stream `ours` reads
-(token_stream.py), so its losses compare with ours'; on a host with Transformer Engine also TE's spec (recipe_te,
-megatron_te, bridge_te, megatron_te_graph, megatron_te_chunked_loss) and ours_without_te (the fast spec, TE hidden
-from it). tokens/s/GPU, model TFLOP/s, peak memory. Megatron's runs report model TFLOP/s with Megatron's formula;
-the HF loops and the peers use the same FLOPs per token (taken from the Megatron run of the same model in this
-process), so the columns compare (a peer's own figure stays under own_tflops).
+tokens) and the same loop under torch.compile; the peers' own qwen3 1.7B trainers (peer_torchtitan.py:
+`torchtitan` with its tied embeddings, `torchtitan_untied` with ours' untied ones; peer_olmo_core.py: `olmo_core`)
+on the token stream `ours` reads (token_stream.py), so their losses compare with ours'; on a host with Transformer
+Engine also TE's spec (recipe_te, megatron_te, bridge_te, megatron_te_graph, megatron_te_chunked_loss) and
+ours_without_te (the fast spec, TE hidden from it). tokens/s/GPU, model TFLOP/s, peak memory. Megatron's runs
+report model TFLOP/s with Megatron's formula; the HF loops and the peers use the same FLOPs per token (taken from
+the Megatron run of the same model in this process), so the columns compare (a peer's own figure stays under
+own_tflops).
 
 usage (GPU host): python benchmarks/train_throughput.py --models qwen3_1p7b gpt_smoke --out train_throughput.json
       [--impl-timeout 300]  (a slow implementation, e.g. HF's compile, records a timeout; the rest still run)
       (CPU smoke of the HF loop: --impls hf_eager --device cpu --tiny)
-      peer rows: --impls ours torchtitan torchtitan_untied --peer-pythonpath DIR (DIR: where the peer's wheels are
-      installed; prepended to the PYTHONPATH of the peer's processes only)"""
+      peer rows: --impls ours torchtitan olmo_core --peer-pythonpath DIR... (where the peers' wheels are installed;
+      prepended to the PYTHONPATH of the peers' processes only)"""
 
 from __future__ import annotations
 
@@ -75,7 +76,8 @@ MEGATRON_IMPLS = {"ours": ("fast", ()), "megatron_local": ("local", ()),
 # Megatron-Bridge's defaults follow TE's import).
 WITHOUT_TE = {"ours_without_te": "ours", "megatron_local_without_te": "megatron_local"}
 # A peer framework's own trainer, each row in its own process: the script under benchmarks/ and its arguments.
-PEERS = {"torchtitan": ("peer_torchtitan.py", ()), "torchtitan_untied": ("peer_torchtitan.py", ("--untied",))}
+PEERS = {"torchtitan": ("peer_torchtitan.py", ()), "torchtitan_untied": ("peer_torchtitan.py", ("--untied",)),
+         "olmo_core": ("peer_olmo_core.py", ())}
 PEER_MODELS = ("qwen3_1p7b",)  # the peers' configs are their qwen3 1.7B
 TIMED_OUT = "timed out after"
 TINY = dict(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,
@@ -246,7 +248,7 @@ def peer_run(args: argparse.Namespace, model: str, impl: str, streams: dict[str,
                "--seq", str(args.seq), "--steps", str(args.steps), "--out", str(out), *extra]
     env = dict(os.environ)
     if args.peer_pythonpath:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(args.peer_pythonpath), env.get("PYTHONPATH")) if p)
+        env["PYTHONPATH"] = os.pathsep.join([*map(str, args.peer_pythonpath), *filter(None, [env.get("PYTHONPATH")])])
     code, output = run_bounded(command, args.impl_timeout, env)
     log = args.out.with_name(f"{args.out.stem}_{model}_{impl}.log")  # the peer's whole output, beside the results
     log.write_text(output)
@@ -273,7 +275,8 @@ def main() -> None:
     ap.add_argument("--impl-timeout", type=float, default=None,
                     help="seconds per implementation (each then runs in its own process group); past it, "
                          "that row records the timeout and the others still run")
-    ap.add_argument("--peer-pythonpath", type=Path, help="the peer rows' packages, in front of their PYTHONPATH")
+    ap.add_argument("--peer-pythonpath", type=Path, nargs="+",
+                    help="folders of the peer rows' packages, in front of their processes' PYTHONPATH")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     results: dict = {}
