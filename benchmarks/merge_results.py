@@ -27,7 +27,8 @@ SHARED = ("revision", "seq_length")
 
 # The ratios a model's rows carry (train_throughput.py writes them, a merge recomputes them).
 RATIOS = {"ours_vs_hf_compile": "hf_compile", "ours_vs_megatron_local": "megatron_local",
-          "ours_vs_megatron_te": "megatron_te"}
+          "ours_vs_megatron_te": "megatron_te", "ours_vs_torchtitan": "torchtitan",
+          "ours_vs_torchtitan_untied": "torchtitan_untied", "ours_vs_olmo_core": "olmo_core"}
 
 
 DERIVED = ("row_files", "ratios_not_computed")  # what a merge writes beside the rows

@@ -1,14 +1,19 @@
-"""Training throughput side by side in one GPU run, same batch and sequence length, random tokens:
-our fast spec (`kaiyuan.layer_spec=fast`), Megatron's local spec, a plain transformers loop (eager SDPA) and
-the same loop under torch.compile; on a host with Transformer Engine also TE's spec (recipe_te, megatron_te,
-bridge_te, megatron_te_graph, megatron_te_chunked_loss) and ours_without_te (the fast spec, TE hidden from it).
-tokens/s/GPU, model TFLOP/s, peak memory. Megatron's runs report model TFLOP/s with Megatron's formula; the HF
-loops use the same FLOPs per token (taken from the Megatron run of the same model in this process), so the columns
-compare.
+"""Training throughput side by side in one GPU run, same batch and sequence length:
+our fast spec (`kaiyuan.layer_spec=fast`), Megatron's local spec, a plain transformers loop (eager SDPA, random
+tokens) and the same loop under torch.compile; the peers' own qwen3 1.7B trainers (peer_torchtitan.py:
+`torchtitan` with its tied embeddings, `torchtitan_untied` with ours' untied ones; peer_olmo_core.py: `olmo_core`)
+on the token stream `ours` reads (token_stream.py), so their losses compare with ours'; on a host with Transformer
+Engine also TE's spec (recipe_te, megatron_te, bridge_te, megatron_te_graph, megatron_te_chunked_loss) and
+ours_without_te (the fast spec, TE hidden from it). tokens/s/GPU, model TFLOP/s, peak memory. Megatron's runs
+report model TFLOP/s with Megatron's formula; the HF loops and the peers use the same FLOPs per token (taken from
+the Megatron run of the same model in this process), so the columns compare (a peer's own figure stays under
+own_tflops).
 
 usage (GPU host): python benchmarks/train_throughput.py --models qwen3_1p7b gpt_smoke --out train_throughput.json
       [--impl-timeout 300]  (a slow implementation, e.g. HF's compile, records a timeout; the rest still run)
-      (CPU smoke of the HF loop: --impls hf_eager --device cpu --tiny)"""
+      (CPU smoke of the HF loop: --impls hf_eager --device cpu --tiny)
+      peer rows: --impls ours torchtitan olmo_core --peer-pythonpath DIR... (where the peers' wheels are installed;
+      prepended to the PYTHONPATH of the peers' processes only)"""
 
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,6 +75,10 @@ MEGATRON_IMPLS = {"ours": ("fast", ()), "megatron_local": ("local", ()),
 # in the same call (with TE importable, the fast path hands gradient clipping to TE's kernels, and more of
 # Megatron-Bridge's defaults follow TE's import).
 WITHOUT_TE = {"ours_without_te": "ours", "megatron_local_without_te": "megatron_local"}
+# A peer framework's own trainer, each row in its own process: the script under benchmarks/ and its arguments.
+PEERS = {"torchtitan": ("peer_torchtitan.py", ()), "torchtitan_untied": ("peer_torchtitan.py", ("--untied",)),
+         "olmo_core": ("peer_olmo_core.py", ())}
+PEER_MODELS = ("qwen3_1p7b",)  # the peers' configs are their qwen3 1.7B
 TIMED_OUT = "timed out after"
 TINY = dict(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,
             kv_channels=16)
@@ -219,6 +229,34 @@ def hf_run(model: str, compiled: bool, mbs: int, micro: int, seq: int, steps: in
     return out
 
 
+def peer_run(args: argparse.Namespace, model: str, impl: str, streams: dict[str, Path]) -> dict:
+    """A peer's trainer (PEERS) in its own process on the token stream `ours` reads, written once per model."""
+    if model not in PEER_MODELS:
+        return {"error": f"{impl} has no config for {model} (only {', '.join(PEER_MODELS)})"}
+    if model not in streams:
+        from token_stream import mock_stream
+
+        mbs, micro = BATCH[model]
+        stream = np.asarray(mock_stream(model, args.seq, args.steps,
+                                        megatron_overrides("fast", mbs, micro, args.seq, args.steps,
+                                                           Path(tempfile.mkdtemp(prefix="token-stream-")))))
+        streams[model] = Path(tempfile.mkdtemp(prefix="peer-")) / f"{model}_stream.npy"
+        np.save(streams[model], stream)
+    script, extra = PEERS[impl]
+    out = streams[model].with_name(f"{impl}.json")
+    command = [sys.executable, str(ROOT / "benchmarks" / script), "--stream", str(streams[model]),
+               "--seq", str(args.seq), "--steps", str(args.steps), "--out", str(out), *extra]
+    env = dict(os.environ)
+    if args.peer_pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join([*map(str, args.peer_pythonpath), *filter(None, [env.get("PYTHONPATH")])])
+    code, output = run_bounded(command, args.impl_timeout, env)
+    log = args.out.with_name(f"{args.out.stem}_{model}_{impl}.log")  # the peer's whole output, beside the results
+    log.write_text(output)
+    if code != 0 or not out.exists():
+        return {"error": failure_summary(output), "log": log.name}
+    return json.loads(out.read_text()) | {"log": log.name}
+
+
 def write_results(args: argparse.Namespace, results: dict) -> None:
     write_json(args.out, {**provenance(this_command()), "seq_length": args.seq,
                           "batch": {m: {"micro_batch": BATCH[m][0], "micro_batches": BATCH[m][1]} for m in args.models},
@@ -229,7 +267,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", nargs="+", default=["qwen3_1p7b", "gpt_smoke"])
     ap.add_argument("--impls", nargs="+", default=["ours", "megatron_local", "hf_eager", "hf_compile"],
-                    choices=[*MEGATRON_IMPLS, *WITHOUT_TE, "hf_eager", "hf_compile"])
+                    choices=[*MEGATRON_IMPLS, *WITHOUT_TE, "hf_eager", "hf_compile", *PEERS])
     ap.add_argument("--seq", type=int, default=4096)
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--device", default="cuda")
@@ -237,9 +275,12 @@ def main() -> None:
     ap.add_argument("--impl-timeout", type=float, default=None,
                     help="seconds per implementation (each then runs in its own process group); past it, "
                          "that row records the timeout and the others still run")
+    ap.add_argument("--peer-pythonpath", type=Path, nargs="+",
+                    help="folders of the peer rows' packages, in front of their processes' PYTHONPATH")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     results: dict = {}
+    streams: dict[str, Path] = {}
     for model in args.models:
         mbs, micro = BATCH[model]
         seq = 64 if args.tiny else args.seq
@@ -254,6 +295,8 @@ def main() -> None:
                 else:
                     row[impl] = megatron_run(model, spec, mbs, micro, seq, args.steps, extra=extra,
                                              timeout=args.impl_timeout, env=env)
+            elif impl in PEERS:
+                row[impl] = peer_run(args, model, impl, streams)
             elif args.impl_timeout:
                 row[impl] = hf_run_bounded(args, model, impl)
             else:
@@ -265,6 +308,8 @@ def main() -> None:
         for r in row.values():
             if "tflops" not in r and flops_per_token and "tokens_per_s" in r:
                 r["tflops"] = r["tokens_per_s"] * flops_per_token / 1e12
+            if r.get("losses"):  # the same stream and optimizer settings: a peer that does not learn shows here
+                r["final_loss"] = r["losses"][-1]
         with_ratios(row)
     write_results(args, results)
     print(json.dumps(results, indent=1))
