@@ -59,8 +59,8 @@ def parse_kaiyuan(argv: list[str]):
 
 @pytest.fixture(scope="module")
 def container_keys():
-    from kaiyuan_recipes.training.config import build_config
     from kaiyuan_recipes.config.overrides import dataclass_keys
+    from kaiyuan_recipes.training.config import build_config
 
     cfg, _ = build_config("gpt_smoke", ["kaiyuan.data=mock"])
     return set(dataclass_keys(cfg))
