@@ -4,21 +4,12 @@ environment) a CUDA build that fails uncaught on a host without a GPU."""
 
 from __future__ import annotations
 
-import functools
 import importlib
 import types
-from typing import Any, Callable
+from typing import Any
 
-
-def patch_method(cls: type, name: str, wrap: Callable[[Any], Any]) -> bool:
-    """Replace cls.name by wrap(original) once (marked, so applying twice is a no-op); returns True."""
-    original = getattr(cls, name)
-    if getattr(original, "_kaiyuan_patched", False):
-        return True
-    patched = functools.wraps(original)(wrap(original))
-    patched._kaiyuan_patched = True
-    setattr(cls, name, patched)
-    return True
+from kaiyuan_recipes.compat.megatron_bridge import install_lora_placeholder
+from kaiyuan_recipes.compat.patching import patch_method
 
 
 def ensure_optimizer_state_for_load(dist_optimizer: Any, is_loading: bool) -> bool:
@@ -164,8 +155,6 @@ def cpu_checkpoint_save() -> bool:
 
     if torch.cuda.is_available():
         return False
-    from kaiyuan_recipes.compat.megatron_bridge import install_lora_placeholder
-
     install_lora_placeholder()  # the bridge module below imports megatron.bridge
     for name in _CHECKPOINT_SAVE_MODULES:
         module = importlib.import_module(name)

@@ -16,6 +16,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from kaiyuan_recipes import compat, fastpath
+from kaiyuan_recipes.fastpath.apex_standins import torch_wgrad_accumulation
 from kaiyuan_recipes.fastpath.decisions import FastPathPlan
 from kaiyuan_recipes.models.providers import resolve_layer_spec
 from kaiyuan_recipes.models.shape import ModelShape
@@ -120,7 +121,8 @@ def _wgrad_fusion_as_decided(cfg: Any, run: RunSettings, container_overrides: li
     if run.layer_spec != "transformer_engine" and not any(
             ov.split_key(o)[0] == "model.gradient_accumulation_fusion" for o in container_overrides):
         cfg.model.gradient_accumulation_fusion = run.fastpath.on("wgrad_fusion")
-    run.wgrad_fusion_without_apex = compat.wgrad_fusion_without_apex(cfg.model, standin=run.zero_stage < 2)
+    standin = torch_wgrad_accumulation if run.zero_stage < 2 else None
+    run.wgrad_fusion_without_apex = compat.wgrad_fusion_without_apex(cfg.model, standin=standin)
 
 
 def _megatron_fsdp_grads_as_declared(cfg: Any) -> None:
@@ -230,7 +232,7 @@ def _sample_window(cfg: Any) -> None:
 
 def build_config(recipe: str, overrides: list[str] | None = None) -> tuple[Any, RunSettings]:
     """The complete ConfigContainer for `recipe`, and the resolved run settings."""
-    compat.import_megatron_bridge()
+    fastpath.prepare_megatron_bridge()
     from megatron.bridge.training.config import ConfigContainer, DistributedDataParallelConfig
 
     overrides = list(overrides or [])
