@@ -10,7 +10,7 @@ CORE = [
     "kaiyuan_recipes.models.param_count",
     "kaiyuan_recipes.models.registry",
     "kaiyuan_recipes.launch.torchrun",
-    "kaiyuan_recipes.training.metrics_log",
+    "kaiyuan_recipes.run_layout",
     "kaiyuan_recipes.data.download",
     "kaiyuan_recipes.data.heldout",
 ]
