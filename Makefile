@@ -117,9 +117,11 @@ test: env env-nemo2 env-fw2606 test-services lint
 	$(VENV3)/bin/python $(PYTEST) $(FW2606_TESTS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests ($(VENV3))"; exit 1; fi; exit $$rc
 
-# ruff with the project's settings (pyproject.toml [tool.ruff]); the version is pinned in the dev extra.
+# ruff with the project's settings (pyproject.toml [tool.ruff]), then the package's layers and no import cycles
+# (import-linter, pyproject.toml [tool.importlinter]); both pinned in the dev extra.
 lint: env
 	$(BIN)/ruff check kaiyuan_recipes exporters tests benchmarks recipes lab
+	$(BIN)/lint-imports --no-cache
 
 clean:
 	rm -rf $(VENV) $(VENV2) $(VENV3) runs
