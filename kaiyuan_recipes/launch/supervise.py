@@ -192,7 +192,6 @@ def run_alive(state_dir: Path) -> Alive:
     return Alive(supervisor, processes, state_dir)
 
 
-
 def running_pid(state_dir: Path) -> int | None:
     """While anything of the run recorded in `state_dir` is alive: its supervisor, or with the supervisor gone a
     process of the run that is still alive; None when nothing is. Every back-end asks it before starting in a run
@@ -202,6 +201,7 @@ def running_pid(state_dir: Path) -> int | None:
     except IdentityError as err:
         raise RunStateError(str(err)) from None
     return alive.supervisor or (alive.processes[0] if alive.processes else None)
+
 
 def live_supervisor(state_dir: Path) -> ProcessIdentity | None:
     """The supervisor recorded in `state_dir` while that very process runs this run."""
