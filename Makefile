@@ -7,10 +7,11 @@ PY312 ?= $(shell p=$$(pyenv prefix 3.12.1 2>/dev/null) && [ -x "$$p/bin/python" 
 BIN := $(VENV)/bin
 
 VENV2 ?= .venv-nemo2
-# NeMo Framework 26.06's Megatron side from PyPI (megatron-bridge 0.5.0, megatron-core 0.18.0, transformers 5.8.1):
-# the second row of the tested matrix (kaiyuan_recipes/doctor.py: TESTED_MATRIX).
+# NeMo Framework 26.06's Megatron side from PyPI: the fw2606-pypi row of the tested matrix.
 VENV3 ?= .venv-fw2606
-# Every package of each environment at the version CI tested (upgrading = `make lock`, a reviewed change).
+# Every package of each environment at the version CI tested (upgrading = `make lock`, a reviewed change). The
+# framework versions are stated once, in kaiyuan_recipes/doctor.py's TESTED_MATRIX: `make lock` takes its pins from
+# there and tests/test_versions.py checks the locks and pyproject.toml's extras against it.
 LOCK := constraints/bridge.txt
 LOCK2 := constraints/nemo2.txt
 LOCK3 := constraints/fw2606.txt
@@ -29,7 +30,7 @@ $(VENV2)/.installed: pyproject.toml $(LOCK2)
 	@test -n "$(PY312)" || { echo "Python 3.12 not found (pyenv 3.12.1 or python3.12 on PATH)"; exit 1; }
 	$(PY312) -m venv $(VENV2)
 	$(VENV2)/bin/pip install -q -c $(LOCK2) pip
-	$(VENV2)/bin/pip install -q -c $(LOCK2) -e ".[nemo2]"
+	$(VENV2)/bin/pip install -q -c $(LOCK2) -e ".[$(EXTRAS2)]"
 	# kaiyuan_recipes.compat.cpu_cuda_arch_list at interpreter start (see its docstring)
 	echo "import kaiyuan_recipes.compat as c; c.cpu_cuda_arch_list()" > \
 		"$$($(VENV2)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/kaiyuan_compat.pth"
@@ -49,6 +50,7 @@ define bridge_env
 endef
 
 EXTRAS := bridge,run,serve,clean,dev
+EXTRAS2 := nemo2
 EXTRAS3 := bridge,serve,dev
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	$(call bridge_env,$(VENV),$(LOCK),$(EXTRAS))
@@ -69,7 +71,7 @@ lock:
 	$(PY312) -m venv .lock-venv3 && .lock-venv3/bin/pip install -q --upgrade pip
 	p="$(call pins,fw2606-pypi)"; .lock-venv3/bin/pip install -q ".[$(EXTRAS3)]" $${p% *} && \
 	  .lock-venv3/bin/pip install -q --no-deps $${p##* }
-	$(PY312) -m venv .lock-venv2 && .lock-venv2/bin/pip install -q --upgrade pip && .lock-venv2/bin/pip install -q ".[nemo2]"
+	$(PY312) -m venv .lock-venv2 && .lock-venv2/bin/pip install -q --upgrade pip && .lock-venv2/bin/pip install -q ".[$(EXTRAS2)]"
 	for pair in ".lock-venv:$(LOCK)" ".lock-venv2:$(LOCK2)" ".lock-venv3:$(LOCK3)"; do v=$${pair%%:*}; f=$${pair#*:}; \
 	  { sed -n '1,2p' $$f; echo "pip==$$($$v/bin/pip --version | awk '{print $$2}')"; \
 	    $$v/bin/pip freeze --exclude-editable | grep -v '^kaiyuan'; } > $$f.new && mv $$f.new $$f; done
@@ -117,9 +119,11 @@ test: env env-nemo2 env-fw2606 test-services lint
 	$(VENV3)/bin/python $(PYTEST) $(FW2606_TESTS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests ($(VENV3))"; exit 1; fi; exit $$rc
 
-# ruff with the project's settings (pyproject.toml [tool.ruff]); the version is pinned in the dev extra.
+# ruff with the project's settings (pyproject.toml [tool.ruff]), then the package's layers and no import cycles
+# (import-linter, pyproject.toml [tool.importlinter]); both pinned in the dev extra.
 lint: env
 	$(BIN)/ruff check kaiyuan_recipes exporters tests benchmarks recipes lab
+	$(BIN)/lint-imports --no-cache
 
 clean:
 	rm -rf $(VENV) $(VENV2) $(VENV3) runs

@@ -12,7 +12,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from kaiyuan_recipes.training.metrics_log import read_metrics
+from kaiyuan_recipes.config.run_layout import read_metrics
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from provenance import provenance, write_json  # noqa: E402

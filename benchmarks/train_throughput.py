@@ -144,7 +144,7 @@ def run_bounded(command: list[str], timeout: float | None, env: dict[str, str] |
 def megatron_run(model: str, layer_spec: str, mbs: int, micro: int, seq: int, steps: int, nproc: int = 1,
                  extra: tuple[str, ...] = (), timeout: float | None = None, env: dict[str, str] | None = None) -> dict:
     """The median of the steady steps from the run's metrics.jsonl (`env`: the run's environment, else ours)."""
-    from kaiyuan_recipes.training.metrics_log import read_metrics
+    from kaiyuan_recipes.config.run_layout import read_metrics
 
     root = Path(tempfile.mkdtemp(prefix="throughput-"))
     code, output = run_bounded(megatron_command(model, layer_spec, mbs, micro, seq, steps, root, nproc, extra),

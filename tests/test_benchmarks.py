@@ -136,7 +136,7 @@ def test_failed_megatron_row_names_the_ranks_exception(tmp_path, monkeypatch):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import train_throughput
 
-    from kaiyuan_recipes.training.metrics_log import METRICS_FILE
+    from kaiyuan_recipes.config.run_layout import METRICS_FILE
 
     rank_error = ("[rank0]: Traceback (most recent call last):\n[rank0]:   File \"x.py\", line 1, in <module>\n"
                   "[rank0]: RuntimeError: CUDA graph capture failed: operation not permitted when stream is "

@@ -244,7 +244,8 @@ _TE_WITHOUT_APEX = """
         output_layer(); print("upstream: built")
     except RuntimeError as err:
         print("upstream: refused", "fused_weight_gradient_mlp_cuda" in str(err))
-    print("workaround:", compat.wgrad_fusion_without_apex(config))
+    from kaiyuan_recipes.fastpath.apex_standins import torch_wgrad_accumulation
+    print("workaround:", compat.wgrad_fusion_without_apex(config, standin=torch_wgrad_accumulation))
     output_layer(); print("after: built", config.gradient_accumulation_fusion)
 """
 

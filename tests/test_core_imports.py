@@ -13,7 +13,7 @@ CORE = [
     "kaiyuan_recipes.models.param_count",
     "kaiyuan_recipes.models.registry",
     "kaiyuan_recipes.launch.torchrun",
-    "kaiyuan_recipes.training.metrics_log",
+    "kaiyuan_recipes.config.run_layout",
     "kaiyuan_recipes.data.download",
     "kaiyuan_recipes.data.heldout",
 ]

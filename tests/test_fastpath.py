@@ -1,5 +1,5 @@
 """The fast path's one plan and one apply: every piece on or off with its reason, nothing installed into
-megatron-core unless the plan says so, and checkpoints that name the fast spec's old module still load."""
+megatron-core unless the plan says so, and a checkpoint that names the fast spec loads where prepared."""
 
 import json
 import subprocess
@@ -92,15 +92,26 @@ def test_megatron_core_is_patched_only_where_the_plan_says(tmp_path):
         "swiglu_backward": True, "foreach_grad_clip": True, "wgrad_fusion": True}
 
 
-def test_a_checkpoint_naming_the_old_fast_spec_module_still_instantiates():
-    """run_config.yaml of checkpoints saved before the fast path had its own package names
-    kaiyuan_recipes.models.fast_spec.fast_layer_spec; Megatron-Bridge's instantiate must still resolve it."""
-    from kaiyuan_recipes import compat
-
-    compat.import_megatron_bridge()
-    from megatron.bridge.utils.instantiate_utils import instantiate
-
-    from kaiyuan_recipes.fastpath.spec import fast_layer_spec
-
-    for target in ("kaiyuan_recipes.models.fast_spec.fast_layer_spec", "kaiyuan_recipes.fastpath.spec.fast_layer_spec"):
-        assert instantiate({"_target_": target, "_call_": False}) is fast_layer_spec
+def test_a_checkpoints_fast_spec_target_instantiates_after_prepare_megatron_bridge():
+    """run_config.yaml names the fast spec's function (kaiyuan_recipes.fastpath.spec.fast_layer_spec); Megatron-Bridge
+    instantiates only allowlisted modules, so upstream's import alone (compat's) refuses it and
+    fastpath.prepare_megatron_bridge, the entry point of export and serving, lets it resolve. A fresh interpreter:
+    the allowlist is process state."""
+    probe = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        from kaiyuan_recipes import compat, fastpath
+        compat.import_megatron_bridge()
+        from megatron.bridge.utils.instantiate_utils import instantiate
+        from kaiyuan_recipes.fastpath.spec import fast_layer_spec
+        target = {"_target_": "kaiyuan_recipes.fastpath.spec.fast_layer_spec", "_call_": False}
+        try:
+            instantiate(target)
+            print("compat alone: resolved")
+        except Exception as err:
+            print("compat alone: refused", type(err).__name__)
+        fastpath.prepare_megatron_bridge()
+        print("after prepare:", instantiate(target) is fast_layer_spec)
+        """)], capture_output=True, text=True, timeout=300)
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    lines = [line for line in probe.stdout.splitlines() if line.startswith(("compat alone:", "after prepare:"))]
+    assert len(lines) == 2 and lines[0].startswith("compat alone: refused"), probe.stdout[-3000:]
+    assert lines[1] == "after prepare: True", lines

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from kaiyuan_recipes.config.run_layout import read_metrics
 from kaiyuan_recipes.training import metrics
-from kaiyuan_recipes.training.metrics_log import read_metrics
 
 
 class Clock:

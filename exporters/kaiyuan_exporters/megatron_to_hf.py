@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from kaiyuan_recipes import compat
+from kaiyuan_recipes import fastpath
 from kaiyuan_recipes.atomic import atomic_directory
 from kaiyuan_recipes.config.run_layout import LATEST_ITERATION_FILE, RUN_CONFIG_FILE, RunLayout
 from kaiyuan_recipes.data.tokenizer import special_token_ids, tokenizer_vocab_size
@@ -109,7 +109,7 @@ def bridge_for(shape: ModelShape | dict[str, Any], tokenizer_vocab: int | None =
                tokenizer_dir: Path | None = None):
     """An AutoBridge for `shape`; with a tokenizer directory, its size and its eos / pad ids (e.g. GLM-5.2's
     for laoyao_moe_2b) go into the HF config."""
-    compat.import_megatron_bridge()
+    fastpath.prepare_megatron_bridge()
     from megatron.bridge import AutoBridge
 
     special: dict[str, int | None] = {}

@@ -84,6 +84,7 @@ def start(args: Any) -> int:
 def start_multinode(args: Any, overrides: list[str], cfg: Any, run: Any) -> int:
     import os
 
+    from kaiyuan_recipes.config.plan_file import node_decides_note
     from kaiyuan_recipes.launch.ssh import MultiNodeRun
     from kaiyuan_recipes.launch.torchrun import ENTRY_MODULE
     from kaiyuan_recipes.training.validate import validate
@@ -100,14 +101,6 @@ def start_multinode(args: Any, overrides: list[str], cfg: Any, run: Any) -> int:
     print(f"started {args.run_name} on {len(pids)} node(s): {', '.join(n.host for n in spec.nodes)}; "
           f"kaiyuan status {args.run_name} --run-root {run.run_dir.parent}")
     return 0
-
-
-def node_decides_note(run: Any) -> str:
-    """What a dry run on a launch host says instead of a layer spec and fast path decided here."""
-    from kaiyuan_recipes.config.plan_file import NODE_DECIDES
-
-    return (f"kaiyuan: layer spec and fast path: {NODE_DECIDES} (kaiyuan.layer_spec={run.layer_spec_knob}); its "
-            f"rank 0 writes them to {run.layout.plan} (kaiyuan status shows them)")
 
 
 def stop(args: Any) -> int:

@@ -46,7 +46,7 @@ def start_slurm(args: Any, overrides: list[str], cfg: Any, run: Any) -> int:
     if args.dry_run:
         import sys
 
-        from kaiyuan_recipes.cli.lifecycle import node_decides_note
+        from kaiyuan_recipes.config.plan_file import node_decides_note
 
         print(node_decides_note(run), file=sys.stderr)
         print(job.sbatch_script(target), end="")

@@ -29,11 +29,11 @@ from kaiyuan_recipes.compat.megatron_core import (
     ensure_optimizer_state_for_load,
     init_optimizer_state_before_load,
     nemo2_distributed_optimizer_saves,
-    patch_method,
     restore_adam_step_per_parameter,
     separate_full_graph_pools,
 )
 from kaiyuan_recipes.compat.nemo_run import quote_srun_arguments
+from kaiyuan_recipes.compat.patching import patch_method
 from kaiyuan_recipes.compat.torch_cuda import graph_capture
 from kaiyuan_recipes.compat.torch_dcp import RefusedPickle, restricted_dcp_metadata
 
@@ -104,16 +104,13 @@ def apply() -> None:
 
 
 def import_megatron_bridge() -> types.ModuleType:
-    """Import megatron.bridge with the workarounds in place, and what reading our configs needs (the fast
-    path's loading hooks); the single entry point for it."""
+    """Import megatron.bridge with the workarounds in place. A process that builds or reads back one of our models
+    calls fastpath.prepare_megatron_bridge, which adds what reading our configs needs."""
     apply()
     import megatron.bridge as bridge
     import megatron.bridge.training.initialize  # noqa: F401  (so the helpers patch reaches it)
 
     skip_prebuilt_helpers_build()
-    from kaiyuan_recipes.fastpath.loading import register_loading_hooks
-
-    register_loading_hooks()
     return bridge
 
 

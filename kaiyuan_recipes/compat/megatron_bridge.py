@@ -10,9 +10,9 @@ import importlib.util
 import sys
 import types
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from kaiyuan_recipes.compat.megatron_core import patch_method
+from kaiyuan_recipes.compat.patching import patch_method
 
 # The LoRA modules that megatron-bridge imports from `import megatron.bridge` (peft_bridge, recipes, flop_utils).
 # Which of them import Transformer Engine at module level depends on the version: 0.6.2 lora_layers only,
@@ -165,21 +165,20 @@ def size_weight_decay_by_max_steps() -> bool:
     return patch_method(ConfigContainer, "_calculate_scheduler_steps", wrap)
 
 
-def wgrad_fusion_without_apex(model: Any, standin: bool = True) -> str | None:
+def wgrad_fusion_without_apex(model: Any, standin: Callable[[], bool] | None = None) -> str | None:
     """megatron-bridge 0.6.2 turns gradient_accumulation_fusion on wherever Transformer Engine imports
     (utils/fusions.py: "TE handles fuse_wgrad_accumulation internally"), but the GPT output layer is megatron-core's
     ColumnParallelLinear on every spec, TE's included, and it refuses the setting without Apex's
-    fused_weight_gradient_mlp_cuda: a TE host without Apex cannot build the model. There, give the layers torch's
-    fp32-output addmm as that extension (the fast path's stand-in; TE's own layers keep fusing), or turn the setting
-    off where torch has no such kernel or `standin` is False (Megatron-FSDP: the stand-in is not made for its
-    gradient buffers). Returns what was done, or None where nothing was needed."""
+    fused_weight_gradient_mlp_cuda: a TE host without Apex cannot build the model. There, install `standin` as that
+    extension (the caller passes the fast path's fastpath.apex_standins.torch_wgrad_accumulation, torch's fp32-output
+    addmm; TE's own layers keep fusing; it returns whether it could), or turn the setting off where the stand-in
+    cannot be installed or there is none (Megatron-FSDP: the stand-in is not made for its gradient buffers). Returns
+    what was done, or None where nothing was needed."""
     from megatron.core.tensor_parallel import layers
 
     if not getattr(model, "gradient_accumulation_fusion", False) or layers._grad_accum_fusion_available:
         return None
-    from kaiyuan_recipes.fastpath.apex_standins import torch_wgrad_accumulation
-
-    if standin and torch_wgrad_accumulation():
+    if standin is not None and standin():
         return "torch stand-in for fused_weight_gradient_mlp_cuda"
     model.gradient_accumulation_fusion = False
     return "gradient_accumulation_fusion off"

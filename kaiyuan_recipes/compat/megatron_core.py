@@ -4,21 +4,12 @@ environment) a CUDA build that fails uncaught on a host without a GPU."""
 
 from __future__ import annotations
 
-import functools
 import importlib
 import types
-from typing import Any, Callable
+from typing import Any
 
-
-def patch_method(cls: type, name: str, wrap: Callable[[Any], Any]) -> bool:
-    """Replace cls.name by wrap(original) once (marked, so applying twice is a no-op); returns True."""
-    original = getattr(cls, name)
-    if getattr(original, "_kaiyuan_patched", False):
-        return True
-    patched = functools.wraps(original)(wrap(original))
-    patched._kaiyuan_patched = True
-    setattr(cls, name, patched)
-    return True
+from kaiyuan_recipes.compat.megatron_bridge import install_lora_placeholder
+from kaiyuan_recipes.compat.patching import patch_method
 
 
 def ensure_optimizer_state_for_load(dist_optimizer: Any, is_loading: bool) -> bool:
@@ -51,8 +42,8 @@ def init_optimizer_state_before_load() -> bool:
 
 def restore_adam_step_per_parameter() -> bool:
     """megatron-core 0.19, distributed optimizer without Apex/TE (torch AdamW keeps a 'step' tensor per
-    parameter), two defects in DistributedOptimizer.load_state_dict, both seen on the H200 as a resumed
-    run whose first step matches the uninterrupted run and whose second does not:
+    parameter), two defects in DistributedOptimizer.load_state_dict, both showing as a resumed run whose
+    first step matches the uninterrupted run and whose second does not:
     - it gives every parameter the *same* step tensor; torch's foreach/fused AdamW then adds 1 to that
       one tensor once per parameter per step, so after one step Adam's bias correction is far off;
     - the dp_reshardable parameter-state load then copies the template's stale step (a non-persistent
@@ -81,7 +72,7 @@ def restore_adam_step_per_parameter() -> bool:
 
 
 # Settings a model needs on Megatron's local (non-TE) layer spec where upstream's default fails
-# without Transformer Engine / Apex. Measured on an H200 (tests/gpu/test_local_spec_compat.py):
+# without Transformer Engine / Apex. On a GPU (tests/gpu/test_local_spec_compat.py checks each):
 # only the masked-softmax fusion; rope, bias-activation, bias-dropout and gradient-accumulation
 # fusions already default to off or switch themselves off, and cross-entropy fusion and
 # transformer_impl="transformer_engine" train fine on the local spec.
@@ -140,7 +131,7 @@ def separate_full_graph_pools(model_cfg: Any) -> None:
     (train._delete_cuda_graphs), but megatron-core keeps the process-wide pool handle that graph owned
     (full_cuda_graph._shared_graph_pool). The final evaluation then captures its graph into that released pool
     and PyTorch asserts (`use_count > 0 INTERNAL ASSERT FAILED`, CUDACachingAllocator.cpp): every run with
-    model.cuda_graph_impl=full_iteration that reaches train_iters failed there on the H200. With one pool per
+    model.cuda_graph_impl=full_iteration that reaches train_iters fails there. With one pool per
     capture the validation graph gets a pool of its own; the cost is that pool's memory beside training's."""
     model_cfg.cuda_graph_use_single_mempool = False
 
@@ -164,8 +155,6 @@ def cpu_checkpoint_save() -> bool:
 
     if torch.cuda.is_available():
         return False
-    from kaiyuan_recipes.compat.megatron_bridge import install_lora_placeholder
-
     install_lora_placeholder()  # the bridge module below imports megatron.bridge
     for name in _CHECKPOINT_SAVE_MODULES:
         module = importlib.import_module(name)
@@ -192,8 +181,8 @@ def cpu_cuda_arch_list() -> bool:
 def nemo2_distributed_optimizer_saves() -> bool:
     """megatron-core 0.15 (NeMo 2.7's) without Transformer Engine or Apex falls back to torch's AdamW, whose scalar
     'step' state its distributed optimizer cannot save: the first checkpoint fails with
-    `(torch.Size([]), 0, <parameter size>)` (seen on the H200, 2026-12-03). The NeMo 2 factories then use the plain
-    optimizer (the same Adam on one data-parallel rank; optimizer memory not sharded over more)."""
+    `(torch.Size([]), 0, <parameter size>)`. The NeMo 2 factories then use the plain optimizer (the same Adam on
+    one data-parallel rank; optimizer memory not sharded over more)."""
     import importlib.util
 
     return any(importlib.util.find_spec(m) is not None for m in ("transformer_engine", "apex"))

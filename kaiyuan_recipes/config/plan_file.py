@@ -66,3 +66,9 @@ def plan_brief(record: dict[str, Any]) -> dict[str, Any]:
         "world_size": record.get("world_size"),
         "digest": plan_digest(record),
     }
+
+
+def node_decides_note(run: Any) -> str:
+    """What a dry run on a launch host says instead of a layer spec and fast path decided there."""
+    return (f"kaiyuan: layer spec and fast path: {NODE_DECIDES} (kaiyuan.layer_spec={run.layer_spec_knob}); its "
+            f"rank 0 writes them to {run.layout.plan} (kaiyuan status shows them)")

@@ -26,9 +26,9 @@ def _wgrad_accum_same_dtype(total_input: Any, grad_output: Any, main_grad: Any) 
 def torch_wgrad_accumulation() -> bool:
     """megatron-core fuses a linear layer's weight-gradient GEMM with the accumulation into the fp32 main grad
     (gradient_accumulation_fusion) only through Apex's fused_weight_gradient_mlp_cuda extension or TE. Without
-    them every weight gradient is materialised in bf16 and added to main_grad by a separate kernel (34 ms of
-    qwen3_1p7b's step on the H200). torch's addmm with out_dtype (CUDA: bf16 inputs, fp32 output, torch 2.8+)
-    is that accumulate in one call: installed as the extension megatron-core's layers call. For
+    them every weight gradient is materialised in bf16 and added to main_grad by a separate kernel (one more
+    pass over every weight's gradient in each micro-batch). torch's addmm with out_dtype (CUDA: bf16 inputs, fp32
+    output, torch 2.8+) is that accumulate in one call: installed as the extension megatron-core's layers call. For
     kaiyuan.wgrad_fusion; returns whether the layers can fuse now."""
     import torch
     from megatron.core.tensor_parallel import layers

@@ -2,9 +2,8 @@
 GPTModel's output layer hands its input and weight to the loss instead of computing [tokens, vocab]
 logits; the loss computes logits, log-sum-exp and the logits' gradient a chunk of tokens at a time in the
 forward, and keeps only that gradient (bf16) for the backward. For qwen3_1p7b at micro batch 2 × 4096 that is
-2.5 GB; whole logits are 2.5 GB in bf16, 5 GB in fp32 for the softmax and as much again for their gradient
-(qwen3_1p7b's peak on the H200: 62.0 GB with them, 53.4 GB with this loss; lm head + loss alone at 8,192
-tokens 3.04 vs 13.91 GiB: benchmarks/results/2026-11-30_fast_spec_gpu_chunked_wgrad.json).
+2.5 GB; whole logits are 2.5 GB in bf16, 5 GB in fp32 for the softmax and as much again for their gradient, so
+with a vocabulary this large the loss, not the layers, sets the step's peak memory.
 
 Installed as a Megatron-Bridge pre-wrap hook (install_chunked_loss); the model's parameters, state dict and
 checkpoints are unchanged. Logits are still produced on request (no labels: inference, export checks)."""

@@ -1,13 +1,14 @@
-"""What reading a fast-spec model's config needs in any process (training, export, serving), registered when
-megatron.bridge is imported (compat.import_megatron_bridge). Not performance patches: a checkpoint's
-run_config.yaml names our layer-spec function (Megatron-Bridge instantiates only allowlisted modules) and says
-apply_rope_fusion=True, which megatron-core refuses while its fused-RoPE hooks are empty."""
+"""What reading a fast-spec model's config needs in any process (training, export, serving). Not performance
+patches: a checkpoint's run_config.yaml names our layer-spec function (Megatron-Bridge instantiates only allowlisted
+modules) and says apply_rope_fusion=True, which megatron-core refuses while its fused-RoPE hooks are empty."""
 
 from __future__ import annotations
 
-# kaiyuan_recipes.fastpath.spec: where checkpoints written before the fast path had its own package name
-# the layer spec.
-CONFIG_TARGET_PREFIXES = ("kaiyuan_recipes.fastpath.", "kaiyuan_recipes.models.")
+import types
+
+from kaiyuan_recipes import compat
+
+CONFIG_TARGET_PREFIXES = ("kaiyuan_recipes.fastpath.",)
 
 
 def register_loading_hooks() -> None:
@@ -18,3 +19,11 @@ def register_loading_hooks() -> None:
     for prefix in CONFIG_TARGET_PREFIXES:
         register_allowed_target_prefix(prefix)
     register_compiled_rope()
+
+
+def prepare_megatron_bridge() -> types.ModuleType:
+    """megatron.bridge with the upstream workarounds in place (compat.import_megatron_bridge) and the loading hooks
+    registered: the entry point for a process that builds or reads back one of our models."""
+    bridge = compat.import_megatron_bridge()
+    register_loading_hooks()
+    return bridge

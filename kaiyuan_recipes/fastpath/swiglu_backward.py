@@ -1,7 +1,7 @@
 """SwiGLU's backward as one Triton kernel that reads the gate, the up projection and the upstream gradient once
 and writes both halves of the input gradient. megatron-core's compiled swiglu_back returns the two halves as a
-concatenation, and inductor's kernel for it reads the gate half and the upstream gradient twice, at ~3 of the
-H200's ~4.8 TB/s: 24.7 ms of qwen3_1p7b's 783 ms step (benchmarks/results/2026-12-01_profile_qwen3_1p7b_graph.json).
+concatenation, and inductor's kernel for it reads the gate half and the upstream gradient twice. The kernel is
+bound by memory traffic and runs in every MLP layer's backward, so the reads it repeats are the time it wastes.
 
 Installed into megatron-core's SwiGLUFunction (the fast spec's bias-free SwiGLU, bias_activation_fusion=True) by
 register_swiglu_backward when the plan says so (kaiyuan.swiglu_backward); anything the kernel does not cover

@@ -40,6 +40,7 @@ from kaiyuan_recipes.launch.supervise import (
     record_exit,
     run_alive,
     run_foreground,
+    running_pid,
     terminate,
 )
 
@@ -74,8 +75,7 @@ class LocalRun(Run):
     def running_pid(self) -> int | None:
         """While anything of the run is alive: its supervisor, or with the supervisor gone a process of the run
         that is still alive; None when nothing is."""
-        alive = self.alive()
-        return alive.supervisor or (alive.processes[0] if alive.processes else None)
+        return running_pid(self.layout.state)
 
     def _check_inside_run_dir(self) -> None:
         """Run state is written only inside the run directory: a state or log folder that is a symlink leading out

@@ -38,6 +38,7 @@ from kaiyuan_recipes.launch.failure import TAIL_BYTES, last_exception
 from kaiyuan_recipes.launch.run import Run, RunError
 from kaiyuan_recipes.launch.slurm_spec import SlurmSpec, job_name, time_limit_seconds
 from kaiyuan_recipes.launch.ssh import Node
+from kaiyuan_recipes.launch.supervise import running_pid
 
 # sacct's states of a job that has not ended, as `kaiyuan status` words them; the ended ones: run_state().
 STATES = {"PENDING": "pending", "REQUEUED": "pending", "REQUEUE_HOLD": "pending", "REQUEUE_FED": "pending",
@@ -196,10 +197,9 @@ class SlurmRun(Run):
     def _refuse_if_running_elsewhere(self) -> None:
         """The same run directory trained by a run on this node or over SSH as well would interleave two
         trainings in one directory: refused while one of those is alive."""
-        from kaiyuan_recipes.launch.lifecycle import LocalRun
         from kaiyuan_recipes.launch.ssh import MultiNodeRun
 
-        if (pid := LocalRun(self.run_dir).running_pid()) is not None:
+        if (pid := running_pid(self.layout.state)) is not None:
             raise SlurmError(f"run {self.name!r} is running on this node (supervisor pid {pid}); "
                              f"`kaiyuan stop {self.name}` first")
         if self.layout.multinode_state.is_file() and MultiNodeRun(self.run_dir).status()["state"] == "running":

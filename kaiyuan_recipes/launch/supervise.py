@@ -31,7 +31,7 @@ from kaiyuan_recipes.config.run_layout import CHILD_PID_FILE, EXIT_FILE, IDENTIT
 from kaiyuan_recipes.launch import membership
 from kaiyuan_recipes.launch.identity import IdentityError, ProcessIdentity
 from kaiyuan_recipes.launch.run import RunError
-from kaiyuan_recipes.launch.run_records import read_exit, read_object
+from kaiyuan_recipes.launch.run_records import RunStateError, read_exit, read_object
 
 SUPERVISED_ENV = "KAIYUAN_SUPERVISED"  # set for the command a supervisor runs: it records nothing itself
 
@@ -190,6 +190,17 @@ def run_alive(state_dir: Path) -> Alive:
     processes = tuple(membership.members(state_dir, also=recorded))
     supervisor = recorded[0] if recorded and recorded[0] in processes else None
     return Alive(supervisor, processes, state_dir)
+
+
+def running_pid(state_dir: Path) -> int | None:
+    """While anything of the run recorded in `state_dir` is alive: its supervisor, or with the supervisor gone a
+    process of the run that is still alive; None when nothing is. Every back-end asks it before starting in a run
+    directory (a run on this node there would interleave two trainings)."""
+    try:
+        alive = run_alive(state_dir)
+    except IdentityError as err:
+        raise RunStateError(str(err)) from None
+    return alive.supervisor or (alive.processes[0] if alive.processes else None)
 
 
 def live_supervisor(state_dir: Path) -> ProcessIdentity | None:

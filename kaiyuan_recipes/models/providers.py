@@ -8,6 +8,7 @@ from typing import Any
 
 from kaiyuan_recipes import compat
 from kaiyuan_recipes.config.knobs import LAYER_SPECS
+from kaiyuan_recipes.fastpath.loading import prepare_megatron_bridge
 
 ACTIVATIONS = ("silu", "gelu", "relu")
 # Stated in model.yaml for validation and HF export; RoPE models have no position table.
@@ -24,7 +25,7 @@ def _activation(name: str):
 
 def build_provider(shape: dict[str, Any], layer_spec: str = "auto"):
     """A GPTModelProvider from GPTModelProvider field names; `activation_func` given by name."""
-    compat.import_megatron_bridge()
+    prepare_megatron_bridge()
     import dataclasses
 
     from megatron.bridge.models.gpt_provider import GPTModelProvider
@@ -80,7 +81,7 @@ def select_layer_spec(provider, layer_spec: str = "auto"):
     else:
         compat.apply_local_spec_settings(provider)
     if layer_spec == "fast":  # the local spec with SDPA core attention (fastpath/spec.py)
-        # (its compiled RoPE hooks are filled by compat.import_megatron_bridge, which build_provider called)
+        # (its compiled RoPE hooks are filled by prepare_megatron_bridge, which build_provider called)
         from kaiyuan_recipes.fastpath.spec import use_fast_spec
 
         use_fast_spec(provider)

@@ -20,6 +20,7 @@ from kaiyuan_recipes.config import overrides as ov
 from kaiyuan_recipes.config.knobs import Knobs
 from kaiyuan_recipes.config.recipe_tree import load_recipe_tree
 from kaiyuan_recipes.config.run_layout import RunLayout
+from kaiyuan_recipes.fastpath.apex_standins import torch_wgrad_accumulation
 from kaiyuan_recipes.fastpath.decisions import FastPathPlan
 from kaiyuan_recipes.models.providers import resolve_layer_spec
 from kaiyuan_recipes.models.shape import ModelShape
@@ -150,7 +151,8 @@ def _wgrad_fusion_as_decided(cfg: Any, run: RunSettings, container_overrides: li
     if run.layer_spec != "transformer_engine" and not any(
             ov.split_key(o)[0] == "model.gradient_accumulation_fusion" for o in container_overrides):
         cfg.model.gradient_accumulation_fusion = run.fastpath.on("wgrad_fusion")
-    run.wgrad_fusion_without_apex = compat.wgrad_fusion_without_apex(cfg.model, standin=run.zero_stage < 2)
+    standin = torch_wgrad_accumulation if run.zero_stage < 2 else None
+    run.wgrad_fusion_without_apex = compat.wgrad_fusion_without_apex(cfg.model, standin=standin)
 
 
 def _megatron_fsdp_grads_as_declared(cfg: Any) -> None:
@@ -264,7 +266,7 @@ def build_config(recipe: str, overrides: list[str] | None = None, decided: NodeD
     fast path as the run's plan file records them (taken, not decided again); `decide_here=False`: on a host that
     launches but does not train, the layer spec and fast path are left to the training node (RunSettings.decided
     says "node"; a stand-in spec is built)."""
-    compat.import_megatron_bridge()
+    fastpath.prepare_megatron_bridge()
     from megatron.bridge.training.config import ConfigContainer, DistributedDataParallelConfig
 
     overrides = list(overrides or [])

@@ -29,6 +29,7 @@ def prepare_run_dirs(run: RunSettings) -> None:
 
 def worker_callbacks(cfg: Any, run: RunSettings, phase: Any = None) -> list[Any]:
     """The Megatron-Bridge callbacks a worker trains with (`phase`: its RunPhaseCallback)."""
+    from kaiyuan_recipes.training.console_progress import ConsoleProgressCallback
     from kaiyuan_recipes.training.metrics import RunMetricsCallback
     from kaiyuan_recipes.training.profiling import ProfileSummaryCallback
 
@@ -45,7 +46,8 @@ def worker_callbacks(cfg: Any, run: RunSettings, phase: Any = None) -> list[Any]
         from kaiyuan_recipes.training.loss_guard import NonFiniteLossCallback
 
         callbacks.append(NonFiniteLossCallback())
-    return callbacks + fastpath.callbacks(run.fastpath) + run_logging.progress_callbacks(cfg)
+    progress = ConsoleProgressCallback(cfg.logger.log_interval, cfg.dataset.seq_length)  # the console's line
+    return callbacks + fastpath.callbacks(run.fastpath) + [progress]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -246,10 +246,3 @@ def start_console(cfg: Any, run: Any) -> Path:
     path = start_full_log(run.layout.logs)
     print_decided(decided_lines(cfg, run))
     return path
-
-
-def progress_callbacks(cfg: Any) -> list[Any]:
-    """The per-interval console line's callback."""
-    from kaiyuan_recipes.training.console_progress import ConsoleProgressCallback
-
-    return [ConsoleProgressCallback(cfg.logger.log_interval, cfg.dataset.seq_length)]

@@ -144,9 +144,9 @@ def main() -> None:
     )
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from kaiyuan_recipes import compat
+    from kaiyuan_recipes import fastpath
 
-    compat.import_megatron_bridge()
+    fastpath.prepare_megatron_bridge()  # a fast-spec checkpoint names our layer spec
     from megatron.bridge.training.model_load_save import load_megatron_model
 
     ensure_single_process_group()

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from provenance import provenance, write_json  # noqa: E402
 
-from kaiyuan_recipes.training.metrics_log import read_metrics  # noqa: E402
+from kaiyuan_recipes.config.run_layout import read_metrics  # noqa: E402
 
 
 def losses(run_dir: Path) -> dict[int, float]:
