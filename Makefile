@@ -119,7 +119,7 @@ test: env env-nemo2 env-fw2606 test-services lint
 
 # ruff with the project's settings (pyproject.toml [tool.ruff]); the version is pinned in the dev extra.
 lint: env
-	$(BIN)/ruff check kaiyuan_recipes exporters tests benchmarks recipes lab
+	$(BIN)/ruff check kaiyuan_recipes tests benchmarks recipes lab
 
 clean:
 	rm -rf $(VENV) $(VENV2) $(VENV3) runs
