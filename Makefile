@@ -122,7 +122,7 @@ test: env env-nemo2 env-fw2606 test-services lint
 # ruff with the project's settings (pyproject.toml [tool.ruff]), then the package's layers and no import cycles
 # (import-linter, pyproject.toml [tool.importlinter]); both pinned in the dev extra.
 lint: env
-	$(BIN)/ruff check kaiyuan_recipes exporters tests benchmarks recipes lab
+	$(BIN)/ruff check kaiyuan_recipes tests benchmarks recipes lab
 	$(BIN)/lint-imports --no-cache
 
 clean:

@@ -1,6 +1,6 @@
 """Peak memory of `kaiyuan ckpt verify | diff | inspect` on a full-size checkpoint, against loading it whole.
 
-A qwen3_1p7b-shaped model (ModelShape.for_recipe, bf16, local spec; exporters' build_cpu_model) is saved twice on
+A qwen3_1p7b-shaped model (ModelShape.for_recipe, bf16, local spec; export's build_cpu_model) is saved twice on
 this CPU host with Megatron-Bridge's save_megatron_model (megatron-core's dist_checkpointing.save, torch_dist,
 gloo, world size 1): A, and B with every decoder weight perturbed. Weights only: no optimizer state (a 2B model's
 fp32 main copy and Adam moments would be 24 GB, more than this host's RAM). Then each command runs in a fresh
@@ -44,10 +44,10 @@ FLOOR = "import kaiyuan_recipes.cli.main, kaiyuan_recipes.ckpt.verify, kaiyuan_r
 def write_checkpoints(recipe: str, work: Path) -> dict[str, Any]:
     """A and B (decoder weights scaled by 1.01) under work/; run in its own process, so its memory goes with it."""
     import torch
-    from kaiyuan_exporters.hf_to_megatron import build_cpu_model
-    from kaiyuan_exporters.megatron_to_hf import bridge_for, ensure_single_process_group
 
     from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir, tokenizer_vocab_size
+    from kaiyuan_recipes.export.hf_to_megatron import build_cpu_model
+    from kaiyuan_recipes.export.megatron_to_hf import bridge_for, ensure_single_process_group
     from kaiyuan_recipes.models.shape import ModelShape
 
     ensure_single_process_group()  # gloo, one rank, in-process store (as the export's own)
@@ -88,10 +88,10 @@ def dcp_whole_load(ckpt: str) -> None:
 def mcore_whole_load(recipe: str, ckpt: str) -> None:
     """megatron-core's dist_checkpointing.load of the model's sharded_state_dict, the model built first."""
     import torch
-    from kaiyuan_exporters.hf_to_megatron import build_cpu_model
-    from kaiyuan_exporters.megatron_to_hf import ensure_single_process_group
     from megatron.core import dist_checkpointing
 
+    from kaiyuan_recipes.export.hf_to_megatron import build_cpu_model
+    from kaiyuan_recipes.export.megatron_to_hf import ensure_single_process_group
     from kaiyuan_recipes.models.shape import ModelShape
 
     ensure_single_process_group()

@@ -24,10 +24,9 @@ def main() -> None:
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    from kaiyuan_exporters.hf_to_megatron import build_cpu_model
-    from kaiyuan_exporters.megatron_to_hf import bridge_for, ensure_single_process_group, export_hf
-
     from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir, tokenizer_vocab_size
+    from kaiyuan_recipes.export.hf_to_megatron import build_cpu_model
+    from kaiyuan_recipes.export.megatron_to_hf import bridge_for, ensure_single_process_group, export_hf
     from kaiyuan_recipes.models.shape import ModelShape
 
     shutil.rmtree(args.work, ignore_errors=True)

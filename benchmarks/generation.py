@@ -92,9 +92,10 @@ def write_random_qwen3(path: Path) -> Path:
 def fp32_agreement(hf_dir: Path, batch: list[list[int]], new_tokens: int) -> dict:
     """In fp32 (no bf16 near-ties), the default (compiled) batch decoder against transformers' generate, same
     weights."""
-    from kaiyuan_exporters.serving.batch_decoder import Envelope
-    from kaiyuan_exporters.serving.engine import GenerationEngine, Request
     from transformers import AutoModelForCausalLM
+
+    from kaiyuan_recipes.serve.batch_decoder import Envelope
+    from kaiyuan_recipes.serve.engine import GenerationEngine, Request
 
     model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).cuda().eval()
     ref = hf_generate(model, batch, new_tokens)
@@ -122,9 +123,10 @@ def main() -> None:
     ap.add_argument("--baselines", nargs="+", default=list(HF_BASELINES), choices=list(HF_BASELINES))
     args = ap.parse_args()
     began = time.perf_counter()  # progress lines: where a run cut short was
-    from kaiyuan_exporters.serving.batch_decoder import Envelope
-    from kaiyuan_exporters.serving.engine import GenerationEngine, Request, Sampling
     from transformers import AutoModelForCausalLM
+
+    from kaiyuan_recipes.serve.batch_decoder import Envelope
+    from kaiyuan_recipes.serve.engine import GenerationEngine, Request, Sampling
 
     hf_dir = write_random_qwen3(args.random_qwen3) if args.random_qwen3 else args.hf_dir
     envelope = Envelope(max(args.batch_sizes), -(-(args.prompt_len + args.new_tokens) // 256) * 256)
@@ -188,7 +190,7 @@ def report(args, hf_dir, results: dict, agreement: dict | None, complete: bool) 
     write_json(args.out, {**provenance(this_command()), "model": str(hf_dir),
                           "prompt_tokens": args.prompt_len, "new_tokens": args.new_tokens,
                           "greedy": not args.sampled, "sampling": SAMPLED if args.sampled else None,
-                          "ours": "kaiyuan_exporters.serving.engine (batch_decoder.py) per mode: compiled = one "
+                          "ours": "kaiyuan_recipes.serve.engine (batch_decoder.py) per mode: compiled = one "
                                   "decoder layer through torch.compile for all layers, the step then captured "
                                   "into a CUDA graph per bucketed (batch, cache length) at warm-up; "
                                   "compiled_whole = the whole forward compiled instead; graph = the eager step "

@@ -1,6 +1,6 @@
 """Load on a real `kaiyuan serve`, against today's server as the baseline in the same run: each side is a
 server process this script starts (this checkout's code, or --baseline-src's: a directory holding an older
-copy of kaiyuan_recipes/ and exporters/, e.g. a `git archive` of main), driven over HTTP by the `openai`
+copy of the repository, e.g. a `git archive` of main), driven over HTTP by the `openai`
 package's async client: --clients concurrent clients, each sending --requests-per-client requests one after
 the other, prompts of --prompt-len tokens (token-id prompts), --new-tokens new tokens, a third greedy, a
 third sampled (temperature 0.8, top-p 0.95), a third streamed (greedy and sampled in turn). Per side: time
@@ -81,10 +81,12 @@ def gpu_memory_mib(pid: int) -> int | None:
 
 def start_server(source: Path, model: Path, port: int, args: list[str], log: Path,
                  timeout_s: float) -> tuple[subprocess.Popen, float, dict]:
-    """`kaiyuan serve` from `source`'s code (run in `source`, which `python -m` puts first on the path, and its
-    exporters/ first on PYTHONPATH), ready when /health is a 200."""
+    """`kaiyuan serve` from `source`'s code (run in `source`, which `python -m` puts first on the path, and first
+    on PYTHONPATH), ready when /health is a 200."""
     inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]  # (the wheels' site)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(source), str(source / "exporters"), *inherited]))
+    # a copy from before the server moved into kaiyuan_recipes/serve/ keeps it in a second package, exporters/
+    older = [str(source / "exporters")] if (source / "exporters").is_dir() else []
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(source), *older, *inherited]))
     start = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "kaiyuan_recipes.cli.main", "serve", str(model.resolve()), "--port",
                              str(port), *args], env=env, cwd=source, stdout=log.open("w"), stderr=subprocess.STDOUT)
@@ -239,7 +241,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("hf_dir", type=Path, nargs="?")
     ap.add_argument("--random-qwen3", type=Path, help="write a random-weight qwen3_1p7b here (unless there) and use it")
-    ap.add_argument("--baseline-src", type=Path, help="an older copy of the repo (kaiyuan_recipes/, exporters/)")
+    ap.add_argument("--baseline-src", type=Path, help="an older copy of the repo")
     ap.add_argument("--baseline-json", type=Path, help="take the baseline side from this earlier result instead")
     ap.add_argument("--ours-json", type=Path, help="take our side from this earlier result instead")
     ap.add_argument("--sides", nargs="+", default=["ours", "baseline"], choices=["ours", "baseline"])

@@ -69,9 +69,10 @@ def megatron_parallel():
 
 @pytest.fixture(scope="module")
 def process_group():
-    """The export's own single-process group (kaiyuan_exporters.megatron_to_hf), torn down after the module."""
+    """The export's own single-process group (kaiyuan_recipes.export.megatron_to_hf), torn down after the module."""
     import torch
-    from kaiyuan_exporters.megatron_to_hf import ensure_single_process_group
+
+    from kaiyuan_recipes.export.megatron_to_hf import ensure_single_process_group
 
     ensure_single_process_group()
     yield

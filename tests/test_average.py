@@ -115,7 +115,7 @@ def test_weights_that_are_not_finite_non_negative_numbers_are_named(run, tmp_pat
 
 
 def test_all_zero_weights_are_refused_and_huge_ones_normalise(run, tmp_path, capsys):
-    from kaiyuan_exporters.average import choose_checkpoints
+    from kaiyuan_recipes.export.average import choose_checkpoints
 
     rc, _, err = average(capsys, run, tmp_path / "x", "--last", "2", "--weights", "0,0")
     assert rc == 2 and "--weights 0.0,0.0: all zero" in err

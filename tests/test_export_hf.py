@@ -7,10 +7,10 @@ import json
 
 import pytest
 import torch
-from kaiyuan_exporters.hf_to_megatron import build_cpu_model, import_hf
-from kaiyuan_exporters.megatron_to_hf import bridge_for, checkpoint_shape, export_hf, newest_iteration_dir
 
 from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
+from kaiyuan_recipes.export.hf_to_megatron import build_cpu_model, import_hf
+from kaiyuan_recipes.export.megatron_to_hf import bridge_for, checkpoint_shape, export_hf, newest_iteration_dir
 
 SMALL = dict(num_layers=2, hidden_size=128, ffn_hidden_size=256, num_attention_heads=4, num_query_groups=2,
              kv_channels=32, seq_length=256, max_position_embeddings=256, position_embedding_type="rope",

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 import torch
-from kaiyuan_exporters.megatron_to_hf import newest_iteration_dir
 
+from kaiyuan_recipes.export.megatron_to_hf import newest_iteration_dir
 from kaiyuan_recipes.fastpath import TRAINING_STEP_MODEL_FIELDS
 from kaiyuan_recipes.training.config import build_config
 
@@ -88,7 +88,7 @@ def test_every_knob_combination_exports_in_a_fresh_process(tmp_path, process_gro
 
 
 def test_zero2_checkpoint_is_refused_with_the_way_to_an_exportable_one(tmp_path, process_group):
-    from kaiyuan_exporters.megatron_to_hf import export_hf
+    from kaiyuan_recipes.export.megatron_to_hf import export_hf
 
     cfg, _ = build_config("gpt_smoke", SMALL + ["kaiyuan.layer_spec=fast", "kaiyuan.zero_stage=2"])
     assert cfg.checkpoint.ckpt_format == "fsdp_dtensor"

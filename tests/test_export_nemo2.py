@@ -5,10 +5,10 @@ loads it with the same tensors. The NeMo half (NeMo's loader on a trained checkp
 
 import pytest
 import torch
-from kaiyuan_exporters.hf_to_megatron import build_cpu_model
 from test_export_hf import SMALL
 
 from kaiyuan_recipes.cli.main import main
+from kaiyuan_recipes.export.hf_to_megatron import build_cpu_model
 from kaiyuan_recipes.nemo2.weights import FORMAT, load_weights, newest_checkpoint, save_weights
 
 SHAPE = SMALL | {"qk_layernorm": True, "rotary_base": 1000000}
@@ -50,8 +50,7 @@ def test_nemo2_weights_export_to_hf_with_the_same_tensors(tmp_path, original, mo
 
 
 def test_a_checkpoint_of_another_shape_is_named(tmp_path, original, monkeypatch):
-    from kaiyuan_exporters.nemo2_to_hf import export_nemo2_hf
-
+    from kaiyuan_recipes.export.nemo2_to_hf import export_nemo2_hf
     from kaiyuan_recipes.models.shape import ModelShape
 
     weights = nemo_style_dump(tmp_path / "w.safetensors", original, hidden_size=256)
@@ -61,8 +60,7 @@ def test_a_checkpoint_of_another_shape_is_named(tmp_path, original, monkeypatch)
 
 
 def test_missing_tensors_are_named_and_nothing_is_written(tmp_path, original):
-    from kaiyuan_exporters.nemo2_to_hf import export_nemo2_hf
-
+    from kaiyuan_recipes.export.nemo2_to_hf import export_nemo2_hf
     from kaiyuan_recipes.models.shape import ModelShape
 
     state = {f"module.{k}": v for k, v in original.state_dict().items() if "linear_fc2" not in k}

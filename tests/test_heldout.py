@@ -73,9 +73,8 @@ def test_empty_heldout_file(tmp_path):
 ])
 def test_heldout_and_eval_reject_the_same_multiple_choice_lines(tmp_path, extra, message):
     """One check, in one place: a line `kaiyuan data heldout` accepts is one `kaiyuan eval heldout` scores."""
-    from kaiyuan_exporters.heldout_eval import load_samples
-
     from kaiyuan_recipes.data.heldout import HeldoutError, read_heldout
+    from kaiyuan_recipes.eval.heldout_eval import load_samples
 
     path = tmp_path / "h.jsonl"
     path.write_text(json.dumps({"dimension": "math", "prompt": "1+1=", "completion": " 2"} | extra) + "\n")

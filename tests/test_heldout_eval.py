@@ -7,9 +7,9 @@ import shutil
 
 import pytest
 import torch
-from kaiyuan_exporters.heldout_eval import aggregate, evaluate_models, load_samples, score
 
 from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
+from kaiyuan_recipes.eval.heldout_eval import aggregate, evaluate_models, load_samples, score
 
 
 @pytest.fixture(scope="module")

@@ -79,9 +79,9 @@ def test_layouts_the_scorer_cannot_run_are_refused_up_front(tmp_path, heldout_fi
 @pytest.fixture()
 def trained(megatron_parallel, tmp_path, heldout_file, monkeypatch):
     """What the callback sees in a worker: the built config, Bridge's GlobalState, the model in train mode."""
-    from kaiyuan_exporters.hf_to_megatron import build_cpu_model
     from megatron.bridge.training.state import GlobalState
 
+    from kaiyuan_recipes.export.hf_to_megatron import build_cpu_model
     from kaiyuan_recipes.training.entry import worker_callbacks
 
     megatron_forward_on_cpu(monkeypatch.setattr)

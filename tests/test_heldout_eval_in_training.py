@@ -53,7 +53,7 @@ def heldout_file(tmp_path_factory):
 
 
 def build_model():
-    from kaiyuan_exporters.hf_to_megatron import build_cpu_model
+    from kaiyuan_recipes.export.hf_to_megatron import build_cpu_model
 
     torch.manual_seed(0)
     model = build_cpu_model(tiny_gpt_shape(num_layers=2, **SHAPE), torch.float32)
@@ -82,8 +82,8 @@ def in_training_rows(model, path, token_budget):
 
 
 def test_in_training_scores_equal_the_exported_models(model, heldout_file, tmp_path, monkeypatch):
-    from kaiyuan_exporters.heldout_eval import evaluate_models
-    from kaiyuan_exporters.megatron_to_hf import bridge_for, write_hf_dir
+    from kaiyuan_recipes.eval.heldout_eval import evaluate_models
+    from kaiyuan_recipes.export.megatron_to_hf import bridge_for, write_hf_dir
 
     megatron_forward_on_cpu(monkeypatch.setattr)
     # a budget of two 48-token rows: several batches, with padding, in the order the planner picks

@@ -70,11 +70,11 @@ def test_tokenizer_sha256_checked_when_given(tmp_path):
 
 
 def test_moe_roundtrip_through_torch_dist_and_kv_cache(tmp_path, megatron_parallel):
-    from kaiyuan_exporters.hf_to_megatron import build_cpu_model, import_hf
-    from kaiyuan_exporters.megatron_to_hf import bridge_for, export_hf
     from transformers import AutoModelForCausalLM
 
     from kaiyuan_recipes import compat
+    from kaiyuan_recipes.export.hf_to_megatron import build_cpu_model, import_hf
+    from kaiyuan_recipes.export.megatron_to_hf import bridge_for, export_hf
 
     compat.import_megatron_bridge()
     from megatron.bridge.training.model_load_save import load_megatron_model
@@ -97,7 +97,7 @@ def test_moe_roundtrip_through_torch_dist_and_kv_cache(tmp_path, megatron_parall
     cached = hf.generate(ids, use_cache=True, **kw)
     uncached = hf.generate(ids, use_cache=False, **kw)
     assert torch.equal(cached, uncached)
-    from kaiyuan_exporters.serving.engine import GenerationEngine, Request  # what `kaiyuan serve` runs
+    from kaiyuan_recipes.serve.engine import GenerationEngine, Request  # what `kaiyuan serve` runs
 
     engine = GenerationEngine(out, "cpu")
     served = engine.generate([Request(ids[0].tolist(), 12, ignore_eos=True)])[0].token_ids
@@ -199,9 +199,10 @@ def test_export_parity_counts_routing_flips(tmp_path, megatron_parallel, monkeyp
     decisions and the logits before each prompt's first flip are compared apart from those after."""
     import sys
 
-    from kaiyuan_exporters.hf_to_megatron import build_cpu_model
-    from kaiyuan_exporters.megatron_to_hf import bridge_for, export_hf
     from transformers import AutoModelForCausalLM
+
+    from kaiyuan_recipes.export.hf_to_megatron import build_cpu_model
+    from kaiyuan_recipes.export.megatron_to_hf import bridge_for, export_hf
 
     sys.path.insert(0, str(Path(__file__).parent / "gpu"))
     from conftest import megatron_forward_on_cpu

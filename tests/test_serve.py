@@ -257,7 +257,7 @@ def test_schemathesis_finds_the_server_as_its_openapi_document_says(server):
 def test_engine_streams_greedy_tokens_as_they_are_decoded(tiny_model):
     """The tokens a streaming request's callback receives, in order, are the completion's tokens, cut at
     max_new_tokens for each row, and the same as without streaming."""
-    from kaiyuan_exporters.serving.engine import GenerationEngine, Request
+    from kaiyuan_recipes.serve.engine import GenerationEngine, Request
 
     engine = GenerationEngine(tiny_model, "cpu")
     prompts = [engine.encode("Hello world, this is a test")[:4], engine.encode("另一个提示，用来测试批处理")[:6]]
@@ -275,7 +275,7 @@ def test_engine_samples_with_seeds_nuclei_and_streams(tiny_model, monkeypatch):
     """Sampled requests decode in the batch decoder (never generate()): a seed repeats a completion, another
     seed changes it, a nucleus small enough to hold only the top token gives the greedy completion, and
     streamed sampled tokens are the completion's."""
-    from kaiyuan_exporters.serving.engine import GenerationEngine, Request, Sampling
+    from kaiyuan_recipes.serve.engine import GenerationEngine, Request, Sampling
 
     engine = GenerationEngine(tiny_model, "cpu")
     monkeypatch.setattr(engine.model, "generate", lambda *a, **k: pytest.fail("sampled through generate()"))

@@ -1,4 +1,4 @@
-"""The server's decode attention (serving/attention.py): a decode step of a grouped-query model attends with each
+"""The server's decode attention (serve/attention.py): a decode step of a grouped-query model attends with each
 KV head's query heads as its rows, never copying the window's keys and values to every head, and gives SDPA's
 output; prefill and full forwards are transformers' SDPA unchanged."""
 
@@ -9,8 +9,9 @@ from test_serve import tiny_model  # noqa: F401  (fixture)
 
 @pytest.mark.parametrize("groups", [1, 2, 4])
 def test_grouped_decode_attention_equals_sdpa_with_the_heads_repeated(groups):
-    from kaiyuan_exporters.serving.attention import grouped_sdpa_attention
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from kaiyuan_recipes.serve.attention import grouped_sdpa_attention
 
     torch.manual_seed(0)
     batch, kv_heads, length, dim = 3, 2, 37, 16
@@ -30,9 +31,10 @@ def test_decode_steps_copy_no_keys_or_values(tiny_model, monkeypatch, implementa
     """transformers' SDPA path repeats the keys and values in every decode step (the control: the test can
     fail); the engine's attention never does, and its greedy tokens are the same."""
     import transformers.integrations.sdpa_attention as sdpa
-    from kaiyuan_exporters.serving import attention
-    from kaiyuan_exporters.serving.batch_decoder import Envelope
-    from kaiyuan_exporters.serving.engine import GenerationEngine, Request
+
+    from kaiyuan_recipes.serve import attention
+    from kaiyuan_recipes.serve.batch_decoder import Envelope
+    from kaiyuan_recipes.serve.engine import GenerationEngine, Request
 
     if implementation == "sdpa":
         monkeypatch.setattr(attention, "register", lambda: "sdpa")

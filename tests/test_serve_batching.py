@@ -20,8 +20,8 @@ from test_serve import AUTH, TOKEN, server_process, tiny_model  # noqa: F401  (f
 
 @pytest.fixture(scope="module")
 def engine(tiny_model):  # noqa: F811
-    from kaiyuan_exporters.serving.batch_decoder import Envelope
-    from kaiyuan_exporters.serving.engine import GenerationEngine
+    from kaiyuan_recipes.serve.batch_decoder import Envelope
+    from kaiyuan_recipes.serve.engine import GenerationEngine
 
     eng = GenerationEngine(tiny_model, "cpu", Envelope(max_batch=8, max_seq_len=256, capture=False))
     assert eng.ready.wait(60)
@@ -46,7 +46,7 @@ def reference(tiny_model):  # noqa: F811
 def test_requests_join_and_leave_the_running_batch_and_stay_equal_to_generate(engine, reference):
     """B and C are submitted while A decodes (from A's 5th token): they join A's batch at the next step,
     C is sampled, B ends first and leaves; every greedy row equals generate() on its prompt alone."""
-    from kaiyuan_exporters.serving.engine import Request, Sampling
+    from kaiyuan_recipes.serve.engine import Request, Sampling
 
     a_prompt, b_prompt, c_prompt = (engine.encode(t)[:n] for t, n in (("Hello world, this is a test", 3),
                                                                        ("另一个提示，用来测试批处理", 7),
@@ -74,8 +74,8 @@ def test_requests_join_and_leave_the_running_batch_and_stay_equal_to_generate(en
 def test_joins_are_gathered_until_enough_requests_wait(tiny_model):  # noqa: F811
     """JoinPolicy(min_rows=3): two requests sent while A decodes wait until A has ended (no row decoding:
     they join at once), three join at the next step."""
-    from kaiyuan_exporters.serving.batch_decoder import Envelope
-    from kaiyuan_exporters.serving.engine import GenerationEngine, JoinPolicy, Request
+    from kaiyuan_recipes.serve.batch_decoder import Envelope
+    from kaiyuan_recipes.serve.engine import GenerationEngine, JoinPolicy, Request
 
     engine = GenerationEngine(tiny_model, "cpu", Envelope(max_batch=8, max_seq_len=256, capture=False),
                               join=JoinPolicy(min_rows=3, max_wait_s=3600))
@@ -104,7 +104,7 @@ def test_requests_submitted_together_join_at_the_same_step(engine, monkeypatch):
     """submit_all (one HTTP request's prompts, generate()): the worker admits them in one go, however slowly
     they are queued (each put here takes 50 ms, time enough for the worker to take the first alone), so the
     batch's composition, and with it every row's numerics, repeats run after run."""
-    from kaiyuan_exporters.serving.engine import Request
+    from kaiyuan_recipes.serve.engine import Request
 
     put = engine._queue.put
     monkeypatch.setattr(engine._queue, "put", lambda item: (put(item), time.sleep(0.05)))
@@ -118,7 +118,7 @@ def test_requests_submitted_together_join_at_the_same_step(engine, monkeypatch):
 
 
 def test_a_request_of_several_prompts_is_queued_whole_or_not_at_all(engine):
-    from kaiyuan_exporters.serving.engine import Request
+    from kaiyuan_recipes.serve.engine import Request
 
     fits, too_long = Request([1, 2, 3], 4), Request([1] * 250, 10)
     with pytest.raises(ValueError, match="exceeds the served 256 positions"):
@@ -130,7 +130,7 @@ def test_each_row_samples_with_its_own_settings_and_seed(engine, reference):
     """Rows of different settings in one batch (no grouping): a seeded row's tokens are the same alone and
     alongside greedy rows, other temperatures / top-k / top-p, and other seeds; greedy rows stay generate()'s;
     the batch took as many steps as its longest row, not one pass per setting."""
-    from kaiyuan_exporters.serving.engine import Request, Sampling
+    from kaiyuan_recipes.serve.engine import Request, Sampling
 
     prompt = engine.encode("The quick brown fox")
     seeded = Sampling(1.2, top_k=40, seed=1234)
@@ -151,7 +151,7 @@ def test_each_row_samples_with_its_own_settings_and_seed(engine, reference):
 
 
 def test_more_requests_than_rows_queue_and_every_one_finishes(engine, reference):
-    from kaiyuan_exporters.serving.engine import Request
+    from kaiyuan_recipes.serve.engine import Request
 
     prompts = [engine.encode(f"request number {i} says")[: 3 + i % 4] for i in range(20)]
     got = engine.generate([Request(p, 6 + i % 5, ignore_eos=True) for i, p in enumerate(prompts)])
@@ -163,8 +163,8 @@ def test_a_compiled_step_compiles_at_warm_up_only_and_keeps_greedy_rows_equal_to
     """--decode-mode compiled without its CUDA graphs (the CPU): warm-up runs every bucket's step, so the
     compilation happens there, once; a load over other batch sizes and cache lengths compiles nothing, and its
     greedy rows still equal generate() in fp32."""
-    from kaiyuan_exporters.serving.batch_decoder import Envelope
-    from kaiyuan_exporters.serving.engine import GenerationEngine, Request, Sampling
+    from kaiyuan_recipes.serve.batch_decoder import Envelope
+    from kaiyuan_recipes.serve.engine import GenerationEngine, Request, Sampling
 
     torch._dynamo.reset()  # a compiled layer of the same shape from another test would serve this engine
     torch._dynamo.utils.counters.clear()
@@ -196,8 +196,9 @@ def test_a_compiled_step_compiles_one_decoder_layer_for_all_and_prefills_compile
     (one graph, the layer's; no recompilation per layer for its cache index); a prefill after it, of a new
     prompt length, runs the layers eagerly (nothing compiles on the request path), and the steps' greedy
     rows are generate()'s."""
-    from kaiyuan_exporters.serving.batch_decoder import BatchDecoder, Envelope
     from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from kaiyuan_recipes.serve.batch_decoder import BatchDecoder, Envelope
 
     def warmed_up(layers: int) -> tuple[BatchDecoder, dict]:
         torch.manual_seed(0)
@@ -232,8 +233,8 @@ def test_a_compiled_step_compiles_one_decoder_layer_for_all_and_prefills_compile
 
 
 def test_the_envelope_buckets_and_bounds_requests(engine):
-    from kaiyuan_exporters.serving.batch_decoder import Envelope, bucket_for
-    from kaiyuan_exporters.serving.engine import Request
+    from kaiyuan_recipes.serve.batch_decoder import Envelope, bucket_for
+    from kaiyuan_recipes.serve.engine import Request
 
     env = Envelope(max_batch=48, max_seq_len=3000)
     assert env.batch_buckets == (1, 2, 4, 8, 16, 32, 48)
@@ -251,8 +252,9 @@ def test_the_envelope_buckets_and_bounds_requests(engine):
 def test_per_row_filtering_is_transformers_warpers_row_by_row(settings):
     """One batch, each row its own (temperature, top-k, top-p): each row's filtered logits are exactly what
     transformers' warpers leave for that row alone, in generate()'s order."""
-    from kaiyuan_exporters.serving.sampling import filtered
     from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    from kaiyuan_recipes.serve.sampling import filtered
 
     torch.manual_seed(0)
     logits = torch.randn(len(settings), 64) * 3
@@ -270,7 +272,7 @@ def test_per_row_filtering_is_transformers_warpers_row_by_row(settings):
 
 
 def test_per_row_draws_follow_the_filtered_distribution_and_repeat_with_the_key():
-    from kaiyuan_exporters.serving.sampling import RowSettings, next_tokens
+    from kaiyuan_recipes.serve.sampling import RowSettings, next_tokens
 
     rows = 20000
     logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]])).expand(rows, 3)
@@ -290,9 +292,10 @@ def test_per_row_draws_follow_the_filtered_distribution_and_repeat_with_the_key(
 
 def test_health_is_a_503_until_warm_up_is_done_and_queued_requests_wait_for_it(tiny_model, monkeypatch):  # noqa: F811
     from fastapi.testclient import TestClient
-    from kaiyuan_exporters.serving.api import create_app
-    from kaiyuan_exporters.serving.batch_decoder import BatchDecoder
-    from kaiyuan_exporters.serving.engine import GenerationEngine
+
+    from kaiyuan_recipes.serve.app import create_app
+    from kaiyuan_recipes.serve.batch_decoder import BatchDecoder
+    from kaiyuan_recipes.serve.engine import GenerationEngine
 
     release = threading.Event()
     warm_up = BatchDecoder.warm_up
@@ -396,9 +399,9 @@ def test_a_stream_that_lags_takes_every_new_token_at_once(engine, reference):
     """A stream whose consumer is slower than the decoder gets the text of every token since its last turn in
     one event (not one event-loop callback and one event per token), and its text is still the greedy
     completion's."""
-    from kaiyuan_exporters.serving.completions import prepare, requests_for, start_stream, stream
-    from kaiyuan_exporters.serving.openai_schema import CompletionRequest
-    from kaiyuan_exporters.serving.stops import Detokenizer
+    from kaiyuan_recipes.serve.openai.protocol import CompletionRequest
+    from kaiyuan_recipes.serve.openai.serving import prepare, requests_for, start_stream, stream
+    from kaiyuan_recipes.serve.stops import Detokenizer
 
     body = CompletionRequest(prompt="The quick brown fox", max_tokens=200, temperature=0, stream=True)
     prompts = prepare(engine, body, 256)
@@ -427,16 +430,17 @@ def test_a_stream_that_lags_takes_every_new_token_at_once(engine, reference):
 def test_without_repeated_decoder_layers_the_step_is_not_compiled(monkeypatch, caplog):
     """A model whose decoder layers are not found (decoder_layers() None) is not compiled whole, which would take
     minutes at start-up: its step runs as in graph mode, and the log says so."""
-    from kaiyuan_exporters.serving import batch_decoder
-    from kaiyuan_exporters.serving.batch_decoder import BatchDecoder, Envelope
     from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from kaiyuan_recipes.serve import batch_decoder
+    from kaiyuan_recipes.serve.batch_decoder import BatchDecoder, Envelope
 
     config = Qwen3Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64)
     model = Qwen3ForCausalLM(config).eval()
     assert batch_decoder.decoder_layers(model)  # the control: found without the patch
     monkeypatch.setattr(batch_decoder, "decoder_layers", lambda m: None)
-    with caplog.at_level("WARNING", logger="kaiyuan_exporters.serving.batch_decoder"):
+    with caplog.at_level("WARNING", logger="kaiyuan_recipes.serve.batch_decoder"):
         decoder = BatchDecoder(model, Envelope(4, 64, capture=False, compile=True), "cpu")
     assert decoder.compiled == "nothing" and decoder.mode == "eager"
     assert "no repeated decoder layers found" in caplog.text
@@ -445,8 +449,8 @@ def test_without_repeated_decoder_layers_the_step_is_not_compiled(monkeypatch, c
 def test_two_engines_in_one_process_warm_up_one_at_a_time(tiny_model, monkeypatch):  # noqa: F811
     """Another thread's device work during a CUDA graph capture invalidates it (seen on the H200 when a benchmark
     warmed two engines at once): warm-ups in one process do not overlap."""
-    from kaiyuan_exporters.serving.batch_decoder import BatchDecoder, Envelope
-    from kaiyuan_exporters.serving.engine import GenerationEngine
+    from kaiyuan_recipes.serve.batch_decoder import BatchDecoder, Envelope
+    from kaiyuan_recipes.serve.engine import GenerationEngine
 
     spans, inner, both = [], BatchDecoder._warm_up, threading.Event()
 
@@ -481,8 +485,9 @@ def test_a_sliding_window_the_decoder_would_not_apply_is_refused(family, window,
     layer of Mistral's or Phi-3's, the sliding layers of a config with layer_types) would be ignored beyond
     `window` positions. A model whose modeling ignores the key (Llama's), or a config that turns the window off
     (Qwen3's use_sliding_window=False), is served. Envelope: 64 positions, so a window of 63 is the whole sequence."""
-    from kaiyuan_exporters.serving.batch_decoder import BatchDecoder, Envelope
     from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Phi3Config, Qwen3Config
+
+    from kaiyuan_recipes.serve.batch_decoder import BatchDecoder, Envelope
 
     small = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, max_position_embeddings=128)

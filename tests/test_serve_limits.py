@@ -220,8 +220,8 @@ def test_the_stop_matcher_agrees_with_searching_the_whole_text():
     holds back exactly the longest end of the text that begins a stop string (what a stream must not send)."""
     from hypothesis import given, settings
     from hypothesis import strategies as st
-    from kaiyuan_exporters.serving.engine import find_stop
-    from kaiyuan_exporters.serving.stops import StopMatcher
+
+    from kaiyuan_recipes.serve.stops import StopMatcher, find_stop
 
     def longest_start(text: str, stops: tuple[str, ...]) -> int:
         return max((k for s in stops for k in range(1, min(len(s) - 1, len(text)) + 1) if text.endswith(s[:k])),

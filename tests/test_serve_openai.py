@@ -260,8 +260,9 @@ def test_a_seeded_request_is_the_same_alone_or_with_others(url):
 
 def test_an_error_inside_a_stream_is_an_error_event(tiny_model, monkeypatch):  # noqa: F811
     from fastapi.testclient import TestClient
-    from kaiyuan_exporters.serving.api import create_app
-    from kaiyuan_exporters.serving.engine import GenerationEngine
+
+    from kaiyuan_recipes.serve.app import create_app
+    from kaiyuan_recipes.serve.engine import GenerationEngine
 
     engine = GenerationEngine(tiny_model, "cpu")
     assert engine.ready.wait(60)
@@ -291,7 +292,7 @@ def test_openapi_document_describes_the_answers(url):
 def test_engine_ends_rows_at_stop_strings_and_cancellation(tiny_model):  # noqa: F811
     """The engine ends a row with the token that completes a stop string, and a row whose request was
     cancelled at its next step."""
-    from kaiyuan_exporters.serving.engine import GenerationEngine, Request
+    from kaiyuan_recipes.serve.engine import GenerationEngine, Request
 
     engine = GenerationEngine(tiny_model, "cpu")
     ids = engine.encode(PROMPT)

@@ -1,4 +1,4 @@
-"""`kaiyuan average RUN --last N [--weights ...] OUT`: the mean of a run's last N checkpoints (exporters: average)."""
+"""`kaiyuan average RUN --last N [--weights ...] OUT`: the mean of a run's last N checkpoints (export/average.py)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def average(args: Any) -> int:
     import dataclasses
     import sys
 
-    from kaiyuan_exporters.average import average_checkpoints
+    from kaiyuan_recipes.export.average import average_checkpoints
 
     try:
         with contextlib.redirect_stdout(sys.stderr):  # Megatron's loader and saver print; stdout is the result

@@ -1,4 +1,4 @@
-"""`kaiyuan eval heldout`: score HF models on the held-out set (kaiyuan_exporters.heldout_eval)."""
+"""`kaiyuan eval heldout`: score HF models on the held-out set (kaiyuan_recipes.eval.heldout_eval)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def add_parser(sub: Any) -> None:
 
 
 def heldout(args: Any) -> int:
-    from kaiyuan_exporters.heldout_eval import evaluate_models, markdown_table
+    from kaiyuan_recipes.eval.heldout_eval import evaluate_models, markdown_table
 
     report = evaluate_models(args.model, args.data, args.out, args.max_length, args.device, args.batch_size)
     print(markdown_table(report["results"]))

@@ -1,5 +1,5 @@
 """`kaiyuan export hf|megatron`: Megatron torch_dist checkpoints ↔ Hugging Face directories
-(kaiyuan_exporters)."""
+(kaiyuan_recipes.export)."""
 
 from __future__ import annotations
 
@@ -31,9 +31,8 @@ def add_parser(sub: Any) -> None:
 def export_hf(args: Any) -> int:
     import time
 
-    from kaiyuan_exporters.megatron_to_hf import export_hf as run_export
-
     from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
+    from kaiyuan_recipes.export.megatron_to_hf import export_hf as run_export
     from kaiyuan_recipes.models.shape import ModelShape
 
     start = time.perf_counter()
@@ -47,7 +46,7 @@ def export_hf(args: Any) -> int:
                          f"(python -m kaiyuan_recipes.nemo2.weights {checkpoint} weights.safetensors), then "
                          "kaiyuan export hf weights.safetensors OUT --recipe RECIPE")
     if checkpoint.suffix == ".safetensors":
-        from kaiyuan_exporters.nemo2_to_hf import export_nemo2_hf
+        from kaiyuan_recipes.export.nemo2_to_hf import export_nemo2_hf
 
         if shape is None:
             raise SystemExit(f"{checkpoint}: NeMo 2 weights carry no recipe; pass --recipe (e.g. --recipe gpt_smoke)")
@@ -59,8 +58,7 @@ def export_hf(args: Any) -> int:
 
 
 def export_megatron(args: Any) -> int:
-    from kaiyuan_exporters.hf_to_megatron import import_hf
-
+    from kaiyuan_recipes.export.hf_to_megatron import import_hf
     from kaiyuan_recipes.models.shape import ModelShape
 
     print(import_hf(args.hf_dir, args.out, ModelShape.for_recipe(args.recipe)))

@@ -1,5 +1,5 @@
 """`kaiyuan serve`: serve a HF directory or a Megatron checkpoint (exported first) over HTTP
-(kaiyuan_exporters.serving): Megatron's `PUT /api` and OpenAI `POST /v1/completions`, on uvicorn."""
+(kaiyuan_recipes.serve): Megatron's `PUT /api` and OpenAI `POST /v1/completions`, on uvicorn."""
 
 from __future__ import annotations
 
@@ -90,9 +90,9 @@ def check_options(args: Any) -> None:
 
 def serve(args: Any) -> int:
     check_options(args)
-    from kaiyuan_exporters.serving import server
+    from kaiyuan_recipes.serve import server
 
-    logging.getLogger("kaiyuan_exporters.serving").setLevel(logging.INFO)  # warm-up progress, the server's state
+    logging.getLogger("kaiyuan_recipes.serve").setLevel(logging.INFO)  # warm-up progress, the server's state
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     token = None
     if args.api_token_env:
@@ -111,11 +111,12 @@ def serve(args: Any) -> int:
 
 def _engine_and_app(args: Any, token: str | None) -> tuple[Any, Any]:
     import torch
-    from kaiyuan_exporters.megatron_to_hf import as_hf_dir
-    from kaiyuan_exporters.serving.api import create_app
-    from kaiyuan_exporters.serving.batch_decoder import Envelope
-    from kaiyuan_exporters.serving.engine import DEFAULT_MAX_SEQ_LEN, GenerationEngine, JoinPolicy
     from transformers import AutoConfig
+
+    from kaiyuan_recipes.export.megatron_to_hf import as_hf_dir
+    from kaiyuan_recipes.serve.app import create_app
+    from kaiyuan_recipes.serve.batch_decoder import Envelope
+    from kaiyuan_recipes.serve.engine import DEFAULT_MAX_SEQ_LEN, GenerationEngine, JoinPolicy
 
     hf_dir = as_hf_dir(args.model)
     positions = getattr(AutoConfig.from_pretrained(str(hf_dir)), "max_position_embeddings", DEFAULT_MAX_SEQ_LEN)

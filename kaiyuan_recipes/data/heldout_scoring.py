@@ -1,5 +1,5 @@
 """What a held-out score means, in one place for both scorers: `kaiyuan eval heldout` on an exported HF model
-(kaiyuan_exporters/heldout_eval.py) and the in-training evaluation on the Megatron model
+(kaiyuan_recipes/eval/heldout_eval.py) and the in-training evaluation on the Megatron model
 (kaiyuan_recipes/training/heldout_eval/). Both read samples here, encode each (context, continuation) pair here,
 and turn per-pair log-probability sums into per-sample and per-dimension figures here, so the two cannot drift:
 

@@ -13,5 +13,5 @@ if [ "${opt_dry_run:-0}" != 1 ] && [ -d "$wheels" ] && [ "$(ls "$wheels")" != "$
   python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
     "$wheels"/*.whl $(ls "$wheels"/*.tar.gz 2>/dev/null) && ls "$wheels" > "$site/.kaiyuan-wheels" || rm -rf "$site"
 fi
-export PYTHONPATH="$PWD:$PWD/exporters:$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD:$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 kaiyuan() { "${opt_python:-python3}" -m kaiyuan_recipes.cli.main "$@"; }

@@ -136,15 +136,15 @@ def main() -> None:
     ap.add_argument("--command", default=" ".join(sys.argv))
     args = ap.parse_args()
 
-    from kaiyuan_exporters.megatron_to_hf import (
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from kaiyuan_recipes import fastpath
+    from kaiyuan_recipes.export.megatron_to_hf import (
         checkpoint_shape,
         ensure_single_process_group,
         newest_iteration_dir,
         rebuild_overrides,
     )
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from kaiyuan_recipes import fastpath
 
     fastpath.prepare_megatron_bridge()  # a fast-spec checkpoint names our layer spec
     from megatron.bridge.training.model_load_save import load_megatron_model

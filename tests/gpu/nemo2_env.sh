@@ -31,7 +31,7 @@ nemo2_setup() {
   fi
   # Entry points need a dist-info; the package itself runs from the source tree.
   "$py" tests/gpu/entry_points.py "$site-ep" > /dev/null || return 1
-  export PYTHONPATH="$PWD:$PWD/exporters:$site-ep:$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+  export PYTHONPATH="$PWD:$site-ep:$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
   export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1  # no network there; the tokenizer is built from the package
   # The host has jax and flax, built against numpy 2: transformers 4.57 imports jax when flax is there, and that
   # aborts the process under the shipped numpy 1.26. Torch only.

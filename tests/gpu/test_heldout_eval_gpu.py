@@ -38,8 +38,6 @@ def heldout_rows() -> list[dict]:
 
 
 def test_in_training_scorer_equals_the_exported_model_in_bf16(tmp_path):
-    from kaiyuan_exporters.heldout_eval import evaluate_models
-    from kaiyuan_exporters.megatron_to_hf import bridge_for, write_hf_dir
     from megatron.core.process_groups_config import ProcessGroupCollection
     from transformers import AutoTokenizer
 
@@ -51,6 +49,8 @@ def test_in_training_scorer_equals_the_exported_model_in_bf16(tmp_path):
         scoring_pairs,
     )
     from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
+    from kaiyuan_recipes.eval.heldout_eval import evaluate_models
+    from kaiyuan_recipes.export.megatron_to_hf import bridge_for, write_hf_dir
     from kaiyuan_recipes.fastpath.chunked_loss import install_chunked_loss
     from kaiyuan_recipes.models.providers import build_provider
     from kaiyuan_recipes.models.shape import ModelShape

@@ -37,8 +37,8 @@ def prompts(count: int, seed: int) -> list[list[int]]:
 
 
 def engine_for(model_dir, dtype, capture=True, compile=True):
-    from kaiyuan_exporters.serving.batch_decoder import Envelope
-    from kaiyuan_exporters.serving.engine import GenerationEngine
+    from kaiyuan_recipes.serve.batch_decoder import Envelope
+    from kaiyuan_recipes.serve.engine import GenerationEngine
 
     engine = GenerationEngine(model_dir, "cuda", Envelope(16, 1024, capture, compile and capture), dtype)
     assert engine.ready.wait(600) and engine.failure is None
@@ -54,12 +54,12 @@ def exact_fp32():
 
 
 def test_no_capture_or_compilation_after_warm_up(model_dir, monkeypatch):
-    from kaiyuan_exporters.serving.engine import Request, Sampling
+    from kaiyuan_recipes.serve.engine import Request, Sampling
 
     torch._dynamo.utils.counters.clear()
     engine = engine_for(model_dir, torch.bfloat16)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1  # the step, compiled once, at warm-up
-    from kaiyuan_exporters.serving.batch_decoder import STEP_KINDS
+    from kaiyuan_recipes.serve.batch_decoder import STEP_KINDS
 
     graphs = len(engine.decoder.batch_buckets) * len(engine.envelope.length_buckets) * len(STEP_KINDS)
     assert engine.decoder.captures == len(engine.decoder.graphs) == graphs == 4 * 3 * 3  # batch 2..16, 256..1024
@@ -82,8 +82,9 @@ def test_no_capture_or_compilation_after_warm_up(model_dir, monkeypatch):
 
 @pytest.mark.parametrize("compile", [True, False], ids=["compiled", "graph"])
 def test_captured_greedy_equals_generate_in_fp32(model_dir, compile):
-    from kaiyuan_exporters.serving.engine import Request
     from transformers import AutoModelForCausalLM
+
+    from kaiyuan_recipes.serve.engine import Request
 
     engine = engine_for(model_dir, torch.float32, compile=compile)
     batch = prompts(12, 7)
@@ -100,7 +101,7 @@ def test_captured_greedy_equals_generate_in_fp32(model_dir, compile):
 def test_captured_steps_give_the_eager_steps_tokens_in_fp32(model_dir):
     """Greedy and seeded sampled rows (temperature, top-k, top-p): a replayed graph reads the rows' settings,
     positions and tokens from the same buffers the eager step does, so the tokens are the same."""
-    from kaiyuan_exporters.serving.engine import Request, Sampling
+    from kaiyuan_recipes.serve.engine import Request, Sampling
 
     batch = prompts(10, 11)
     settings = [Sampling() if i % 2 else Sampling(1.1, top_k=100 if i % 4 else 0, top_p=0.9, seed=i)
@@ -121,9 +122,10 @@ def test_a_compiled_step_that_fails_is_captured_eagerly_instead(model_dir, monke
     captured in its place (bucket of 1 again, the count of graphs its own), and greedy rows still equal generate
     in fp32. Before: the compiled layer fails on its first, uncaptured run. Inside: it fails only under capture,
     with a host sync that CUDA refuses there, so the capture is invalidated and torch.cuda.graph's exit fails."""
-    from kaiyuan_exporters.serving.batch_decoder import STEP_KINDS
-    from kaiyuan_exporters.serving.engine import Request
     from transformers import AutoModelForCausalLM
+
+    from kaiyuan_recipes.serve.batch_decoder import STEP_KINDS
+    from kaiyuan_recipes.serve.engine import Request
 
     def failing_compile(fn, **kwargs):
         def compiled(layer, *args, **kw):

@@ -1,8 +1,9 @@
-"""Stop strings over a text that grows a piece at a time (a row's tokens as they are decoded), in time linear in the
-text: the row's text is detokenized incrementally (a few tokens per new token, not the whole text) and each stop
-string is matched by a Knuth-Morris-Pratt automaton that reads every new character once. Searching the whole
-text again at each token, or asking at each token how much of its end could still begin a stop, would cost the
-text's length (times a stop's) per token."""
+"""Stop strings, in one place for the engine and both contracts. Over a text that grows a piece at a time (a row's
+tokens as they are decoded), in time linear in the text: the row's text is detokenized incrementally (a few tokens
+per new token, not the whole text) and each stop string is matched by a Knuth-Morris-Pratt automaton that reads
+every new character once. Searching the whole text again at each token, or asking at each token how much of its
+end could still begin a stop, would cost the text's length (times a stop's) per token. A finished text is cut
+once (cut_at_stop)."""
 
 from __future__ import annotations
 
@@ -72,3 +73,42 @@ class StopMatcher:
     def held_back(self) -> int:
         """How many last characters of the text could begin a stop string (0 once one is found)."""
         return 0 if self.found is not None else max(self._states, default=0)
+
+
+class StopText:
+    """A row's stop strings as its tokens arrive: each token's text (Detokenizer) fed to a StopMatcher. The engine
+    ends a row once `found` is set; a stream sends all but the characters `held_back` (or up to `found`)."""
+
+    def __init__(self, decode: Callable[[list[int]], str], stops: tuple[str, ...]):
+        self._text, self._matcher = Detokenizer(decode), StopMatcher(stops)
+
+    def add(self, token: int) -> str:
+        """The text `token` adds (read for stop strings)."""
+        piece = self._text.add(token)
+        self._matcher.feed(piece)
+        return piece
+
+    def ended_by(self, token: int) -> bool:
+        """Add `token`: whether a stop string has occurred (with it or before)."""
+        self.add(token)
+        return self.found is not None
+
+    @property
+    def found(self) -> int | None:
+        """Where the first stop string begins in the row's text, once one has occurred."""
+        return self._matcher.found
+
+    def held_back(self) -> int:
+        return self._matcher.held_back()
+
+
+def find_stop(text: str, stops: tuple[str, ...] | list[str]) -> int | None:
+    """Where the first of `stops` begins in text (None: none occurs)."""
+    found = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return min(found) if found else None
+
+
+def cut_at_stop(text: str, stops: tuple[str, ...]) -> str | None:
+    """A finished text cut before its first stop string (never returned to the client); None when none occurs."""
+    cut = find_stop(text, stops) if stops else None
+    return None if cut is None else text[:cut]

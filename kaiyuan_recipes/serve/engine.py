@@ -29,13 +29,13 @@ import torch
 from . import attention
 from .admission import EngineBusy, PendingLimit, RoundRobin
 from .batch_decoder import BatchDecoder, Envelope, WarmUp
-from .request import Completion, EngineStopped, Request, Sampling, TokenScores, find_stop
+from .request import Completion, EngineStopped, Request, Sampling, TokenScores
 from .sampling import seed_key
 from .scoring import SCORE_CHUNK, ScoringJob, score_chunk
-from .stops import Detokenizer, StopMatcher
+from .stops import StopText
 
 __all__ = ["Completion", "EngineBusy", "EngineStopped", "GenerationEngine", "JoinPolicy", "Request", "Sampling",
-           "TokenScores", "find_stop"]
+           "TokenScores"]
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_SEQ_LEN = 4096  # the envelope's positions when neither the model nor --max-seq-len says fewer
@@ -61,11 +61,10 @@ class JoinPolicy:
 
 @dataclass
 class _Row:
-    """A request decoding in one row of the batch; with stop strings, its text as it grows and their matcher."""
+    """A request decoding in one row of the batch; with stop strings, its text read for them as it grows."""
 
     request: Request
-    text: Detokenizer | None = None
-    stops: StopMatcher | None = None
+    stops: StopText | None = None
     tokens: list[int] = field(default_factory=list)
     finish: str | None = None  # "stop", "length" or "cancelled" once ended
 
@@ -268,7 +267,7 @@ class GenerationEngine:
                     _fail(req, err)
                 continue
             for slot, req, token in zip(slots, group, first):
-                rows[slot] = _Row(req, Detokenizer(self.decode), StopMatcher(req.stop)) if req.stop else _Row(req)
+                rows[slot] = _Row(req, StopText(self.decode, req.stop) if req.stop else None)
                 self._accept(rows[slot], token)
         self._retire(rows)
 
@@ -303,7 +302,7 @@ class GenerationEngine:
             req.on_token(token)
         if token in self.eos and not req.ignore_eos:
             row.finish = "stop"
-        elif row.stops is not None and row.stops.feed(row.text.add(token)) is not None:
+        elif row.stops is not None and row.stops.ended_by(token):
             row.finish = "stop"
         elif len(row.tokens) >= req.max_new_tokens:
             row.finish = "length"

@@ -114,7 +114,7 @@ def evaluate_models(models: list[Path], data: Path, out: Path, max_length: int =
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from kaiyuan_exporters.megatron_to_hf import as_hf_dir
+    from kaiyuan_recipes.export.megatron_to_hf import as_hf_dir
 
     loaded = load_samples(data)
     if not loaded.samples:

@@ -64,8 +64,3 @@ class Completion:
     logprobs: list[float] | None = None  # prompt (first token has none) + generated, natural log
     scores: TokenScores | None = None
 
-
-def find_stop(text: str, stops: tuple[str, ...] | list[str]) -> int | None:
-    """Where the first of `stops` begins in text (None: none occurs)."""
-    found = [i for i in (text.find(s) for s in stops) if i >= 0]
-    return min(found) if found else None

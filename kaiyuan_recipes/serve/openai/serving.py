@@ -22,10 +22,12 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import StreamingResponse
 from starlette.types import Receive
 
-from .engine import Completion, EngineBusy, EngineStopped, GenerationEngine, Request, Sampling, find_stop
-from .errors import APIError, error_body
-from .openai_schema import CompletionLogprobs, CompletionRequest, CompletionResponse, Usage
-from .stops import Detokenizer, StopMatcher
+from ..dispatch import submit, submitted
+from ..engine import Completion, EngineStopped, GenerationEngine, Request, Sampling
+from ..envelope import MAX_PROMPTS, check_new_tokens, check_prompt
+from ..errors import APIError, error_body
+from ..stops import StopText, cut_at_stop
+from .protocol import CompletionLogprobs, CompletionRequest, CompletionResponse, Usage
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +40,10 @@ class Prompt:
 
 def prepare(engine: GenerationEngine, body: CompletionRequest, max_tokens: int) -> list[Prompt]:
     """The prompts as token ids, each within the model's positions with max_tokens (a 400 otherwise)."""
-    if body.max_tokens > max_tokens:
-        raise APIError(400, f"max_tokens: at most {max_tokens} here, got {body.max_tokens}", "max_tokens")
+    check_new_tokens(body.max_tokens, max_tokens, "max_tokens")
     prompts = body.prompts
-    if len(prompts) * body.n > 128:
-        raise APIError(400, f"{len(prompts)} prompts x n={body.n}: at most 128 completions a request", "n")
+    if len(prompts) * body.n > MAX_PROMPTS:
+        raise APIError(400, f"{len(prompts)} prompts x n={body.n}: at most {MAX_PROMPTS} completions a request", "n")
     out = []
     for i, prompt in enumerate(prompts):
         where = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
@@ -53,11 +54,7 @@ def prepare(engine: GenerationEngine, body: CompletionRequest, max_tokens: int) 
                 raise APIError(400, f"{where}: token id {max(prompt)} outside the vocabulary "
                                     f"(0 to {engine.vocab_size - 1})", "prompt")
             ids, text = list(prompt), engine.tokenizer.decode(prompt)
-        if not ids:
-            raise APIError(400, f"{where}: an empty prompt has no token to continue", "prompt")
-        if len(ids) + body.max_tokens > engine.max_length:
-            raise APIError(400, f"{where}: {len(ids)} tokens + max_tokens {body.max_tokens} exceeds the "
-                                f"{engine.max_length} positions served", "max_tokens")
+        check_prompt(ids, body.max_tokens, engine.max_length, where, "max_tokens", "prompt")
         out.append(Prompt(ids, text))
     return out
 
@@ -76,8 +73,8 @@ def requests_for(body: CompletionRequest, prompts: list[Prompt]) -> list[Request
 def completion_text(engine: GenerationEngine, result: Completion, stops: tuple[str, ...]) -> tuple[str, str]:
     """The generated text cut before the first stop string, and the finish reason."""
     text = engine.decode(result.token_ids)
-    cut = find_stop(text, stops) if stops else None
-    return (text, result.finish_reason) if cut is None else (text[:cut], "stop")
+    cut = cut_at_stop(text, stops)
+    return (text, result.finish_reason) if cut is None else (cut, "stop")
 
 
 def logprobs_of(engine: GenerationEngine, prompt: Prompt, result: Completion, echo: bool,
@@ -125,43 +122,6 @@ def respond(engine: GenerationEngine, body: CompletionRequest, prompts: list[Pro
 def usage(prompts: list[Prompt], results: list[Completion]) -> Usage:
     used = sum(len(p.ids) for p in prompts), sum(len(r.token_ids) for r in results)
     return Usage(prompt_tokens=used[0], completion_tokens=used[1], total_tokens=sum(used))
-
-
-def submit(engine: GenerationEngine, requests: list[Request]) -> list[Future]:
-    """engine.submit_all with its refusals as answers: a 429 when it holds all it may, a 503 when it stops."""
-    try:
-        return engine.submit_all(requests)
-    except EngineBusy as err:
-        raise APIError(429, str(err), code="queue_full", headers={"Retry-After": "1"}) from None
-    except EngineStopped as err:
-        raise APIError(503, str(err), code="shutting_down") from None
-
-
-async def client_gone(receive: Receive) -> None:
-    """Returns once the client has disconnected (or the answer is complete: uvicorn then says the same)."""
-    while (await receive())["type"] != "http.disconnect":  # bounded: the body was read, a disconnect is next
-        pass
-
-
-async def submitted(engine: GenerationEngine, requests: list[Request], receive: Receive) -> list[Completion]:
-    """The requests' completions; a 503 when the engine stops before they are done. When the client leaves first
-    (`receive`: its HTTP request's), the requests are cancelled, as a stream's are: the engine drops their rows at
-    its next step and never scores them, and nothing is answered."""
-    done = asyncio.gather(*map(asyncio.wrap_future, submit(engine, requests)))
-    gone = asyncio.ensure_future(client_gone(receive))
-    try:
-        await asyncio.wait({done, gone}, return_when=asyncio.FIRST_COMPLETED)
-        if not done.done():
-            raise APIError(499, "the client closed the connection", code="client_closed")
-        return done.result()
-    except EngineStopped as err:
-        raise APIError(503, str(err), code="shutting_down") from None
-    finally:
-        gone.cancel()
-        for req in requests:  # answered, failed or abandoned: whatever of the call still runs stops
-            req.cancelled.set()
-        if not done.done():
-            done.cancel()  # queued ones never start
 
 
 class EngineStream(StreamingResponse):
@@ -235,8 +195,7 @@ async def stream(engine: GenerationEngine, body: CompletionRequest, prompts: lis
         done.add_done_callback(lambda _: arrivals.wake.set())
         # a stream whose client left never awaits it: its error (the rows' cancellation) is read here, not logged
         done.add_done_callback(lambda f: f.cancelled() or f.exception())
-        rows = [Detokenizer(engine.decode) for _ in requests]
-        stops = [StopMatcher(body.stops) for _ in requests]  # each new character read once: linear in the text
+        rows = [StopText(engine.decode, body.stops) for _ in requests]  # each new character read once
         texts, sent, ended = ["" for _ in requests], [0] * len(requests), [False] * len(requests)
         if body.echo:
             yield event([{"index": i, "text": prompts[i // body.n].text, "finish_reason": None}
@@ -248,13 +207,12 @@ async def stream(engine: GenerationEngine, body: CompletionRequest, prompts: lis
             changed = set()
             for index, token in arrivals.take():
                 if not ended[index]:
-                    piece = rows[index].add(token)
-                    texts[index] += piece
-                    ended[index] = stops[index].feed(piece) is not None
+                    texts[index] += rows[index].add(token)
+                    ended[index] = rows[index].found is not None
                     changed.add(index)
             for index in sorted(changed):  # every token since the last wake-up in one event per row
-                cut = stops[index].found
-                upto = cut if cut is not None else len(texts[index]) - stops[index].held_back()
+                cut = rows[index].found
+                upto = cut if cut is not None else len(texts[index]) - rows[index].held_back()
                 if upto > sent[index]:
                     yield event([{"index": index, "text": texts[index][sent[index]:upto], "finish_reason": None}])
                     sent[index] = upto

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from kaiyuan_exporters.megatron_to_hf import bridge_for, ensure_single_process_group, single_rank_overrides
 from kaiyuan_recipes.atomic import atomic_directory
+from kaiyuan_recipes.export.megatron_to_hf import bridge_for, ensure_single_process_group, single_rank_overrides
 from kaiyuan_recipes.models.shape import ModelShape
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}

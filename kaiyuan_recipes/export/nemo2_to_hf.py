@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from kaiyuan_exporters.hf_to_megatron import build_cpu_model
-from kaiyuan_exporters.megatron_to_hf import bridge_for, ensure_single_process_group, write_hf_dir
+from kaiyuan_recipes.export.hf_to_megatron import build_cpu_model
+from kaiyuan_recipes.export.megatron_to_hf import bridge_for, ensure_single_process_group, write_hf_dir
 from kaiyuan_recipes.models.shape import ModelShape
 from kaiyuan_recipes.nemo2.weights import load_weights
 

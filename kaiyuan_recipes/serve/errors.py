@@ -1,6 +1,6 @@
-"""One error body everywhere (schema.ErrorResponse, OpenAI's shape) through FastAPI's exception handlers,
-and the request-body limits as ASGI middleware: a body is read (Content-Length or chunked) up to
---max-body-bytes (then a 413) within --body-timeout-s (then a 408) before any route sees it."""
+"""One error body everywhere (ErrorResponse, OpenAI's: {"error": {"message", "type", "param", "code"}}) through
+FastAPI's exception handlers, and the request-body limits as ASGI middleware: a body is read (Content-Length or
+chunked) up to --max-body-bytes (then a 413) within --body-timeout-s (then a 408) before any route sees it."""
 
 from __future__ import annotations
 
@@ -11,12 +11,37 @@ from fastapi import FastAPI, HTTPException
 from fastapi import Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .schema import ERROR_TYPES
-
 log = logging.getLogger(__name__)
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str = Field(description="invalid_request_error, authentication_error, not_found_error, ... server_error")
+    param: str | None = Field(None, description="the request field at fault, where one is")
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+               405: "invalid_request_error", 408: "timeout_error", 413: "request_too_large",
+               429: "rate_limit_error", 500: "server_error", 503: "server_error"}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict]:
+    """OpenAPI `responses` for these error statuses, all with the error body."""
+    words = {400: "Bad request: the message names the field", 401: "Missing or wrong bearer token",
+             404: "Unknown model or path", 408: "The request body did not arrive in time",
+             413: "Request body over --max-body-bytes",
+             429: "The server holds as much work as it may (--max-queue): retry later", 500: "Server error",
+             503: "Warming up, or shutting down"}
+    return {s: {"model": ErrorResponse, "description": words.get(s, "Error")} for s in statuses}
 
 
 class APIError(HTTPException):

@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
-from .schema import MAX_NEW_TOKENS, MAX_PROMPTS, MAX_SEED, check_temperature, encodable
+from ..envelope import MAX_NEW_TOKENS, MAX_PROMPTS, MAX_SEED, check_temperature, encodable
 
 MAX_LOGPROBS = 20  # OpenAI allows 5; vLLM's default limit is 20
 MAX_STOPS = 16  # OpenAI allows 4; lm-evaluation-harness may send more (its `until` plus end-of-text)

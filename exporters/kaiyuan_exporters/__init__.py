@@ -1,1 +1,0 @@
-"""kaiyuan_exporters: Megatron checkpoints of kaiyuan-recipes models to and from Hugging Face."""

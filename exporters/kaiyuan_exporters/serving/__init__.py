@@ -1,1 +1,0 @@
-"""`kaiyuan serve`: a batching generation engine and its HTTP API."""

@@ -1,0 +1,1 @@
+"""Megatron checkpoints of kaiyuan-recipes models to and from Hugging Face (and NeMo 2), and checkpoint averaging."""
