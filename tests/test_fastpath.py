@@ -110,8 +110,13 @@ def test_a_checkpoints_fast_spec_target_instantiates_after_prepare_megatron_brid
             print("compat alone: refused", type(err).__name__)
         fastpath.prepare_megatron_bridge()
         print("after prepare:", instantiate(target) is fast_layer_spec)
+        # checkpoints saved before the fast path had its own package name its old module
+        old = {"_target_": "kaiyuan_recipes.models.fast_spec.fast_layer_spec", "_call_": False}
+        print("old name:", instantiate(old) is fast_layer_spec)
         """)], capture_output=True, text=True, timeout=300)
     assert probe.returncode == 0, probe.stderr[-3000:]
-    lines = [line for line in probe.stdout.splitlines() if line.startswith(("compat alone:", "after prepare:"))]
-    assert len(lines) == 2 and lines[0].startswith("compat alone: refused"), probe.stdout[-3000:]
+    lines = [line for line in probe.stdout.splitlines()
+             if line.startswith(("compat alone:", "after prepare:", "old name:"))]
+    assert len(lines) == 3 and lines[0].startswith("compat alone: refused"), probe.stdout[-3000:]
     assert lines[1] == "after prepare: True", lines
+    assert lines[2] == "old name: True", lines

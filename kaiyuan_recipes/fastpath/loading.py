@@ -4,11 +4,17 @@ modules) and says apply_rope_fusion=True, which megatron-core refuses while its 
 
 from __future__ import annotations
 
+import importlib
+import sys
 import types
 
 from kaiyuan_recipes import compat
 
 CONFIG_TARGET_PREFIXES = ("kaiyuan_recipes.fastpath.",)
+# Module names that checkpoints written by earlier versions recorded in run_config.yaml, and where each lives now:
+# registered under the old name only while reading a config back, so those checkpoints keep loading without a
+# module left at the old path.
+MOVED_CONFIG_MODULES = {"kaiyuan_recipes.models.fast_spec": "kaiyuan_recipes.fastpath.spec"}
 
 
 def register_loading_hooks() -> None:
@@ -18,6 +24,9 @@ def register_loading_hooks() -> None:
 
     for prefix in CONFIG_TARGET_PREFIXES:
         register_allowed_target_prefix(prefix)
+    for old, new in MOVED_CONFIG_MODULES.items():
+        sys.modules.setdefault(old, importlib.import_module(new))
+        register_allowed_target_prefix(old + ".")
     register_compiled_rope()
 
 
