@@ -76,8 +76,10 @@ def build_stages(plan: RunPlan, cfg: CleanConfig, schema: Any, tokenizer_file: s
         make_reader,
         read_row,
     )
+    from kaiyuan_recipes.data.clean.words import word_tokenizer
 
-    tasks, text_key, lang = plan.tasks, plan.text_key, cfg.language
+    # one tokenizer shared by the heuristics and MinHash of the filter stage: a document split into words once
+    tasks, text_key, lang = plan.tasks, plan.text_key, word_tokenizer(cfg.language)
     paths_file = plan.folder("inputs.txt")
 
     def reader():
