@@ -94,3 +94,35 @@ def test_one_tokenizer_for_every_heuristic_and_minhash(tmp_path):
     used += [s.word_tokenizer for s in filter_stage.pipeline if isinstance(s, MinhashDedupSignature)]
     assert len(used) == 5 and isinstance(used[0], PersistentSpacyTokenizer)
     assert all(u is used[0] for u in used)
+
+
+def test_token_counts_hold_a_small_batch_of_documents(tmp_path):
+    """The counter yields its first document after reading a few hundred, not datatrove's default 10,000 (whose
+    Encodings take about a gigabyte per worker for web-length documents)."""
+    import pyarrow as pa
+    from datatrove.data import Document
+    from datatrove.pipeline.tokens import TokensCounter
+
+    from kaiyuan_recipes.data.clean.config import load_config
+    from kaiyuan_recipes.data.clean.manifest import RunPlan
+    from kaiyuan_recipes.data.clean.pipeline import build_stages
+    from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
+
+    plan = RunPlan(input_dir="in", output_dir="out", staging_dir=str(tmp_path), text_key="text", inputs=[],
+                   config={}, config_hash="h", config_source="s", minhash=None, sample_removed=0, executor="local",
+                   tasks=1, datatrove_version="x")
+    stages = build_stages(plan, load_config("web"), pa.schema([("text", pa.string())]),
+                          str(default_tokenizer_dir() / "tokenizer.json"))
+    counters = [s for s in next(s for s in stages if s.name == "filter").pipeline if isinstance(s, TokensCounter)]
+    assert len(counters) == 2  # before the heuristics, and again after C4 rewrote lines
+    for counter in counters:
+        pulled = 0
+
+        def documents():
+            nonlocal pulled
+            for i in range(20_000):
+                pulled += 1
+                yield Document("A short document of a few words.", str(i))
+
+        first = next(counter.run(documents()))
+        assert first.metadata["token_count"] > 0 and pulled <= 1_000
