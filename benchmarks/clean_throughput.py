@@ -1,8 +1,11 @@
 """Cleaning throughput: `kaiyuan data clean` (the default `web` config: exact dedup, length, Gopher, C4, FineWeb,
 MinHash, token counts) on a generated corpus, beside a plain single-process Python loop that reads the same parquet
 and does exact dedup (a set of sha1 digests) and the same heuristics (the same datatrove filter objects, called one
-document at a time). Reports documents/s and MB/s per core, and the peak RSS of each process tree (MinHash state is
-the memory risk). A benchmark, not a test; the machine's load average is recorded beside the numbers.
+document at a time, with datatrove's default word tokenizer). Reports documents/s and MB/s per core (by wall time and
+by the CPU seconds of the process tree), the peak RSS of each process tree, and the peak size on disk of the MinHash
+and exact-dedup state. A benchmark, not a test; the machine's load average is recorded beside the numbers.
+`--baseline-files N` runs the plain loop on the first N files only (its rate per document does not depend on the
+corpus size; the whole corpus at its speed takes hours).
 
 usage: python benchmarks/clean_throughput.py --size-mb 512 --out benchmarks/results/DATE_clean_throughput.json"""
 
@@ -16,11 +19,13 @@ import random
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
+import psutil
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from convert_throughput import run_measured  # noqa: E402  (process-tree peak RSS sampling)
 from provenance import provenance, this_command, write_json  # noqa: E402
 
 from kaiyuan_recipes.data.clean.synthetic import ProseGenerator, low_quality  # noqa: E402
@@ -31,7 +36,8 @@ CONFIG = ROOT / "recipes" / "cleaning" / "web.yaml"
 
 def make_corpus(out: Path, size_mb: int, file_mb: int = 64, seed: int = 0) -> dict:
     """~size_mb of prose in files of ~file_mb: 5 % exact copies, 5 % near copies (a few words replaced), 3 %
-    low-quality documents, the rest unique."""
+    low-quality documents, the rest unique. Document lengths are log-normal like web text's: a median of 9 paragraphs
+    (about 2 KB), a long tail (mean about 3.5 KB), capped at 400 paragraphs."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -55,7 +61,8 @@ def make_corpus(out: Path, size_mb: int, file_mb: int = 64, seed: int = 0) -> di
                 text = low_quality(gen, rng.choice(("length", "gopher_repetition", "gopher_quality", "c4",
                                                     "fineweb")))
             else:
-                text = gen.document()
+                paragraphs = min(400, max(1, round(rng.lognormvariate(2.2, 0.9))))
+                text = gen.document((paragraphs, paragraphs))
                 recent = (recent + [text])[-200:]
             texts.append(text)
             size += len(text.encode("utf-8"))
@@ -65,7 +72,48 @@ def make_corpus(out: Path, size_mb: int, file_mb: int = 64, seed: int = 0) -> di
     return {"documents": docs, "text_bytes": total, "files": index}
 
 
-def baseline_loop(input_dir: Path) -> dict:
+def run_measured(cmd: list[str], cwd: Path, state_dirs: dict[str, Path] | None = None) -> dict:
+    """Wall time; peak RSS summed over the process tree and the CPU seconds of every process in it (sampled every
+    50 ms); the peak size on disk of each of state_dirs (sampled every second)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    peak, cpu, disk = 0, {}, dict.fromkeys(state_dirs or {}, 0)
+    stop = threading.Event()
+
+    def sample():
+        nonlocal peak
+        root, ticks = psutil.Process(proc.pid), 0
+        while not stop.is_set():
+            try:
+                procs = [root] + root.children(recursive=True)
+                rss = 0
+                for p in procs:
+                    with p.oneshot():
+                        rss += p.memory_info().rss
+                        t = p.cpu_times()
+                        cpu[p.pid] = max(cpu.get(p.pid, 0.0), t.user + t.system)
+                peak = max(peak, rss)
+            except psutil.Error:
+                pass
+            if ticks % 20 == 0:
+                for name, folder in (state_dirs or {}).items():
+                    size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder.is_dir() else 0
+                    disk[name] = max(disk[name], size)
+            ticks += 1
+            time.sleep(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    output = proc.communicate()[0]
+    stop.set()
+    sampler.join()
+    if proc.returncode:
+        raise SystemExit(f"{cmd[:4]} failed ({proc.returncode}):\n{output[-3000:]}")
+    out = {"seconds": time.perf_counter() - start, "cpu_seconds": sum(cpu.values()), "peak_rss_mb": peak / 2**20}
+    return out | {f"peak_{name}_disk_mb": size / 2**20 for name, size in disk.items()}
+
+
+def baseline_loop(input_dir: Path, files: int) -> dict:
     """Single process, no framework: read, exact dedup, the heuristics in the config's order."""
     import pyarrow.parquet as pq
     from datatrove.data import Document
@@ -84,7 +132,7 @@ def baseline_loop(input_dir: Path) -> dict:
             filters.append(heuristic_class(name)(**params, language=cfg.language))
     seen: set[bytes] = set()
     kept = read = 0
-    for path in sorted(input_dir.glob("*.parquet")):
+    for path in sorted(input_dir.glob("*.parquet"))[:files]:
         for batch in pq.ParquetFile(path).iter_batches(batch_size=2048, columns=["text"]):
             for text in batch.column(0).to_pylist():
                 read += 1
@@ -98,46 +146,68 @@ def baseline_loop(input_dir: Path) -> dict:
     return {"documents_in": read, "documents_out": kept}
 
 
+def text_bytes(input_dir: Path, files: int) -> int:
+    import pyarrow.parquet as pq
+
+    return sum(len(t.encode("utf-8")) for p in sorted(input_dir.glob("*.parquet"))[:files]
+               for t in pq.read_table(p, columns=["text"]).column(0).to_pylist())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--size-mb", type=int, default=512)
+    ap.add_argument("--file-mb", type=int, default=64, help="text per input file (one task per file)")
     ap.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--skip-baseline", action="store_true")
+    ap.add_argument("--baseline-files", type=int, default=0, help="the plain loop on the first N files (0: all)")
+    ap.add_argument("--work-dir", type=Path, default=None, help="where the corpus is generated (default: a temp dir)")
     ap.add_argument("--baseline", type=Path, help=argparse.SUPPRESS)  # internal: the plain loop, in its own process
     args = ap.parse_args()
     if args.baseline:
-        args.out.write_text(json.dumps(baseline_loop(args.baseline)))
+        args.out.write_text(json.dumps(baseline_loop(args.baseline, args.baseline_files or 10**9)))
         return
     load_before = os.getloadavg()
-    with tempfile.TemporaryDirectory(prefix="clean-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="clean-bench-", dir=args.work_dir) as tmp:
         work = Path(tmp)
         started = time.perf_counter()
-        corpus = make_corpus(work / "raw", args.size_mb)
+        corpus = make_corpus(work / "raw", args.size_mb, args.file_mb)
         corpus["generate_seconds"] = time.perf_counter() - started
         print(json.dumps(corpus), flush=True)
         ours = run_measured([sys.executable, "-m", "kaiyuan_recipes.cli.main", "data", "clean", "--input-dir",
                              str(work / "raw"), "--output-dir", str(work / "clean"), "--config", str(CONFIG),
-                             "--workers", str(args.cores)], work)
+                             "--workers", str(args.cores)], work,
+                            {"minhash": work / ".clean.clean-staging" / "minhash",
+                             "exact_dedup": work / ".clean.clean-staging" / "exact"})
         manifest = json.loads((work / "clean" / "clean_manifest.json").read_text())
         ours |= {"documents_out": manifest["documents_out"], "cores": args.cores,
                  "steps": {s["step"]: s["removed"] for s in manifest["steps"]}}
         results = {"ours": ours}
         if not args.skip_baseline:
             base_out = work / "baseline.json"
-            base = run_measured([sys.executable, __file__, "--baseline", str(work / "raw"), "--out", str(base_out)],
-                                work)
-            base |= json.loads(base_out.read_text()) | {"cores": 1}
+            base = run_measured([sys.executable, __file__, "--baseline", str(work / "raw"), "--out", str(base_out),
+                                 "--baseline-files", str(args.baseline_files)], work)
+            base |= json.loads(base_out.read_text()) | {"cores": 1, "text_bytes": text_bytes(
+                work / "raw", args.baseline_files or 10**9)}
             results["plain_loop"] = base
+        ours |= {"documents_in": corpus["documents"], "text_bytes": corpus["text_bytes"]}
         for r in results.values():
-            r["documents_per_s_per_core"] = corpus["documents"] / r["seconds"] / r["cores"]
-            r["mb_per_s_per_core"] = corpus["text_bytes"] / 1e6 / r["seconds"] / r["cores"]
+            r["documents_per_s_per_core"] = r["documents_in"] / r["seconds"] / r["cores"]
+            r["mb_per_s_per_core"] = r["text_bytes"] / 1e6 / r["seconds"] / r["cores"]
+            r["documents_per_cpu_s"] = r["documents_in"] / r["cpu_seconds"]
+            r["mb_per_cpu_s"] = r["text_bytes"] / 1e6 / r["cpu_seconds"]
+        if "plain_loop" in results:
+            results["ratio_ours_to_plain_loop"] = {
+                key: results["ours"][key] / results["plain_loop"][key]
+                for key in ("documents_per_s_per_core", "mb_per_s_per_core", "documents_per_cpu_s", "mb_per_cpu_s")}
     report = provenance(this_command()) | {
         "cpu": subprocess.run(["bash", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"],
                               capture_output=True, text=True).stdout.strip(),
         "load_average_before": load_before, "load_average_after": os.getloadavg(),
         "setup": f"generated prose corpus, {args.cores} core(s) for ours (datatrove local executor), one process "
-                 "for the plain loop (exact dedup + the same heuristics, no MinHash, no token counts)",
+                 "for the plain loop (exact dedup + the same heuristics with datatrove's default word tokenizer, "
+                 "no MinHash, no token counts"
+                 + (f", on the first {args.baseline_files} file(s)" if args.baseline_files else "") + ")",
         "corpus": corpus, "results": results,
     }
     write_json(args.out, report)

@@ -202,3 +202,17 @@ def test_step_counts_from_a_single_task(tmp_path):
     head, records = step_records(plan)
     assert records == [{"step": "length", "documents_in": 3, "documents_out": 2, "removed": 1, "tokens_in": None,
                         "tokens_out": None, "removed_by_reason": {"too_short": 1}}]
+
+
+def test_length_filter_character_classes_are_unicodedata_s():
+    """The non-printable and whitespace patterns count exactly the characters the per-character definition does."""
+    import sys
+    import unicodedata
+
+    from kaiyuan_recipes.data.clean.steps import CJK, NON_PRINTABLE, WHITESPACE
+
+    chars = "".join(map(chr, range(sys.maxunicode + 1)))
+    assert NON_PRINTABLE.findall(chars) == [c for c in chars if unicodedata.category(c) in ("Cc", "Cs", "Co")
+                                            and not c.isspace()]
+    assert WHITESPACE.findall(chars) == [c for c in chars if c.isspace()]
+    assert CJK.findall(chars) == [c for c in chars if "\u4e00" <= c <= "\u9fff" or "\u3400" <= c <= "\u4dbf"]

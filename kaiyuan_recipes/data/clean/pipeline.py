@@ -19,6 +19,11 @@ from typing import Any
 from kaiyuan_recipes.data.clean.config import HEURISTICS, CleanConfig, heuristic_class
 from kaiyuan_recipes.data.clean.manifest import RunPlan, StepStats
 
+# Documents per tokenizer call of the token counts: datatrove's default of 10,000 holds every Encoding of the batch
+# (ids, offsets, token strings) at once, about a gigabyte per worker for web-length documents; 256 keeps the
+# tokenizer's threads busy with a few tens of megabytes.
+TOKEN_COUNT_BATCH = 256
+
 
 @dataclass
 class Stage:
@@ -76,8 +81,10 @@ def build_stages(plan: RunPlan, cfg: CleanConfig, schema: Any, tokenizer_file: s
         make_reader,
         read_row,
     )
+    from kaiyuan_recipes.data.clean.words import word_tokenizer
 
-    tasks, text_key, lang = plan.tasks, plan.text_key, cfg.language
+    # one tokenizer shared by the heuristics and MinHash of the filter stage: a document split into words once
+    tasks, text_key, lang = plan.tasks, plan.text_key, word_tokenizer(cfg.language)
     paths_file = plan.folder("inputs.txt")
 
     def reader():
@@ -97,7 +104,7 @@ def build_stages(plan: RunPlan, cfg: CleanConfig, schema: Any, tokenizer_file: s
     pipe: list[Any] = [reader()]
     labels = ["read"]
     if cfg.count_tokens:
-        pipe.append(TokensCounter(tokenizer_file))
+        pipe.append(TokensCounter(tokenizer_file, batch_size=TOKEN_COUNT_BATCH))
         labels.append("tokens")
 
     def add(name: str, step: Any) -> None:
@@ -125,7 +132,7 @@ def build_stages(plan: RunPlan, cfg: CleanConfig, schema: Any, tokenizer_file: s
         add(name, heuristic_class(name)(**params, language=lang, exclusion_writer=sample(name)))
         if name == "c4" and cfg.count_tokens:
             # C4 drops lines from the documents it keeps: their token counts are taken again
-            pipe.append(TokensCounter(tokenizer_file))
+            pipe.append(TokensCounter(tokenizer_file, batch_size=TOKEN_COUNT_BATCH))
             labels.append("recount")
             steps[-1].tokens_index, steps[-1].tokens_metric = len(pipe) - 1, "tokens"
     plan.input_stats = StepStats("input", "filter", 0, "filter", 1 if cfg.count_tokens else -1, "tokens")
