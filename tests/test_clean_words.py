@@ -68,9 +68,12 @@ def test_pickled_without_its_pipeline():
 
 def test_datatrove_keeps_its_own_tokenizer_where_it_is_not_spacy_or_carries_a_fix():
     assert isinstance(word_tokenizer("en"), PersistentSpacyTokenizer)
-    for language in ("en", "zh", "cmn"):  # datatrove's assignment, its spaCy language code and config
+    for language in ("en", "cmn"):  # datatrove's assignment, its spaCy language code and config
         theirs, ours = load_word_tokenizer(language), word_tokenizer(language)
         assert (ours.language, ours.config) == (theirs.language, theirs.config)
+    # `zh`: the Chinese tokenizer datatrove assigns to `cmn` (compat.word_tokenizer_language)
+    assert (word_tokenizer("zh").language, word_tokenizer("zh").config) == (load_word_tokenizer("cmn").language,
+                                                                             load_word_tokenizer("cmn").config)
     assert word_tokenizer("ja") == "ja"  # datatrove's Japanese tokenizer with its memory-leak fix
     assert word_tokenizer("zho") == "zho"  # not a spaCy tokenizer (a whitespace one)
 
@@ -126,3 +129,20 @@ def test_token_counts_hold_a_small_batch_of_documents(tmp_path):
 
         first = next(counter.run(documents()))
         assert first.metadata["token_count"] > 0 and pulled <= 1_000
+
+
+CHINESE = TEXTS["zh"][0]
+
+
+def test_upstream_datatrove_still_splits_chinese_into_sentences_for_zh():
+    """compat.word_tokenizer_language's canary: datatrove gives `zh` spaCy's multilingual tokenizer, which keeps a
+    Chinese clause as one word. Fails once upstream gives `zh` its Chinese tokenizer: drop the workaround then."""
+    words = load_word_tokenizer("zh").word_tokenize(CHINESE)
+    assert max(len(w) for w in words) >= 7, words
+
+
+def test_chinese_is_split_into_words():
+    """The cleaning steps' `zh` tokenizer splits Chinese into words (jieba's), as the Chinese config needs."""
+    words = word_tokenizer("zh").word_tokenize(CHINESE)
+    assert {"北京", "天安门"} <= set(words), words
+    assert max(len(w) for w in words) <= 4, words

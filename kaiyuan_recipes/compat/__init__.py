@@ -11,6 +11,7 @@ from __future__ import annotations
 import types
 from typing import NamedTuple
 
+from kaiyuan_recipes.compat.datatrove import word_tokenizer_language
 from kaiyuan_recipes.compat.megatron_bridge import (
     LoRAUnavailableError,
     dataset_helpers_prebuilt,
@@ -87,6 +88,9 @@ WORKAROUNDS = (
     Workaround("quote_srun_arguments", "nemo-run", "0.11.1 (core/execution/slurm.py)",
                "`noquote` is an alias of str, so no argument of the sbatch script's srun line is shell-quoted",
                "test_slurm_script.py::test_upstream_nemo_run_still_leaves_srun_arguments_unquoted"),
+    Workaround("word_tokenizer_language", "datatrove", "0.10.1 (utils/word_tokenizers.py)",
+               "`zh` gets spaCy's multilingual tokenizer (a Chinese sentence is one word), not the Chinese one",
+               "test_clean_words.py::test_upstream_datatrove_still_splits_chinese_into_sentences_for_zh"),
     Workaround("restricted_dcp_metadata", "torch", "2.14.1 (torch/distributed/checkpoint/filesystem.py)",
                "FileSystemReader.read_metadata unpickles .metadata with plain pickle: a crafted one runs code",
                "test_ckpt_safety.py::test_upstream_dcp_metadata_reader_still_runs_a_crafted_pickle"),
@@ -121,4 +125,5 @@ __all__ = ["WORKAROUNDS", "LOCAL_SPEC_SETTINGS", "LoRAUnavailableError", "Refuse
            "install_lora_placeholder", "nemo2_distributed_optimizer_saves",
            "patch_method", "quote_srun_arguments", "restore_adam_step_per_parameter",
            "separate_full_graph_pools", "size_weight_decay_by_max_steps", "skip_prebuilt_helpers_build",
-           "te_importing_modules", "transformer_engine_available", "wgrad_fusion_without_apex"]
+           "te_importing_modules", "transformer_engine_available", "wgrad_fusion_without_apex",
+           "word_tokenizer_language"]

@@ -15,6 +15,8 @@ from typing import Any
 
 from datatrove.utils.word_tokenizers import SpaCyTokenizer, load_word_tokenizer, strip_strings
 
+from kaiyuan_recipes.compat.datatrove import word_tokenizer_language
+
 # A new word costs spaCy about 450 bytes (its string, lexeme and tokenizer-cache entry): 500,000 of them are about
 # 220 MB per worker, and a fresh pipeline costs a fraction of a second.
 MAX_STRINGS = 500_000
@@ -61,6 +63,7 @@ class PersistentSpacyTokenizer(SpaCyTokenizer):
 def word_tokenizer(language: str) -> Any:
     """What the filters and MinHash take as `language`: ours where datatrove assigns its spaCy tokenizer, else the
     language code itself (datatrove then loads its own tokenizer for it)."""
+    language = word_tokenizer_language(language)
     theirs = load_word_tokenizer(language)
     if type(theirs) is SpaCyTokenizer and theirs.language not in KEEP_DATATROVE:
         return PersistentSpacyTokenizer(theirs.language)
