@@ -107,3 +107,30 @@ def test_bad_lines_reported_rest_scored_and_outputs(tiny_model, tmp_path):
     empty.write_text("")
     with pytest.raises(ValueError, match="nothing to score .the file holds no samples"):
         evaluate_models([tiny_model], empty, tmp_path / "out2", progress=False)
+
+
+def test_a_bf16_models_logits_are_fp32_projections(tiny_model):
+    """In bf16 the lm_head projects in fp32: each continuation token's log-probability is the fp32 log-softmax of
+    hidden.float() @ weight.float()ᵀ, not of logits rounded to bf16 (up to 0.06 nats at these logits of 16 to 32)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from kaiyuan_recipes.data.heldout_scoring import encode_pair, hf_encoder
+    from kaiyuan_recipes.eval.heldout_eval import continuation_logprobs
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model))
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.bfloat16).eval()
+    encode = hf_encoder(tok)
+    encoded = [encode_pair(encode, "Hello, how are", " you today? Fine, thanks.", 64),
+               encode_pair(encode, "Question: 2 + 3 = ?\nAnswer:", " 5", 64)]
+    hidden = []
+    model.lm_head.register_forward_pre_hook(lambda module, args: hidden.append(args[0]))
+    got = continuation_logprobs(model, tok, encoded, batch_size=2, device="cpu")
+    (h,) = hidden  # [rows, width, hidden], bf16: the final norm's output; rows longest first
+    assert h.dtype == torch.bfloat16 and "forward" not in vars(model.lm_head)
+    logits = h.float() @ model.lm_head.weight.float().t()
+    assert logits.max() > 16
+    logprobs = logits.double().log_softmax(-1)
+    for row, e in enumerate(sorted(encoded, key=lambda e: -len(e.ids))):
+        n = len(e.ids)
+        expected = [logprobs[row, n - e.n_scored - 1 + j, e.ids[n - e.n_scored + j]].item() for j in range(e.n_scored)]
+        assert got[encoded.index(e)] == pytest.approx(expected, rel=1e-5, abs=1e-4)

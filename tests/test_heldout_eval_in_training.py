@@ -137,3 +137,41 @@ def test_the_chunked_loss_gives_the_same_figures(model, heldout_file, monkeypatc
         assert a["nll"] == pytest.approx(b["nll"], rel=FP32_REL_TOLERANCE)
         assert (a.get("pred_sum"), a.get("pred_avg_norm")) == (b.get("pred_sum"), b.get("pred_avg_norm"))
     assert not math.isnan(aggregate(chunked)[OVERALL]["nll_per_token"])
+
+
+@pytest.mark.parametrize("loss", ["plain", "chunked"])
+def test_a_bf16_models_logits_are_fp32_projections(model, heldout_file, monkeypatch, loss):
+    """In bf16 the scorer projects the final hidden state in fp32: each pair's log-probability is the fp32 log-softmax
+    of hidden.float() @ weight.float()ᵀ, not of logits rounded to bf16 (half a unit in the last place, 0.03 to 0.06
+    nats at these logits of 10 to 30, several times the 0.5 % a short completion's NLL may differ by)."""
+    from transformers import AutoTokenizer
+
+    from kaiyuan_recipes.export.hf_to_megatron import build_cpu_model
+    from kaiyuan_recipes.fastpath import chunked_loss
+    from kaiyuan_recipes.training.heldout_eval import scorer
+
+    megatron_forward_on_cpu(monkeypatch.setattr)
+    bf16 = build_cpu_model(tiny_gpt_shape(num_layers=2, **SHAPE), torch.bfloat16)
+    bf16.load_state_dict(model.state_dict())
+    if loss == "chunked":
+        chunked_loss.install_chunked_loss([bf16])
+        monkeypatch.setattr(chunked_loss, "chunk_tokens", lambda vocab: 32)
+    bf16.eval()
+    encode = hf_encoder(AutoTokenizer.from_pretrained(str(default_tokenizer_dir())))
+    encoded = [encode_pair(encode, p.context, p.continuation, MAX_LENGTH)
+               for p in scoring_pairs(read_samples_strict(heldout_file))]
+    hidden = []
+    bf16.output_layer.register_forward_pre_hook(lambda module, args: hidden.append(args[0]))
+    idx = list(range(len(encoded)))
+    with torch.no_grad():
+        sums = scorer.batch_logprob_sums(bf16, encoded, idx, MAX_LENGTH, moe=False)
+    (h,) = hidden  # [width, rows, hidden], bf16: the final norm's output
+    assert h.dtype == torch.bfloat16
+    logits = h.float() @ bf16.output_layer.weight.float().t()
+    assert logits.max() > 10  # logits where bf16's rounding is a few hundredths of a nat
+    logprobs = logits.double().log_softmax(-1)
+    _, labels, scored, _ = scorer.batch_tensors(encoded, idx, MAX_LENGTH, h.device)
+    expected = (logprobs.transpose(0, 1).gather(2, labels[..., None])[..., 0] * scored).sum(dim=1)
+    torch.testing.assert_close(sums, expected, rtol=1e-5, atol=1e-4)
+    assert "forward" not in vars(bf16.output_layer) if loss == "plain" else \
+        vars(bf16.output_layer)["forward"].__func__ is chunked_loss._deferred_output  # put back as it was

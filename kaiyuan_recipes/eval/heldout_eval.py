@@ -4,11 +4,17 @@ choices, each candidate scored by its log-probability given the prompt — accur
 log-probability (`mcq_acc_avg_norm`, the main one) and by sum (`mcq_acc_sum`, biased to short options).
 Aggregated per capability dimension and overall. The definitions, the sample reader and the truncation rule are
 kaiyuan_recipes.data.heldout_scoring's, shared with the evaluation in training (kaiyuan.heldout_eval); this module
-runs the HF model."""
+runs the HF model.
+
+The lm_head projects in fp32 (fp32_lm_head): in bf16 its logits would be rounded to bf16 before the softmax, half a
+unit in the last place on the target's logit and the log-sum-exp (0.03 nats at a logit of 10), as large as the
+0.5 % per sample the in-training figures (which project in fp32 too) are held to on short completions."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +31,28 @@ from kaiyuan_recipes.data.heldout_scoring import (
 )
 
 __all__ = ["LoadReport", "Sample", "aggregate", "continuation_logprobs", "evaluate_models", "load_samples", "score"]
+
+
+@contextlib.contextmanager
+def fp32_lm_head(model: Any) -> Iterator[None]:
+    """The model's output embedding (a Linear) computing fp32 logits from its upcast input and weight; the rest of
+    the model stays in its dtype. Nothing changes for a model without a Linear head or already in fp32."""
+    import torch
+
+    head = model.get_output_embeddings()
+    if not isinstance(head, torch.nn.Linear) or head.weight.dtype == torch.float32:
+        yield
+        return
+
+    def forward(hidden: torch.Tensor) -> torch.Tensor:
+        bias = None if head.bias is None else head.bias.float()
+        return torch.nn.functional.linear(hidden.float(), head.weight.float(), bias)
+
+    head.forward = forward
+    try:
+        yield
+    finally:
+        del head.forward
 
 
 def continuation_logprobs(model: Any, tokenizer: Any, encoded: list[Encoded], batch_size: int,
@@ -44,7 +72,7 @@ def continuation_logprobs(model: Any, tokenizer: Any, encoded: list[Encoded], ba
             ids = encoded[i].ids
             input_ids[row, : len(ids)] = torch.tensor(ids)
             mask[row, : len(ids)] = 1
-        with torch.no_grad():
+        with torch.no_grad(), fp32_lm_head(model):
             logits = model(input_ids=input_ids.to(device), attention_mask=mask.to(device)).logits.float()
         logp = torch.log_softmax(logits, dim=-1)
         for row, i in enumerate(idx):

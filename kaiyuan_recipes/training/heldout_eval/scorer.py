@@ -7,6 +7,12 @@ loss the run installed: megatron-core's vocab-parallel cross-entropy under tenso
 split over the TP ranks), kaiyuan's chunked loss (fastpath/chunked_loss.py: the logits are never materialised
 whole), or the plain one. A pair's log-probability is minus the sum of that loss over its continuation tokens.
 
+The output layer runs in fp32 for these forwards (fp32_output_layer): a bf16 model's logits would otherwise be
+rounded to bf16 before the softmax, half a unit in the last place (0.03 nats at a logit of 10, 1 at 300) on the
+target's logit and on the log-sum-exp, noise as large as a short completion's NLL differences allow. Its input
+(the final norm's output) and weight are upcast, the rest of the model stays in the training precision; training
+steps never pass here.
+
 Batches hold pairs of similar length (longest first), padded to a multiple of 64 tokens so a handful of shapes
 recur, and at most a training micro-batch's tokens (micro_batch_size × seq_length): the forward's activations stay
 within what training already holds. Batches are dealt round-robin over the data-parallel ranks; every rank runs
@@ -16,8 +22,9 @@ over the data-parallel group, so every rank ends with every pair's figure."""
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -61,6 +68,37 @@ def batch_tensors(encoded: Sequence[Encoded], idx: Sequence[int], width: int,
     return tokens.to(device), labels.to(device), scored.to(device), padding.to(device)
 
 
+@contextlib.contextmanager
+def fp32_output_layer(chunk: Any) -> Iterator[None]:
+    """The chunk's output layer computing fp32 logits from its upcast input and weight (the weight GPTModel passes
+    in when embeddings are tied, or its own), whatever forward it has: megatron-core's ColumnParallelLinear (its
+    vocab-parallel shard under tensor parallelism, then the vocab-parallel cross-entropy on fp32 logits) or the
+    chunked loss's deferral (which then computes each chunk's logits in fp32). Nothing changes on a pipeline stage
+    without an output layer or for one with a bias."""
+    holder = chunk
+    while not hasattr(holder, "output_layer") and hasattr(holder, "module"):  # DDP / Float16Module wrappers
+        holder = holder.module
+    layer = getattr(holder, "output_layer", None)
+    if layer is None or getattr(layer, "bias", None) is not None:
+        yield
+        return
+    own = "forward" in vars(layer)  # an instance forward (the chunked loss's) is put back as it was
+    inner, previous = layer.forward, vars(layer).get("forward")
+
+    def forward(input_: torch.Tensor, weight: torch.Tensor | None = None, runtime_gather_output: bool | None = None):
+        weight = layer.weight if weight is None else weight
+        return inner(input_.float(), weight=weight.float(), runtime_gather_output=runtime_gather_output)
+
+    layer.forward = forward
+    try:
+        yield
+    finally:
+        if own:
+            layer.forward = previous
+        else:
+            del layer.forward
+
+
 def batch_logprob_sums(model: Any, encoded: Sequence[Encoded], idx: Sequence[int], width: int,
                        moe: bool) -> torch.Tensor:
     """Each pair's summed continuation log-probability (float64), from the model's per-token loss."""
@@ -69,7 +107,8 @@ def batch_logprob_sums(model: Any, encoded: Sequence[Encoded], idx: Sequence[int
     position_ids = torch.arange(width, device=device).expand(len(idx), width)
     # MoE: padding tokens kept out of routing, so they take no expert capacity from the sample's own tokens
     extra = {"padding_mask": padding} if moe else {}
-    loss = model(tokens, position_ids, None, labels=labels, **extra)  # [rows, width], fp32
+    with fp32_output_layer(model):
+        loss = model(tokens, position_ids, None, labels=labels, **extra)  # [rows, width], fp32
     return -(loss.double() * scored).sum(dim=1)
 
 
