@@ -108,7 +108,7 @@ def start_multinode(args: Any, overrides: list[str], cfg: Any, run: Any) -> int:
 
     spec = spec_from(args, nproc_per_node=args.nproc_per_node or 1, master_port=args.master_port,
                      container=args.container_name, python=args.python, workdir=os.getcwd())
-    validate(cfg, spec.torchrun(0).world_size, run.max_positions, spec_decided=not run.decided_on_node)
+    validate(cfg, run, spec.torchrun(0).world_size)
     if args.dry_run:
         print(node_decides_note(run), file=sys.stderr)
         for rank, node in enumerate(spec.nodes):

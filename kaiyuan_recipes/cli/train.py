@@ -15,7 +15,7 @@ from kaiyuan_recipes.launch.torchrun import TorchrunSpec
 from kaiyuan_recipes.training.config import build_config
 from kaiyuan_recipes.training.entry import prepare_run_dirs
 from kaiyuan_recipes.training.run_logging import VERBOSE_ENV
-from kaiyuan_recipes.training.summary import print_summary, resolve_with_upstream, summarize
+from kaiyuan_recipes.training.summary import print_summary, summarize
 from kaiyuan_recipes.training.validate import validate
 
 
@@ -63,8 +63,7 @@ def checked_launch(recipe: str, overrides: list[str], nproc_per_node: int) -> Ch
     """Bad input fails here, in the launching process, before anything is started."""
     spec = TorchrunSpec(nproc_per_node=nproc_per_node)
     cfg, settings = build_config(recipe, overrides)
-    layout = validate(cfg, spec.world_size, settings.max_positions)
-    resolve_with_upstream(cfg, spec.world_size)
+    layout = validate(cfg, settings, spec.world_size)
     argv = spec.argv(recipe, overrides)
     return CheckedLaunch(cfg, settings, summarize(cfg, settings, layout, argv), argv)
 
