@@ -47,7 +47,7 @@ def build_as_pretrain(cfg: Any) -> tuple[tuple[Any, Any, Any], list[int]]:
 def measure_recipe(recipe: str, overrides: list[str]) -> dict[str, Any]:
     from kaiyuan_recipes import compat
     from kaiyuan_recipes.training.config import build_config
-    from kaiyuan_recipes.training.summary import resolve_with_upstream
+    from kaiyuan_recipes.training.validate import resolve_with_upstream
 
     compat.apply()
     with tempfile.TemporaryDirectory() as root:

@@ -223,7 +223,7 @@ def test_every_throughput_variant_is_a_config_upstream_accepts(tmp_path):
 
     from kaiyuan_recipes import compat
     from kaiyuan_recipes.training.config import build_config
-    from kaiyuan_recipes.training.summary import resolve_with_upstream
+    from kaiyuan_recipes.training.validate import resolve_with_upstream
 
     mbs, micro = BATCH["qwen3_1p7b"]
     for impl, (spec, extra) in MEGATRON_IMPLS.items():

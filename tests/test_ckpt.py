@@ -142,7 +142,7 @@ def main(mode, run_root, saves, overrides):
 
     parallel_state.initialize_model_parallel()
     from kaiyuan_recipes.training.config import build_config
-    from kaiyuan_recipes.training.summary import resolve_with_upstream
+    from kaiyuan_recipes.training.validate import resolve_with_upstream
 
     cfg, run = build_config("gpt_smoke", [f"kaiyuan.run_root={run_root}"] + overrides)
     if mode in ("train", "resume"):

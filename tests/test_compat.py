@@ -139,7 +139,7 @@ def test_every_phase_gets_the_same_scheduler_totals_and_other_runs_keep_upstream
     the same in both phases; a run without max_steps keeps upstream's weight decay (by its train_iters). On a
     Bridge without the defect the workaround is not applied at all."""
     from kaiyuan_recipes.training.config import build_config
-    from kaiyuan_recipes.training.summary import resolve_with_upstream
+    from kaiyuan_recipes.training.validate import resolve_with_upstream
 
     compat.apply()
     from megatron.bridge.training.config import ConfigContainer

@@ -68,7 +68,7 @@ def training_set_up(overrides):
     from megatron.bridge.training.tokenizers.tokenizer import build_tokenizer
 
     from kaiyuan_recipes.training.config import build_config
-    from kaiyuan_recipes.training.summary import resolve_with_upstream
+    from kaiyuan_recipes.training.validate import resolve_with_upstream
 
     cfg, _ = build_config("gpt_smoke", overrides)
     cfg = resolve_with_upstream(cfg, world_size=1)

@@ -35,9 +35,13 @@ def heldout_file(tmp_path):
 
 
 def config(tmp_path, *overrides):
+    """The config as a launcher has it: built, then checked (validate() checks kaiyuan.heldout_eval too)."""
     from kaiyuan_recipes.training.config import build_config
+    from kaiyuan_recipes.training.validate import validate
 
-    return build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path / 'runs'}", *SMALL, *overrides])
+    cfg, run = build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path / 'runs'}", *SMALL, *overrides])
+    validate(cfg, run, 1, upstream=False)
+    return cfg, run
 
 
 def test_a_malformed_file_is_refused_when_the_config_is_built_naming_its_lines(tmp_path, capsys):

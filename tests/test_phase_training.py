@@ -10,7 +10,7 @@ from kaiyuan_recipes.data.convert import ConvertOptions, convert_directory
 from kaiyuan_recipes.data.phase_module import PhaseBlendDataModule
 from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
 from kaiyuan_recipes.training.config import build_config
-from kaiyuan_recipes.training.summary import resolve_with_upstream
+from kaiyuan_recipes.training.validate import resolve_with_upstream
 
 
 @pytest.fixture(scope="module")

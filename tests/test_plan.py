@@ -2,6 +2,7 @@
 and the other ranks train with it, a launch host leaves `auto` to the training node, and status shows the plan."""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -115,3 +116,62 @@ def test_status_shows_the_runs_plan(tmp_path, capsys):
     from kaiyuan_recipes.ckpt.inspect import run_plan_of
 
     assert run_plan_of(RunLayout(run_dir).checkpoints / "iter_0000002")["digest"] == plan_digest(record)
+
+
+# Records, per process, that it imported Megatron-Bridge (what building or checking a config costs): the audit hook
+# of every Python process that inherits this sitecustomize.
+IMPORT_WITNESS = textwrap.dedent('''
+    import os, sys
+    _seen = os.environ.get("KAIYUAN_TEST_BRIDGE_IMPORTS")
+    if _seen:
+        def _witness(event, args, done=[]):
+            if event == "import" and args[0] == "megatron.bridge" and not done:
+                done.append(1)
+                with open(os.path.join(_seen, str(os.getpid())), "w") as fh:
+                    fh.write(" ".join(sys.argv))
+        sys.addaudithook(_witness)
+''')
+
+
+def _start(tmp_path, *args, env=None):
+    return subprocess.run([sys.executable, "-m", "kaiyuan_recipes.cli.main", "start", "gpt_smoke", *args,
+                           "kaiyuan.data=mock", f"kaiyuan.run_root={tmp_path / 'runs'}"],
+                          capture_output=True, text=True, timeout=600, env=env)
+
+
+def test_start_builds_the_config_once_and_its_supervisor_launches_without_building_it(tmp_path):
+    """`kaiyuan start` resolves and checks the launch; its supervisor runs the checked torchrun command without
+    importing Megatron-Bridge; the rank builds the config once (and writes the plan)."""
+    from test_lifecycle import wait_for
+
+    from kaiyuan_recipes.launch.lifecycle import LocalRun
+
+    hooks, seen = tmp_path / "hooks", tmp_path / "bridge_imports"
+    hooks.mkdir()
+    seen.mkdir()
+    (hooks / "sitecustomize.py").write_text(IMPORT_WITNESS)
+    env = {k: v for k, v in os.environ.items() if k != "KAIYUAN_SUPERVISED"}
+    env.update(KAIYUAN_TEST_BRIDGE_IMPORTS=str(seen),
+               PYTHONPATH=os.pathsep.join([str(hooks), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    out = _start(tmp_path, "once", env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    run = LocalRun(tmp_path / "runs" / "once")
+    try:  # rank 0 has built the config once it wrote the run's plan
+        assert wait_for(lambda: run.layout.plan.is_file(), timeout=900), run.layout.console_log.read_text()[-3000:]
+    finally:
+        run.stop(grace=60)
+    importers = sorted(p.read_text() for p in seen.iterdir())
+    assert len(importers) == 2, importers  # not the supervisor, nor anything between it and torchrun
+    assert importers[0].endswith("cli/main.py start gpt_smoke once kaiyuan.data=mock "
+                                 f"kaiyuan.run_root={tmp_path / 'runs'}"), importers
+    assert "kaiyuan_recipes/training/entry.py gpt_smoke" in importers[1], importers
+    assert "launching: " in run.layout.console_log.read_text()
+    assert list(run.layout.logs.glob("train-*.log"))  # the launch's own log, as `kaiyuan train` writes it
+
+
+def test_start_refuses_what_megatron_bridge_rejects_before_spawning_anything(tmp_path):
+    """An override only Megatron-Bridge's own validation rejects fails `kaiyuan start` itself, not its supervisor."""
+    out = _start(tmp_path, "bad", "scheduler.lr_warmup_fraction=0.5")
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "Megatron-Bridge rejected the configuration" in out.stderr and "lr_warmup_fraction" in out.stderr
+    assert "Traceback" not in out.stderr and not (tmp_path / "runs" / "bad" / "run_state").exists()

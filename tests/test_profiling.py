@@ -83,10 +83,10 @@ def test_profile_window_must_end_before_the_run_does(tmp_path):
     cfg, run = build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", "profile.enabled=true",
                                           "profile.steps=[7,8]", "train.train_iters=8", "kaiyuan.data=mock"])
     with pytest.raises(ConfigError, match="ends at iteration 8: .* train.train_iters=8 must be at least 9"):
-        validate(cfg, 1, run.max_positions)
+        validate(cfg, run, 1)
     cfg, run = build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", "profile.enabled=true",
                                           "profile.steps=[7,7]", "train.train_iters=8", "kaiyuan.data=mock"])
-    validate(cfg, 1, run.max_positions)
+    validate(cfg, run, 1)
 
 
 def test_summary_prefers_gpu_kernels(tmp_path):

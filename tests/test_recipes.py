@@ -5,8 +5,7 @@ import pytest
 from kaiyuan_recipes.config.overrides import OverrideError
 from kaiyuan_recipes.config.recipe_tree import UnknownRecipeError, known_recipes, load_recipe_tree
 from kaiyuan_recipes.training.config import build_config
-from kaiyuan_recipes.training.summary import resolve_with_upstream
-from kaiyuan_recipes.training.validate import ConfigError, validate
+from kaiyuan_recipes.training.validate import ConfigError, resolve_with_upstream, validate
 
 
 def test_known_recipes():
@@ -118,26 +117,26 @@ def test_invalid_zero_stage_and_sdpa_backend():
 def test_global_batch_not_divisible():
     cfg, run = build_config("gpt_smoke", ["train.global_batch_size=10", "train.micro_batch_size=4"])
     with pytest.raises(ConfigError, match=r"global_batch_size=10 is not divisible by .* = 4 × 1 = 4"):
-        validate(cfg, 1, run.max_positions)
+        validate(cfg, run, 1)
     cfg, run = build_config("gpt_smoke", ["train.global_batch_size=16", "train.micro_batch_size=4"])
     with pytest.raises(ConfigError, match=r"4 × 8 = 32"):
-        validate(cfg, 8, run.max_positions)
-    assert validate(cfg, 4, run.max_positions)["grad_accumulation"] == 1
+        validate(cfg, run, 8)
+    assert validate(cfg, run, 4)["grad_accumulation"] == 1
 
 
 def test_seq_longer_than_max_positions():
     cfg, run = build_config("gpt_smoke", ["dataset.seq_length=8192", "model.seq_length=8192"])
     with pytest.raises(ConfigError, match="seq_length=8192 is longer than the model's max_position_embeddings=4096"):
-        validate(cfg, 1, run.max_positions)
+        validate(cfg, run, 1)
     cfg, run = build_config("gpt_smoke", ["dataset.seq_length=2048", "model.seq_length=4096"])
     with pytest.raises(ConfigError, match="model.seq_length=4096 differs from dataset.seq_length=2048"):
-        validate(cfg, 1, run.max_positions)
+        validate(cfg, run, 1)
 
 
 def test_vocab_smaller_than_tokenizer():
     cfg, run = build_config("gpt_smoke", ["model.vocab_size=151552"])
     with pytest.raises(ConfigError, match="vocab_size=151552 is smaller than the tokenizer's vocabulary"):
-        validate(cfg, 1, run.max_positions)
+        validate(cfg, run, 1)
 
 
 def test_exit_signal_must_be_the_one_kaiyuan_stop_sends():
@@ -146,15 +145,15 @@ def test_exit_signal_must_be_the_one_kaiyuan_stop_sends():
     cfg, run = build_config("gpt_smoke", [])
     cfg.train.exit_signal = signal.SIGUSR1
     with pytest.raises(ConfigError, match="train.exit_signal=SIGUSR1: `kaiyuan stop` and torchrun send SIGTERM"):
-        validate(cfg, 1, run.max_positions)
+        validate(cfg, run, 1)
     cfg.train.exit_signal_handler = False  # no graceful stop asked for: any signal is the user's business
-    validate(cfg, 1, run.max_positions)
+    validate(cfg, run, 1)
 
 
 def test_world_not_divisible_by_model_parallel():
     cfg, run = build_config("gpt_smoke", ["model.tensor_model_parallel_size=2"])
     with pytest.raises(ConfigError, match="world size 3 is not divisible by TP×PP×CP"):
-        validate(cfg, 3, run.max_positions)
+        validate(cfg, run, 3)
 
 
 @pytest.mark.parametrize("spec", ["local", "fast"])
@@ -165,9 +164,9 @@ def test_sequence_parallel_refused_with_torch_norms(spec):
     cfg, run = build_config("gpt_smoke", [f"kaiyuan.layer_spec={spec}", "model.tensor_model_parallel_size=2",
                                           "model.sequence_parallel=true"])
     with pytest.raises(ConfigError, match="model.sequence_parallel=true needs Transformer Engine or Apex norms"):
-        validate(cfg, 2, run.max_positions)
+        validate(cfg, run, 2)
     cfg.model.sequence_parallel = False
-    assert validate(cfg, 2, run.max_positions)["tensor"] == 2
+    assert validate(cfg, run, 2)["tensor"] == 2
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
     cfg.model.sequence_parallel = True
@@ -188,11 +187,11 @@ def test_cuda_graphs_need_a_graph_safe_rng_tracker():
                  "rerun_state_machine.check_for_nan_in_loss=false"]  # the graph by hand, without the knob
     cfg, run = build_config("gpt_smoke", overrides)
     with pytest.raises(ConfigError, match="model.cuda_graph_impl=full_iteration needs model.use_te_rng_tracker=true"):
-        validate(cfg, 1, run.max_positions)
+        validate(cfg, run, 1)
     with pytest.raises(AssertionError, match="RNG tracker is required for cudagraphs"):
         cfg.model.provide()
     cfg, run = build_config("gpt_smoke", [*overrides, "model.use_te_rng_tracker=true"])
-    assert validate(cfg, 1, run.max_positions)["data"] == 1
+    assert validate(cfg, run, 1)["data"] == 1
     assert resolve_with_upstream(cfg, world_size=1).rng.te_rng_tracker  # upstream keeps the two flags equal
     assert not compat.transformer_engine_available()
     saved = mcore_random._CUDA_RNG_STATE_TRACKER, mcore_random._CUDA_RNG_STATE_TRACKER_INITIALIZED
@@ -228,7 +227,7 @@ def test_cuda_graph_knob_and_the_loss_guard_that_replaces_megatrons_check(tmp_pa
     assert cfg.model.use_te_rng_tracker
     assert cfg.model.cuda_graph_use_single_mempool is False  # compat.separate_full_graph_pools
     assert not cfg.rerun_state_machine.check_for_nan_in_loss
-    layout = validate(cfg, 1, run.max_positions)
+    layout = validate(cfg, run, 1)
     resolved = resolve_with_upstream(cfg, world_size=2)  # upstream turns both on if either is
     assert not resolved.ddp.overlap_param_gather and not resolved.optimizer.overlap_param_gather
     summary = summarize(cfg, run, layout, [])
@@ -246,10 +245,10 @@ def test_cuda_graph_knob_and_the_loss_guard_that_replaces_megatrons_check(tmp_pa
     moe = ["kaiyuan.data=mock", f"kaiyuan.run_root={tmp_path}", "kaiyuan.layer_spec=fast", "kaiyuan.cuda_graph=true"]
     cfg, run = build_config("laoyao_moe_2b", moe)
     with pytest.raises(ConfigError, match="model.moe_pad_expert_input_to_capacity=true"):
-        validate(cfg, 1, run.max_positions)
+        validate(cfg, run, 1)
     cfg, run = build_config("laoyao_moe_2b", [*moe, "model.moe_expert_capacity_factor=1.0",
                                               "model.moe_pad_expert_input_to_capacity=true"])
-    validate(cfg, 1, run.max_positions)
+    validate(cfg, run, 1)
 
     guard = NonFiniteLossCallback()
     state = type("State", (), {"train_state": type("TrainState", (), {"step": 41})()})()
@@ -269,7 +268,7 @@ def test_wgrad_fusion_knob(tmp_path):
     common = [f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=mock"]
     cfg, run = build_config("gpt_smoke", [*common, "kaiyuan.layer_spec=fast", "kaiyuan.wgrad_fusion=true"])
     assert cfg.model.gradient_accumulation_fusion
-    layout = validate(cfg, 1, run.max_positions)
+    layout = validate(cfg, run, 1)
     resolve_with_upstream(cfg, world_size=1)
     assert summarize(cfg, run, layout, [])["model"]["gradient_accumulation_fusion"] is True
     eager = build_config("gpt_smoke", [*common, "kaiyuan.layer_spec=fast", "kaiyuan.cuda_graph=false"])[0]
@@ -290,7 +289,7 @@ def test_step_fusion_auto_turns_on_only_where_measured(tmp_path):
     cfg, run = build_config("qwen3_1p7b", [*common, "kaiyuan.layer_spec=fast"])
     assert run.fastpath.on("cuda_graph") and run.fastpath.on("wgrad_fusion")
     assert cfg.model.cuda_graph_impl == "full_iteration" and cfg.model.gradient_accumulation_fusion
-    validate(cfg, 1, run.max_positions)
+    validate(cfg, run, 1)
     resolve_with_upstream(cfg, world_size=1)
     for overrides, reason in (
         (["kaiyuan.layer_spec=local"], "layer_spec=local"),
@@ -301,11 +300,11 @@ def test_step_fusion_auto_turns_on_only_where_measured(tmp_path):
         assert not run.fastpath.on("cuda_graph") and not run.fastpath.on("wgrad_fusion"), overrides
         assert cfg.model.cuda_graph_impl == "none" and not cfg.model.gradient_accumulation_fusion
         assert reason in graph_ineligible_reason(cfg, run)
-        summary = summarize(cfg, run, validate(cfg, 2, run.max_positions), [])["fast_path"]
+        summary = summarize(cfg, run, validate(cfg, run, 2), [])["fast_path"]
         assert summary["cuda_graph"].startswith("off (auto: ") and reason in summary["cuda_graph"]
     cfg, run = build_config("laoyao_moe_2b", [*common, "kaiyuan.layer_spec=fast"])
     assert not run.fastpath.on("cuda_graph") and "MoE" in graph_ineligible_reason(cfg, run)
-    validate(cfg, 1, run.max_positions)  # auto never produces the graph validate() refuses for MoE
+    validate(cfg, run, 1)  # auto never produces the graph validate() refuses for MoE
     cfg, run = build_config("qwen3_1p7b", [*common, "kaiyuan.layer_spec=fast", "kaiyuan.wgrad_fusion=false"])
     assert run.fastpath.on("cuda_graph") and not cfg.model.gradient_accumulation_fusion
     with pytest.raises(ValueError, match="kaiyuan.cuda_graph: expected one of true, false, auto; got 'yes'"):

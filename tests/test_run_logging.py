@@ -42,7 +42,7 @@ WORKER = textwrap.dedent("""
     for _ in range(4):
         log_single_rank(optimizer, logging.INFO, "the same optimizer line")
 
-    from kaiyuan_recipes.training.summary import resolve_with_upstream
+    from kaiyuan_recipes.training.validate import resolve_with_upstream
     resolve_with_upstream(cfg, 1).log_non_default_values()   # Bridge's Configuration Summary (a print)
     print("after the summary", flush=True)
 """)

@@ -46,7 +46,7 @@ def _build_as_pretrain(cfg):
     from megatron.bridge.data.utils import get_dataset_provider
     from megatron.bridge.training.tokenizers.tokenizer import build_tokenizer
 
-    from kaiyuan_recipes.training.summary import resolve_with_upstream
+    from kaiyuan_recipes.training.validate import resolve_with_upstream
 
     resolved = resolve_with_upstream(cfg, world_size=1)
     tokenizer = build_tokenizer(resolved.tokenizer)

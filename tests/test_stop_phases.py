@@ -18,7 +18,7 @@ from kaiyuan_recipes.launch.membership import members
 def test_a_stop_during_set_up_ends_a_real_run_at_once_without_a_checkpoint(tmp_path):
     root = tmp_path / "runs"
     run = LocalRun(root / "setup")
-    # what `kaiyuan start gpt_smoke setup` runs under its supervisor
+    # `kaiyuan train gpt_smoke` (it resolves the config first), under a supervisor
     argv = [sys.executable, "-m", "kaiyuan_recipes.cli.main", "train", "gpt_smoke", "--nproc-per-node=1",
             "kaiyuan.data=mock", f"kaiyuan.run_root={root}", "kaiyuan.run_name=setup"]
     run.start(argv, {"recipe": "gpt_smoke"})

@@ -242,12 +242,11 @@ def index(args: Any) -> int:
     from kaiyuan_recipes.cli.train import with_phase
     from kaiyuan_recipes.training.config import build_config
     from kaiyuan_recipes.training.dataset_index import IndexInterrupted, describe, prebuild_indices
-    from kaiyuan_recipes.training.summary import resolve_with_upstream
-    from kaiyuan_recipes.training.validate import validate
+    from kaiyuan_recipes.training.validate import resolve_with_upstream, validate
 
     compat.apply()
     cfg, settings = build_config(args.recipe, with_phase(args.phase, args.overrides))
-    validate(cfg, args.world_size, settings.max_positions)
+    validate(cfg, settings, args.world_size, upstream=False)  # upstream's own validation: the resolved copy below
     resolved = resolve_with_upstream(cfg, args.world_size)
     if settings.data == "mock" or not resolved.dataset.path_to_cache:
         print(f"{args.recipe}: kaiyuan.data={settings.data} has no dataset index to build")

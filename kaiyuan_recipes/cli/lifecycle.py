@@ -54,31 +54,48 @@ def checked_run_name(name: str) -> str:
 
 
 def start(args: Any) -> int:
-    from kaiyuan_recipes.launch.lifecycle import LocalRun
-    from kaiyuan_recipes.launch.torchrun import TorchrunSpec
     from kaiyuan_recipes.training.config import build_config
-    from kaiyuan_recipes.training.validate import validate
 
     checked_run_name(args.run_name)
     overrides = [*args.overrides, f"kaiyuan.run_name={args.run_name}"]
     if args.slurm and args.hosts:
         raise ValueError("--slurm and --hosts: choose one back-end")
+    if not (args.slurm or args.hosts):
+        if args.dry_run:
+            raise ValueError("--dry-run: only with --slurm (it prints the sbatch script) or --hosts")
+        return start_here(args, overrides)
     # Bad input fails here, before anything starts. Launching elsewhere (Slurm, SSH), this host does not train:
     # the layer spec and fast path are decided on the training node (its rank 0 writes them to the run's plan).
-    cfg, run = build_config(args.recipe, overrides, decide_here=not (args.slurm or args.hosts))
+    cfg, run = build_config(args.recipe, overrides, decide_here=False)
     if args.slurm:
         return start_slurm(args, overrides, cfg, run)
-    if args.dry_run and not args.hosts:
-        raise ValueError("--dry-run: only with --slurm (it prints the sbatch script) or --hosts")
-    if args.hosts:
-        return start_multinode(args, overrides, cfg, run)
-    nproc = args.nproc_per_node or 1
-    validate(cfg, TorchrunSpec(nproc_per_node=nproc).world_size, run.max_positions)
-    argv = [sys.executable, "-m", "kaiyuan_recipes.cli.main", "train", args.recipe, f"--nproc-per-node={nproc}",
-            *(["--verbose"] if args.verbose else []), *overrides]
-    pids = LocalRun(run.run_dir).start(argv, {"recipe": args.recipe, "train_iters": cfg.train.train_iters})
-    print(f"started {args.run_name} (supervisor pid {pids[0]}); logs: kaiyuan logs {args.run_name} -f")
-    return 0
+    return start_multinode(args, overrides, cfg, run)
+
+
+def start_here(args: Any, overrides: list[str]) -> int:
+    """On this node: the launch resolved and checked here as `kaiyuan train` checks it (bad input fails before
+    anything is spawned); the supervisor then runs the checked torchrun command (launch/foreground.py) without
+    building the config again, and the ranks build it once each."""
+    import os
+
+    from kaiyuan_recipes.cli.train import checked_launch
+    from kaiyuan_recipes.launch import foreground
+    from kaiyuan_recipes.launch.lifecycle import LocalRun
+    from kaiyuan_recipes.training.entry import prepare_run_dirs
+    from kaiyuan_recipes.training.run_logging import VERBOSE_ENV
+
+    launch = checked_launch(args.recipe, overrides, args.nproc_per_node or 1)
+    run = launch.settings
+    prepare_run_dirs(run)
+    if args.verbose:
+        os.environ[VERBOSE_ENV] = "1"  # the supervisor, torchrun and the ranks inherit it
+    pids = LocalRun(run.run_dir).start(foreground.command(run.run_dir, launch.argv),
+                                       {"recipe": args.recipe, "train_iters": launch.cfg.train.train_iters})
+    print(f"started {args.run_name} (supervisor pid {pids[0]}); logs: kaiyuan logs {args.run_name} -f", flush=True)
+    # This process imported Megatron to check the config; tearing that down takes seconds of CPU while the ranks
+    # start beside it, and the run no longer needs this process: leave now (as `kaiyuan train` does).
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def start_multinode(args: Any, overrides: list[str], cfg: Any, run: Any) -> int:
@@ -91,7 +108,7 @@ def start_multinode(args: Any, overrides: list[str], cfg: Any, run: Any) -> int:
 
     spec = spec_from(args, nproc_per_node=args.nproc_per_node or 1, master_port=args.master_port,
                      container=args.container_name, python=args.python, workdir=os.getcwd())
-    validate(cfg, spec.torchrun(0).world_size, run.max_positions, spec_decided=not run.decided_on_node)
+    validate(cfg, run, spec.torchrun(0).world_size)
     if args.dry_run:
         print(node_decides_note(run), file=sys.stderr)
         for rank, node in enumerate(spec.nodes):

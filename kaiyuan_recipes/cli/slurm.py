@@ -39,7 +39,7 @@ def start_slurm(args: Any, overrides: list[str], cfg: Any, run: Any) -> int:
                      tunnel=args.tunnel, identity_file=args.identity_file,
                      cluster_run_dir=str(PurePosixPath(cluster_root, args.run_name)) if args.cluster_run_root else None,
                      signal_grace_s=args.signal_grace, retries=args.retries)
-    validate(cfg, spec.nodes * spec.ranks_per_node, run.max_positions, spec_decided=not run.decided_on_node)
+    validate(cfg, run, spec.nodes * spec.ranks_per_node)
     # The job writes where the cluster sees the run directory (the same path on the login node).
     target = ["-m", ENTRY_MODULE, args.recipe, *overrides, f"kaiyuan.run_root={cluster_root}"]
     job = SlurmRun(run.run_dir, spec)

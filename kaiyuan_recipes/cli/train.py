@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from kaiyuan_recipes.launch.torchrun import TorchrunSpec
 from kaiyuan_recipes.training.config import build_config
 from kaiyuan_recipes.training.entry import prepare_run_dirs
 from kaiyuan_recipes.training.run_logging import VERBOSE_ENV
-from kaiyuan_recipes.training.summary import print_summary, resolve_with_upstream, summarize
+from kaiyuan_recipes.training.summary import print_summary, summarize
 from kaiyuan_recipes.training.validate import validate
 
 
@@ -46,14 +47,31 @@ def with_phase(phase: int | None, overrides: list[str]) -> list[str]:
     return overrides
 
 
+@dataclass
+class CheckedLaunch:
+    """A launch on this node, resolved and checked once: the config, the run's settings, the dry-run summary and
+    the torchrun command. `kaiyuan train` runs the command; `kaiyuan start` hands it to its supervisor, which then
+    launches without building the config again (the ranks build it: the model is built there)."""
+
+    cfg: Any
+    settings: Any
+    summary: dict[str, Any]
+    argv: list[str]
+
+
+def checked_launch(recipe: str, overrides: list[str], nproc_per_node: int) -> CheckedLaunch:
+    """Bad input fails here, in the launching process, before anything is started."""
+    spec = TorchrunSpec(nproc_per_node=nproc_per_node)
+    cfg, settings = build_config(recipe, overrides)
+    layout = validate(cfg, settings, spec.world_size)
+    argv = spec.argv(recipe, overrides)
+    return CheckedLaunch(cfg, settings, summarize(cfg, settings, layout, argv), argv)
+
+
 def run(args: Any) -> int:
     args.overrides = with_phase(args.phase, args.overrides)
-    spec = TorchrunSpec(nproc_per_node=args.nproc_per_node)
-    cfg, settings = build_config(args.recipe, args.overrides)
-    layout = validate(cfg, spec.world_size, settings.max_positions)
-    resolve_with_upstream(cfg, spec.world_size)
-    argv = spec.argv(args.recipe, args.overrides)
-    summary = summarize(cfg, settings, layout, argv)
+    launch = checked_launch(args.recipe, args.overrides, args.nproc_per_node)
+    cfg, settings, summary, argv = launch.cfg, launch.settings, launch.summary, launch.argv
     if args.dry_run:
         if args.json:
             print(json.dumps(summary, indent=2))

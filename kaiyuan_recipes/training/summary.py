@@ -2,45 +2,15 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import os
 import shlex
 from typing import Any
 
 from kaiyuan_recipes.config.plan_file import NODE_DECIDES
 from kaiyuan_recipes.models.param_count import count_parameters
 from kaiyuan_recipes.training.config import RunSettings
-from kaiyuan_recipes.training.validate import ConfigError
 
 SPEC_DEPENDENT = ("layer_spec", "transformer_impl", "cuda_graph_impl", "gradient_accumulation_fusion")
-
-
-def resolve_with_upstream(cfg: Any, world_size: int) -> Any:
-    """Run Megatron-Bridge's own runtime_config_update (mixed precision, DP size, scheduler steps,
-    validation) on a copy, as `pretrain` will at start-up, so a dry run fails where a real run would."""
-    import torch
-    from megatron.bridge.training.config import runtime_config_update
-
-    from kaiyuan_recipes.training.config import deterministic_env
-
-    resolved = copy.deepcopy(cfg)
-    env = {"WORLD_SIZE": str(world_size), "RANK": "0", "LOCAL_RANK": "0", **deterministic_env(cfg)}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    deterministic = torch.are_deterministic_algorithms_enabled()  # upstream turns it on for deterministic_mode
-    try:
-        runtime_config_update(resolved)
-    except (AssertionError, ValueError) as err:
-        raise ConfigError(f"Megatron-Bridge rejected the configuration: {err}") from err
-    finally:
-        torch.use_deterministic_algorithms(deterministic)
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-    return resolved
 
 
 def summarize(cfg: Any, run: RunSettings, layout: dict[str, int], launch_argv: list[str]) -> dict[str, Any]:

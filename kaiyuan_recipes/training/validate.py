@@ -1,9 +1,12 @@
-"""Checks that catch an impossible configuration before any GPU work, with messages that say
-which fields disagree and what was expected."""
+"""Every cross-check of a built config, in one function (validate) that each process building the config calls once:
+`kaiyuan train`, `kaiyuan start`, `kaiyuan data index` and each rank. It catches an impossible configuration before
+any GPU work, with messages that say which fields disagree and what was expected."""
 
 from __future__ import annotations
 
+import copy
 import math
+import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -103,10 +106,14 @@ def check_blends(dataset: Any) -> None:
         check_blend("dataset.data_path", get_blend_from_list(paths))
 
 
-def validate(cfg: Any, world_size: int, max_positions: int | None, spec_decided: bool = True) -> dict[str, int]:
-    """Every cross-check of a built config, before any GPU work; the parallel layout. `spec_decided=False`: built on
-    a launch host with a stand-in layer spec (the training node decides it), so the spec's own checks wait."""
-    m, seq = cfg.model, cfg.dataset.seq_length
+def validate(cfg: Any, run: Any, world_size: int, upstream: bool = True) -> dict[str, int]:
+    """Every cross-check of `cfg` as build_config made it for `run` (its RunSettings), before any GPU work; the
+    parallel layout. Ours first (they name the fields), then kaiyuan.heldout_eval's file and layout, then
+    (`upstream`) Megatron-Bridge's own validation on a copy, as `pretrain` runs it at start-up; a rank leaves that to
+    its `pretrain`. Built on a launch host with a stand-in layer spec (run.decided_on_node: the training node decides
+    it), the spec's own checks and upstream's wait for the node."""
+    spec_decided = not run.decided_on_node
+    m, seq, max_positions = cfg.model, cfg.dataset.seq_length, run.max_positions
     if m.seq_length != seq:
         raise ConfigError(f"model.seq_length={m.seq_length} differs from dataset.seq_length={seq}; set them equal")
     if max_positions is not None and seq > max_positions:
@@ -152,4 +159,39 @@ def validate(cfg: Any, world_size: int, max_positions: int | None, spec_decided:
         padded = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, tp)
         raise ConfigError(f"model.vocab_size={m.vocab_size} is not divisible by tensor_model_parallel_size={tp}; "
                           f"use {padded}")
-    return parallel_layout(cfg, world_size)
+    if run.heldout_eval is not None:  # a bad file is refused here, before any training (its lines named)
+        from kaiyuan_recipes.training.heldout_eval.check import check_heldout_eval
+
+        check_heldout_eval(cfg, run)
+    layout = parallel_layout(cfg, world_size)
+    if upstream and spec_decided:
+        resolve_with_upstream(cfg, world_size)
+    return layout
+
+
+def resolve_with_upstream(cfg: Any, world_size: int) -> Any:
+    """Run Megatron-Bridge's own runtime_config_update (mixed precision, DP size, scheduler steps,
+    validation) on a copy, as `pretrain` will at start-up, so a dry run fails where a real run would."""
+    import torch
+    from megatron.bridge.training.config import runtime_config_update
+
+    from kaiyuan_recipes.training.config import deterministic_env
+
+    resolved = copy.deepcopy(cfg)
+    env = {"WORLD_SIZE": str(world_size), "RANK": "0", "LOCAL_RANK": "0", **deterministic_env(cfg)}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    deterministic = torch.are_deterministic_algorithms_enabled()  # upstream turns it on for deterministic_mode
+    try:
+        runtime_config_update(resolved)
+    except (AssertionError, ValueError) as err:
+        raise ConfigError(f"Megatron-Bridge rejected the configuration: {err}") from err
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return resolved
+

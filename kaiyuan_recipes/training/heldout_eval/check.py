@@ -1,6 +1,6 @@
-"""kaiyuan.heldout_eval checked when the config is built: every launcher (`kaiyuan train`, `start`, `slurm`, the
-dry run and each worker) refuses a bad file or an unsupported layout before any training, not at the first
-evaluation. No torch here."""
+"""kaiyuan.heldout_eval checked with the config's other cross-checks (training/validate.py): every launcher
+(`kaiyuan train`, `start`, `slurm`, the dry run and each worker) refuses a bad file or an unsupported layout before
+any training, not at the first evaluation. No torch here."""
 
 from __future__ import annotations
 
