@@ -2,6 +2,7 @@
 each package constraints/fw2606.txt pins differently swapped, the rest kept; and journey.sh's --stack refusals."""
 
 import importlib.util
+import os
 import shutil
 import subprocess
 
@@ -36,14 +37,18 @@ def test_the_real_lock_swaps_the_stack_the_matrix_row_names():
 
 
 def test_journey_refuses_an_unknown_stack_and_a_missing_wheel_set(tmp_path):
-    """In a tree without .whl-fw2606 (the scripts copied): both refusals come before anything is installed or run."""
+    """In a tree without .whl-fw2606 (the scripts copied), run the lab's way (KAIYUAN_LAB_WHEELS, lab/gpu.sh): both
+    refusals come before anything is installed or run."""
     (tmp_path / "tests" / "gpu").mkdir(parents=True)
-    for name in ("journey.sh", "flags.sh"):
+    (tmp_path / "lab").mkdir()
+    for name in ("journey.sh", "flags.sh", "env.sh"):
         shutil.copy(ROOT / "tests" / "gpu" / name, tmp_path / "tests" / "gpu" / name)
+    shutil.copy(ROOT / "lab" / "gpu_host_env.sh", tmp_path / "lab" / "gpu_host_env.sh")
 
     def journey(*args):
         return subprocess.run(["bash", "tests/gpu/journey.sh", "--out", str(tmp_path / "out"), *args], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=60)
+                              capture_output=True, text=True, timeout=60,
+                              env=os.environ | {"KAIYUAN_LAB_WHEELS": ".whl"})
 
     bad = journey("--stack", "fw2506")
     assert bad.returncode == 2 and "--stack bridge|fw2606|te, not 'fw2506'" in bad.stderr, bad.stderr
@@ -53,7 +58,6 @@ def test_journey_refuses_an_unknown_stack_and_a_missing_wheel_set(tmp_path):
     # --stack te where Transformer Engine does not import (the CPU host): refused before any step runs
     if importlib.util.find_spec("transformer_engine") is not None:
         return  # a TE host would run the real journey here
-    shutil.copy(ROOT / "tests" / "gpu" / "env.sh", tmp_path / "tests" / "gpu" / "env.sh")
     no_te = journey("--stack", "te", "--part", "foreground")
     assert no_te.returncode == 2 and "transformer_engine.pytorch does not import" in no_te.stderr, no_te.stderr
     assert not (tmp_path / "out" / "journey_foreground.tgz").exists()

@@ -72,8 +72,8 @@ def test_a_received_folder_is_compared_with_the_list(tmp_path):
 
 
 def test_the_source_trees_entry_points_from_a_generated_dist_info(tmp_path):
-    info = load("entry_points", "tests/gpu").write_dist_info(tmp_path)
-    load("entry_points", "tests/gpu").write_dist_info(tmp_path)  # again: the older one is replaced, not duplicated
+    info = load("entry_points", "lab").write_dist_info(tmp_path)
+    load("entry_points", "lab").write_dist_info(tmp_path)  # again: the older one is replaced, not duplicated
     assert [p.name for p in tmp_path.iterdir()] == [info.name]
     dist = importlib.metadata.PathDistribution(info)
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]

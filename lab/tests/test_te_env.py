@@ -153,8 +153,7 @@ def test_te_proof_reports_each_part_and_is_not_ok_when_one_is_missing(tmp_path):
     site, out = tmp_path / "site-te", tmp_path / "out"
     site.mkdir()
     (site / ".te-ready").write_text("set 2.19.0\n")
-    env = os.environ | {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-                        "env_wheels": str(tmp_path / "no-wheels")}  # no .whl install on this host (env.sh)
+    env = os.environ | {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     r = subprocess.run(["bash", "tests/gpu/te_proof.sh", "--te-site", str(site), "--parts", "dry-run bogus",
                         "--out", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]

@@ -4,8 +4,8 @@
 #   flag iters 45 "training iterations"          # --iters N   -> $opt_iters (default 45)
 #   switch dry-run "resolve, do not train"       # --dry-run   -> $opt_dry_run=1 (default 0)
 #   parse_flags "$@"
-# Every script also takes --out DIR ($opt_out: where results go; default $OUT, the device tool's folder, else
-# /tmp/out) and --help (the script's header comment and its flags). --name=value works as well as --name value.
+# Every script also takes --out DIR ($opt_out: where its logs and result files go; default ./gpu-results) and
+# --help (the script's header comment and its flags). --name=value works as well as --name value.
 # A flag whose help begins with "required:" must be given.
 _flag_names=() _flag_kinds=() _flag_help=()
 
@@ -19,7 +19,7 @@ switch() {  # switch NAME HELP: --NAME sets $opt_NAME=1 (default 0)
   printf -v "opt_${1//-/_}" '%s' 0
 }
 
-flag out "${OUT:-/tmp/out}" "where the logs and result files go"
+flag out gpu-results "where the logs and result files go"
 
 flags_usage() {
   sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"

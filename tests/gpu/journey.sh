@@ -1,40 +1,38 @@
 #!/usr/bin/env bash
-# The user journey on the recipe defaults, nothing overridden but the run root. Through the device tool from the
-# repo root (wheels in .whl); one part per call (each stays under the 10-minute limit), results under $OUT:
+# The user journey on the recipe defaults, nothing overridden but the run root, on one CUDA GPU with the package
+# installed (`make env`). From the repository root, each part about 5-10 minutes:
 #   bash tests/gpu/journey.sh --part foreground   # train -> status -> export -> serve (+ the original curl,
 #                                                 #   an OpenAI completion) -> held-out data + eval -> phase 2 -> export
 #   bash tests/gpu/journey.sh --part detached     # start, a second start refused, stop mid-run, status, restart
 #                                                 #   resumes, status finished (the original scripts' workflow)
+# Each part's logs are packed into --out/journey_PART.tgz; the report (any host):
 #   tar xzf journey_PART.tgz; python3 tests/gpu/journey_report.py logs_foreground logs_detached \
-#       --out benchmarks/results/DATE_journey.json                                        (on the CPU host)
-# --rev REV records the git revision the tree was at (the device has no .git). --stack fw2606: the same journey on
-# NeMo Framework 26.06's Megatron side (carry .whl-fw2606, `make -C lab gpu-wheels-fw2606`, instead of .whl). --stack te:
-# the Bridge set with Transformer Engine importable (/tmp/site-te, built by lab/te_env.sh in this lease), so
-# the defaults' `auto` trains on TE's spec, as in an NGC container.
+#       --out benchmarks/results/DATE_journey.json
+# --rev REV records the git revision of the tree. --stack names the stack the environment has, recorded with the
+# results: bridge (the default environment), fw2606 (NeMo Framework 26.06's Megatron side, constraints/fw2606.txt),
+# te (Transformer Engine importable, so the defaults' `auto` trains on TE's spec, as in an NGC container; a TE
+# outside the environment comes first on PYTHONPATH from KAIYUAN_TE_SITE).
 set -uo pipefail
 source tests/gpu/flags.sh
 flag part all "foreground, detached, or all (both, one after the other)"
 flag rev unknown "the git revision the tree was at, recorded in the results"
-flag stack bridge "bridge (.whl, make -C lab gpu-wheels), fw2606 (.whl-fw2606, make -C lab gpu-wheels-fw2606) or te (.whl + TE)"
+flag stack bridge "the stack the environment has: bridge, fw2606 or te"
 parse_flags "$@"
 part=$opt_part rev=$opt_rev stack=$opt_stack
 case $part in foreground|detached|all) ;; *) echo "journey.sh: --part foreground|detached|all, not '$part'" >&2; exit 2 ;; esac
 case $stack in
   bridge) ;;
-  fw2606) env_wheels=.whl-fw2606 env_site=/tmp/site-fw2606 ;;
-  te) export PYTHONPATH="/tmp/site-te${PYTHONPATH:+:$PYTHONPATH}" ;;
+  fw2606) lab_stack=fw2606 ;;  # the lab host's wheel set of that name (lab/gpu_host_env.sh)
+  te) [ -n "${KAIYUAN_TE_SITE:-}" ] && export PYTHONPATH="$KAIYUAN_TE_SITE${PYTHONPATH:+:$PYTHONPATH}" ;;
   *) echo "journey.sh: --stack bridge|fw2606|te, not '$stack'" >&2; exit 2 ;;
 esac
-if [ "${env_wheels:-.whl}" != .whl ] && [ ! -d "$env_wheels" ]; then
-  echo "journey.sh: --stack $stack needs $env_wheels carried with the call (make -C lab gpu-wheels-$stack)" >&2; exit 2
-fi
 source tests/gpu/env.sh
 source tests/gpu/serve_lifecycle.sh  # wait_until, start_server, stop_server
 if [ "$stack" = te ] && ! python3 -c 'import torch, transformer_engine.pytorch' 2>/dev/null; then
-  echo "journey.sh: --stack te: transformer_engine.pytorch does not import from /tmp/site-te: run" \
-    "lab/te_env.sh to ready first (same lease)" >&2; exit 2
+  echo "journey.sh: --stack te: transformer_engine.pytorch does not import" \
+    "(install Transformer Engine, or name its folder in KAIYUAN_TE_SITE)" >&2; exit 2
 fi
-# Every log goes to $logs, packed into one $OUT/journey_PART.tgz at the end (the device returns at most 8 files).
+# Every log goes to $logs, packed into one $out/journey_PART.tgz at the end (one file to keep or copy).
 root=/tmp/journey; runs=$root/runs; logs=$root/logs_$part; steps=$logs/journey_steps_$part.jsonl
 rm -rf "$logs"; mkdir -p "$logs"; : > "$steps"
 # (a server still running at exit, a timeout's during serving, is stopped: nothing outlives the journey)

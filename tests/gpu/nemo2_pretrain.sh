@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
-# Issue #33 on the GPU host: `nemo llm pretrain --factory "kaiyuan_gpt_smoke(max_steps=100)" -y` on the bundled
-# sample corpus with the bundled tokenizer (checkpoints every --save-every steps, keep-K, TensorBoard), a restart that
-# resumes, and `kaiyuan train gpt_smoke` for the same 100 steps (same data, seed, batch, schedule; the local spec and
-# no fusions on both sides, so the kernels are comparable); the NeMo 2 checkpoint exported to HF and served; and
-# `--factory kaiyuan_qwen3` beside `kaiyuan train qwen3_1p7b` on the same settings (tokens/s). One part per device
-# call, back to back (each part reads the previous one's /tmp/nemo2_pretrain; a machine given back in between is
-# reported, not papered over). resume and kaiyuan share no files but the data cache (written by nemo), so one call
-# may run them side by side (loss curves, not timings, are what they measure); qwen times steps: nothing beside it.
-#   bash tests/gpu/nemo2_env.sh --wheels DIR                 # install the NeMo 2 set (staged DIR), dry run
-#   bash tests/gpu/nemo2_pretrain.sh --wheels DIR --part nemo      # 100 steps
-#   bash tests/gpu/nemo2_pretrain.sh --wheels DIR --part resume    # restart: resumes at 100, on to --resume-to;
+# NeMo 2's `nemo llm pretrain --factory "kaiyuan_gpt_smoke(max_steps=100)" -y` on the bundled sample corpus with
+# the bundled tokenizer (checkpoints every --save-every steps, keep-K, TensorBoard), a restart that resumes, and
+# `kaiyuan train gpt_smoke` for the same 100 steps (same data, seed, batch, schedule; the local spec and no fusions
+# on both sides, so the kernels are comparable); the NeMo 2 checkpoint exported to HF and served; and
+# `--factory kaiyuan_qwen3` beside `kaiyuan train qwen3_1p7b` on the same settings (tokens/s). Needs one CUDA GPU,
+# the NeMo 2 environment for --python (`make env-nemo2`: .venv-nemo2/bin/python) and, for the kaiyuan, export and
+# qwen parts' Megatron-Bridge side, `python3` with the package installed (`make env`). One part at a time, in order
+# (each reads the previous one's /tmp/nemo2_pretrain), each under 10 minutes:
+#   bash tests/gpu/nemo2_env.sh --python PY                        # the NeMo 2 environment's versions, a dry run
+#   bash tests/gpu/nemo2_pretrain.sh --python PY --part nemo       # 100 steps
+#   bash tests/gpu/nemo2_pretrain.sh --python PY --part resume     # restart: resumes at 100, on to --resume-to;
 #                                                                  #   then the checkpoint's weights (NeMo's loader)
-#   bash tests/gpu/nemo2_pretrain.sh --part kaiyuan                # Megatron-Bridge side; carry .whl (make -C lab gpu-wheels)
+#   bash tests/gpu/nemo2_pretrain.sh --part kaiyuan                # the Megatron-Bridge side
 #   bash tests/gpu/nemo2_pretrain.sh --part export                 # the resumed NeMo 2 weights -> HF -> kaiyuan serve
-#                                                                  #   (/tmp/site from the kaiyuan part, or carry .whl)
-#   bash tests/gpu/nemo2_pretrain.sh --wheels DIR --part qwen      # both sides' qwen3_1p7b, --qwen-steps each
+#   bash tests/gpu/nemo2_pretrain.sh --python PY --part qwen       # both sides' qwen3_1p7b, --qwen-steps each
+# resume and kaiyuan share no files but the data cache (written by nemo), so they may run side by side (loss curves,
+# not timings, are what they measure); qwen times steps: nothing beside it.
 # Results under --out: nemo2_PART.tgz (every log, the loss curve as JSON lines, the checkpoints kept) and
 # nemo2_PART.json (the summary); tests/gpu/nemo2_report.py turns them into the result file and its plot.
 set -uo pipefail
@@ -26,14 +27,14 @@ flag port 5001 "export: the port kaiyuan serve listens on"
 flag steps 100 "training steps (both sides; the schedule is the recipe's, fitted to them)"
 flag save-every 20 "checkpoint interval (more saves than keep-K's 3, so that pruning shows)"
 flag resume-to 110 "resume: train on from the last checkpoint to this step"
-flag timeout 480 "seconds each training command may take (the call's limit is 600)"
+flag timeout 480 "seconds each training command may take"
 flag qwen-steps 20 "qwen: training steps on each side"
 flag qwen-batch 8 "qwen: global batch (micro-batch 2, seq 4096: the recipe's; one GPU)"
 parse_flags "$@"
 case $opt_part in nemo|resume|kaiyuan|export|qwen) ;; *) echo "nemo2_pretrain.sh: --part nemo|resume|kaiyuan|export|qwen, not '$opt_part'" >&2; exit 2 ;; esac
 part=$opt_part steps=$opt_steps
 root=/tmp/nemo2_pretrain; runs=$root/runs; logs=$root/logs_$part
-out=${opt_out:-${OUT:-/tmp/out}}; mkdir -p "$out"
+out=$opt_out; mkdir -p "$out"
 rm -rf "$logs"; mkdir -p "$logs"
 trap 'tar czf "$out/nemo2_$part.tgz" -C "$root" "logs_$part"; cp "$logs/summary.json" "$out/nemo2_$part.json" 2>/dev/null' EXIT
 trap 'exit 143' TERM
@@ -194,12 +195,12 @@ case $part in
     run_logged dump_weights "$opt_python" -m kaiyuan_recipes.nemo2.weights "$nemo_dir" "$weights"
     exit $? ;;
   kaiyuan)
-    source tests/gpu/env.sh  # the Megatron-Bridge set from .whl into /tmp/site, and `kaiyuan`
+    source tests/gpu/env.sh  # the Megatron-Bridge environment, and `kaiyuan`
     overrides=()
     for o in $FUSIONS_OFF; do overrides+=("model.$o=false"); done
     rm -rf "$runs/bridge_gpt_smoke"
     # foreach_grad_clip=false: upstream's clipping code on both sides.
-    run_logged kaiyuan_train "$opt_python" -m kaiyuan_recipes.cli.main train gpt_smoke train.train_iters="$steps" kaiyuan.layer_spec=local \
+    run_logged kaiyuan_train python3 -m kaiyuan_recipes.cli.main train gpt_smoke train.train_iters="$steps" kaiyuan.layer_spec=local \
       kaiyuan.foreach_grad_clip=false checkpoint.save_interval="$opt_save_every" "${overrides[@]}" \
       kaiyuan.run_root="$runs" kaiyuan.run_name=bridge_gpt_smoke; rc=$?
     cp "$runs/bridge_gpt_smoke/run_state/metrics.jsonl" "$logs/kaiyuan_metrics.jsonl" 2>/dev/null
@@ -234,11 +235,11 @@ PY
     nemo_pretrain nemo_qwen "kaiyuan_qwen3(max_steps=$opt_qwen_steps, dir='$runs/nemo2_qwen', num_gpus_per_node=1, global_batch_size=$opt_qwen_batch, micro_batch_size=2)" \
       trainer.val_check_interval="$opt_qwen_steps" trainer.limit_val_batches=1 log.ckpt.every_n_train_steps=1000000 \
       log.ckpt.save_last=false
-    # The Megatron-Bridge set (installed by the kaiyuan part; carry .whl to install it afresh), not NeMo 2's.
+    # The Megatron-Bridge environment, not NeMo 2's.
     unset PYTHONPATH; source tests/gpu/env.sh
     overrides=()
     for o in $FUSIONS_OFF; do overrides+=("model.$o=false"); done
-    run_logged kaiyuan_qwen "$opt_python" -m kaiyuan_recipes.cli.main train \
+    run_logged kaiyuan_qwen python3 -m kaiyuan_recipes.cli.main train \
       qwen3_1p7b train.train_iters="$opt_qwen_steps" train.global_batch_size="$opt_qwen_batch" train.micro_batch_size=2 \
       kaiyuan.layer_spec=local kaiyuan.foreach_grad_clip=false validation.eval_interval="$opt_qwen_steps" \
       validation.eval_iters=1 checkpoint.save_interval=1000000 checkpoint.save=null \

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The fast spec with Transformer Engine importable against TE hidden (docs/te.md, "What the next person should
-# measure"), through the device tool from the repo root once `lab/te_env.sh` says ready:
-#   bash tests/gpu/te_fast_spec_ab.sh [--variants "without_te with_te"] [--extra "..."]
+# measure"), on one CUDA GPU with the package installed and Transformer Engine in a folder of its own (--te-site,
+# e.g. `pip install --target DIR`), so that it can be left off the path. From the repository root (~15 minutes):
+#   bash tests/gpu/te_fast_spec_ab.sh --te-site DIR [--variants "without_te with_te"] [--extra "..."]
 # For each variant, profile_fast_spec.sh (qwen3_1p7b, seq 4096, micro batch 2 x 4; a trace of step 7 summarised
 # by kernel family) with PYTHONPATH with or without --te-site; then train_throughput.py's ours and
-# ours_without_te rows in one process. Every result lands in --out as it is written, so a detached run
-# (setsid ... --out /tmp/te_ab) can be read by a later call of the same lease; `done` holds the exit code.
+# ours_without_te rows in one process. Every result lands in --out as it is written, so a run in the background
+# can be read while it goes on; `done` holds the exit code at the end.
 set -uo pipefail
 source tests/gpu/flags.sh
-flag te-site /tmp/site-te "where lab/te_env.sh installed TE"
+flag te-site "${KAIYUAN_TE_SITE:-}" "required: the folder TE is installed in"
 flag variants "without_te with_te" "which profiles to take, in order"
 flag extra "" "more overrides for every profile, space-separated"
 flag throughput 1 "1: also the ours / ours_without_te rows of train_throughput.py"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The Transformer Engine path on a CUDA host where TE imports (or in --te-site, built by lab/te_env.sh). From the
-# repo root:
+# The Transformer Engine path on a CUDA GPU where TE imports (from the environment, or from a folder of its own named
+# by --te-site), with the package installed. From the repository root (about 10-20 minutes for the default parts):
 #   bash tests/gpu/te_proof.sh [--parts "dry-run stop-resume export"]
 # dry-run:     `kaiyuan train gpt_smoke --dry-run` and `kaiyuan doctor` on the defaults: `auto` picks TE's spec, and
 #              the compat items that exist for TE-less hosts are not applied ($out/te_dry_run.txt)
@@ -11,16 +11,16 @@
 set -euo pipefail
 source tests/gpu/flags.sh
 flag parts "dry-run stop-resume export" "which parts, in order"
-flag te-site /tmp/site-te "where lab/te_env.sh installed TE (unused where TE imports without it)"
+flag te-site "${KAIYUAN_TE_SITE:-}" "a folder with a built TE (.te-ready names its version), put first on PYTHONPATH"
 flag export-run /tmp/stop_resume/reference "the run the export part exports (/tmp/te_run/gpt_smoke: the train part's)"
 parse_flags "$@"
-# TE from --te-site (a folder lab/te_env.sh built: .te-ready names its version), else the environment's own
-if [ -e "$opt_te_site/.te-ready" ]; then
+# TE from --te-site (a folder that says .te-ready, as lab/te_env.sh builds one), else the environment's own
+if [ -n "$opt_te_site" ] && [ -e "$opt_te_site/.te-ready" ]; then
   te_version=$(cut -d" " -f2 "$opt_te_site/.te-ready")
   export PYTHONPATH="$opt_te_site${PYTHONPATH:+:$PYTHONPATH}"
 elif ! te_version=$(python3 -c 'import torch, transformer_engine as te, transformer_engine.pytorch
 print(te.__version__)' 2>/dev/null); then
-  echo "te_proof: transformer_engine.pytorch does not import here, and $opt_te_site has no built TE" >&2
+  echo "te_proof: transformer_engine.pytorch does not import here, and --te-site '$opt_te_site' has no built TE" >&2
   exit 4
 fi
 source tests/gpu/env.sh

@@ -3,7 +3,7 @@ the package from the source tree): a minimal kaiyuan_recipes dist-info, written 
 which goes on PYTHONPATH beside the tree. NeMo-Run finds `--factory kaiyuan_gpt_smoke` through its `nemo_run.cli`
 group; importlib.metadata needs only METADATA and entry_points.txt. Standard library only.
 
-usage: python3 tests/gpu/entry_points.py DEST"""
+usage: python3 lab/entry_points.py DEST"""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def write_dist_info(dest: Path, pyproject: Path = ROOT / "pyproject.toml") -> Path:

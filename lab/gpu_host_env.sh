@@ -1,0 +1,46 @@
+# The team's GPU host: the package is not installed there and the host has no network, so a wheel set travels with
+# the tree. tests/gpu/env.sh sources this file when KAIYUAN_LAB_WHEELS names that set (lab/gpu.sh sets it; a
+# benchmark command line may source this file itself). The set (default .whl: `make -C lab gpu-wheels`) is installed
+# once into its site folder (default /tmp/site), and again whenever the set differs from the installed one; the
+# package runs from the source tree, first on PYTHONPATH. A script picks another set by setting env_wheels /
+# env_site first (journey.sh --stack fw2606: .whl-fw2606 into /tmp/site-fw2606; names of their own, so that a
+# script's flags of the same meaning, such as nemo2_env.sh's --wheels, do not redirect it); journey.sh --stack
+# fw2606 sets lab_stack=fw2606: .whl-fw2606 into /tmp/site-fw2606 (`make -C lab gpu-wheels-fw2606`), refused before
+# anything runs where that set is missing. --dry-run skips the install (CPU dry runs).
+if [ -n "${lab_stack:-}" ]; then
+  env_wheels=${env_wheels:-.whl-$lab_stack} env_site=${env_site:-/tmp/site-$lab_stack}
+  if [ ! -d "$env_wheels" ]; then
+    echo "$0: --stack $lab_stack needs $env_wheels carried with the call (make -C lab gpu-wheels-$lab_stack)" >&2
+    exit 2
+  fi
+fi
+out=${opt_out:-${OUT:-/tmp/out}}; mkdir -p "$out"
+
+# lab_install_wheels WHEELS SITE [PIP_ARGS...]: install WHEELS into SITE unless SITE holds that very set. A changed
+# set replaces the last one whole (nothing of it may shadow the new one); the marker is written only after a complete
+# install, so a failed one is removed, not taken for installed next time.
+lab_install_wheels() {
+  local wheels=$1 site=$2; shift 2
+  [ -d "$wheels" ] && [ "$(ls "$wheels")" != "$(cat "$site/.kaiyuan-wheels" 2>/dev/null)" ] || return 0
+  rm -rf "$site"
+  python3 -m pip install -q "$@" --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
+    "$wheels"/*.whl $(ls "$wheels"/*.tar.gz 2>/dev/null) && ls "$wheels" > "$site/.kaiyuan-wheels" || rm -rf "$site"
+}
+
+wheels=${env_wheels:-${KAIYUAN_LAB_WHEELS:-.whl}} site=${env_site:-/tmp/site}
+[ "${opt_dry_run:-0}" = 1 ] || lab_install_wheels "$wheels" "$site" --upgrade
+export PYTHONPATH="$PWD:$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+kaiyuan() { "${opt_python:-python3}" -m kaiyuan_recipes.cli.main "$@"; }
+
+# lab_peer_sites PEER...: peer_throughput.sh's peer sets (`make -C lab titan-wheels olmo-wheels`): .whl-PEER installed
+# into /tmp/site-PEER (too large to travel beside .whl, so in a run of their own: --install-only), appended to sites.
+lab_peer_sites() {
+  local peer wheels site
+  for peer in "$@"; do
+    wheels=.whl-$peer site=/tmp/site-$peer
+    lab_install_wheels "$wheels" "$site"
+    [ -f "$site/.kaiyuan-wheels" ] || { echo "no $site: carry $wheels (make -C lab $peer-wheels)"; return 2; }
+    echo "$site: $(wc -l < "$site/.kaiyuan-wheels") wheels"
+    sites+=("$site")
+  done
+}
