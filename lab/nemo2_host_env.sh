@@ -1,11 +1,12 @@
 # The NeMo 2 set on the team's GPU host, beside the host's own torch (kept): sourced by tests/gpu/nemo2_env.sh when
 # --wheels names a set (`make -C lab gpu-wheels-nemo2`, staged in parts by stage.py and received into
 # /tmp/stage/nemo2/files; lab/gpu.sh passes .whl-nemo2 by default).
-# lab_nemo2_setup WHEELS SITE PYTHON: checks WHEELS against lab/nemo2-wheels.txt, installs it into SITE once per set,
+# lab_nemo2_setup WHEELS SITE PYTHON (SITE empty: /tmp/site-nemo2): checks WHEELS against lab/nemo2-wheels.txt, installs it into SITE once per set,
 # makes the source tree's entry points (the `nemo_run.cli` factories) visible without installing the package, and
 # puts the tree, them and SITE in front of the host's packages on PYTHONPATH.
 lab_nemo2_setup() {
-  local wheels=$1 site=$2 py=$3 marker=$2/.kaiyuan-nemo2-wheels
+  local wheels=$1 site=${2:-/tmp/site-nemo2} py=$3
+  local marker=$site/.kaiyuan-nemo2-wheels
   if [ ! -d "$wheels" ]; then
     echo "nemo2_env: no wheel folder '$wheels' (make -C lab gpu-wheels-nemo2 on a CPU host, then carry or stage it)" >&2
     return 1

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Transformer Engine on the GPU host, over back-to-back device calls (docs/te.md). Every call runs, from the repo root:
-#   bash lab/te_env.sh [--wait 480]
+#   bash lab/gpu.sh lab/te_env.sh [--wait 480]     (--out $OUT: lab/README.md)
 # carrying that call's line of `make te-wheels` (the manifest and one part; nothing once the set is staged).
 #  1. `stage.py receive te`: keeps the carried part, says what is missing, or that the machine is cold.
 #  2. Once all parts are there: installs the wheels (core library, Python package, build tools) into --site and

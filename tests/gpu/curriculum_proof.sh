@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU proof for [curriculum] item 5, through the device tool from the repo root (wheels in .whl):
+# A multi-phase curriculum on one CUDA GPU with the package installed, from the repository root (~10 minutes):
 #   bash tests/gpu/curriculum_proof.sh --rev $(git rev-parse --short HEAD)
 # A three-phase gpt_smoke curriculum on the bundled corpus: phase 1 English (shuffled), phase 2 English + Chinese
 # ordered by a synthetic rank column (a seeded permutation of the rows, so stored order and rank order differ),

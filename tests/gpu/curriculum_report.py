@@ -81,7 +81,7 @@ def resume_checks(work: Path, logs: Path) -> dict:
     records = read_metrics(work / "runs" / "cur" / "run_state")
     starts = [r["iteration"] for r in records if r["event"] == "train_start"]
     steps = {r["iteration"]: r for r in records if r["event"] == "step"}
-    stop_file = logs / "stop.json"  # what `kaiyuan stop` printed, when the call that sent it kept it
+    stop_file = logs / "stop.json"  # what `kaiyuan stop` printed, where the script kept it
     stop = json.loads(stop_file.read_text()) if stop_file.is_file() else {}
     phase2_starts = [s for s in starts if PHASES[2][0] - 1 <= s < PHASES[2][1]]
     resumed_at = phase2_starts[1] if len(phase2_starts) > 1 else None

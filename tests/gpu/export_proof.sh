@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU proof for [export] §3 from a trained run, through the device tool from the repo root:
+# A trained run exported and checked on one CUDA GPU with the package installed, from the repository root:
 #   bash tests/gpu/export_proof.sh --run RUN_DIR --name NAME
 # `kaiyuan export hf` (timed) into /tmp/export/NAME, then Megatron-vs-HF logits on 32 prompts
 # (tests/gpu/export_parity.py). Writes $out/NAME_export_time.txt and $out/NAME_parity.json.

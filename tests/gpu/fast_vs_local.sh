@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# GPU check for [perf] §2 numerics, through the device tool from the repo root (wheels in .whl):
+# The fast spec's numerics against the local spec's on one CUDA GPU with the package installed, from the
+# repository root (about 30 minutes for every run):
 #   bash tests/gpu/fast_vs_local.sh
-# On the 2-GPU host, half the time: the runs split over the GPUs, then the report alone (--report-only trains none):
+# On two GPUs, half the time: the runs split over the GPUs, then the report alone (--report-only trains none):
 #   CUDA_VISIBLE_DEVICES=0 bash tests/gpu/fast_vs_local.sh --runs local &
 #   CUDA_VISIBLE_DEVICES=1 bash tests/gpu/fast_vs_local.sh --runs "fast fast_fused_ce"; wait
 #   bash tests/gpu/fast_vs_local.sh --report-only
@@ -12,8 +13,8 @@
 # sample corpus is ~437k tokens, so 200 x 65,536 tokens is ~30 epochs of memorisation, where rounding alone
 # moves the curve. So each run also comes in a one-pass form (*_onepass: one 1,024-token sequence a step, 200
 # steps = ~0.5 epoch), where the curves compare functions rather than memorisation.
-# In one pass the fast spec's loss ran ~1 % below the local's (2026-11-30_fast_vs_local_onepass.json): the
-# optional fast_foreach_adam run (--runs fast_foreach_adam_onepass) tells whether the fused AdamW step is why.
+# The optional fast_foreach_adam run (--runs fast_foreach_adam_onepass) tells whether the fused AdamW step is why
+# the fast spec's one-pass loss differs from the local's.
 # Writes $out/RUN.log per run and $out/fast_vs_local.json (the pairs' report, benchmarks/determinism_report.py).
 set -euo pipefail
 source tests/gpu/flags.sh

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU proof for kaiyuan.heldout_eval (the held-out set scored during training), from the repo root (wheels in .whl):
+# kaiyuan.heldout_eval (the held-out set scored during training) on one CUDA GPU with the package installed, from
+# the repository root (~15 minutes):
 #   bash tests/gpu/inloop_eval.sh --rev REV
 # A synthetic held-out input of 7 dimensions x --per-dimension samples (half of them 4-choice questions) goes through
 # `kaiyuan data heldout`; gpt_smoke trains on its defaults (fast spec and its whole-step CUDA graph where no TE) for

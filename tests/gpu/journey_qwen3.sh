@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The journey of the model users train, qwen3_1p7b, on its recipe defaults: only the run length
-# (train.train_iters) and the run root are overridden. From the repo root of a CUDA host with the package's
-# dependencies installed (tests/gpu/env.sh installs a carried wheel set):
+# (train.train_iters) and the run root are overridden. From the repository root, on one CUDA GPU with the package
+# installed (`make env`; lm-eval for the parity step), about 20 minutes:
 #   bash tests/gpu/journey_qwen3.sh [--out DIR] [--rev REV] [--iters N]
 # start (detached) -> status through set-up and training (time to the first step, every state seen) -> stop
 # mid-training (checkpoint at the stop) -> restart resumes at the next iteration -> stop -> ckpt ls / verify ->

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# GPU proof for [moe], through the device tool from the repo root (wheels in .whl):
+# The MoE recipe end to end on one CUDA GPU (an 80-140 GB card) with the package installed, from the repository
+# root (~15 minutes):
 #   bash tests/gpu/moe_proof.sh
-# laoyao_moe_2b scaled to one H200: 100 steps at global batch 4 (micro batch 2: 14 x 8192 tokens of
+# laoyao_moe_2b scaled to one GPU: 100 steps at global batch 4 (micro batch 2: 14 x 8192 tokens of
 # 154,880-way logits do not fit one GPU), everything else as the recipe (seq 8192, full recompute,
 # distributed optimizer with overlap, top-8 of 64 experts, aux loss) on the bundled sample corpus and
 # tokenizer, on the fast spec (SDPA attention, grouped-GEMM experts: the local spec's loop over 64 experts

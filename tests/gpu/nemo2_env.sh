@@ -6,12 +6,12 @@
 #   bash tests/gpu/nemo2_env.sh --python .venv-nemo2/bin/python
 # or source it from a script, which declares the flags and then calls nemo2_setup (nemo2_pretrain.sh does):
 #   source tests/gpu/flags.sh; source tests/gpu/nemo2_env.sh; nemo2_flags; parse_flags "$@"; nemo2_setup || exit 1
-# --wheels (the team's GPU host, which has no network) installs a wheel set through lab/nemo2_host_env.sh first.
+# --wheels installs a wheel set first (lab/nemo2_host_env.sh: the team's own host, which has no network).
 
 nemo2_flags() {
   flag python python3 "the interpreter of the NeMo 2 environment (e.g. .venv-nemo2/bin/python)"
   flag wheels "${KAIYUAN_LAB_NEMO2_WHEELS:-}" "lab/ only: a NeMo 2 wheel set to install first (lab/README.md)"
-  flag site /tmp/site-nemo2 "lab/ only: where --wheels is installed"
+  flag site "" "lab/ only: where --wheels is installed (lab/nemo2_host_env.sh's default)"
 }
 
 nemo2_setup() {

@@ -9,8 +9,7 @@ optimizer's shape assertion, `(torch.Size([]), 0, N)`. The probe exits 0 when wh
 decides (distributed saves ⇔ compat says so) and the plain optimizer saves; when upstream fixes the defect on such
 a host, the distributed save succeeds while compat still says it cannot, and the probe fails: drop the workaround.
 
-  (source tests/gpu/flags.sh; source tests/gpu/nemo2_env.sh; nemo2_flags; parse_flags --wheels DIR; nemo2_setup
-   && python3 tests/gpu/nemo2_optimizer_probe.py --out $OUT/nemo2_optimizer_probe.json)"""
+  .venv-nemo2/bin/python tests/gpu/nemo2_optimizer_probe.py --out gpu-results/nemo2_optimizer_probe.json"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue #33's result file and plot from nemo2_pretrain.sh's parts (on the CPU host, after the device calls):
+"""The NeMo 2 result file and plot from nemo2_pretrain.sh's parts (on any host, once the parts have run):
 
   tar xzf nemo2_PART.tgz   (each part, into DIR: DIR/logs_nemo, logs_resume, logs_kaiyuan, logs_export, logs_qwen;
                             nemo2_optimizer_probe.json beside them where the probe ran)
@@ -135,7 +135,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("root", type=Path)
     ap.add_argument("--rev", required=True)
-    ap.add_argument("--commands", type=Path, required=True, help="a file with the device commands, one per line")
+    ap.add_argument("--commands", type=Path, required=True, help="a file with the commands that ran the parts, one per line")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     data = report(args.root, args.rev, [c for c in args.commands.read_text().splitlines() if c.strip()])

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# GPU proof for [blend] §5, through the device tool from the repo root (wheels in .whl):
+# A two-phase curriculum's phase change on one CUDA GPU with the package installed, from the repository root:
 #   bash tests/gpu/phase_transition.sh
 # The sample corpus split into two phases (English, then Chinese); gpt_smoke trains phase 1, then
 # `--phase 2` resumes it with the new blend. The report shows the resume iteration, the blend switch
 # and the LR on both sides of the boundary. Writes $out/phase1.log, phase2.log and phase_transition.json.
 # On a CPU host, --dry-run resolves both launches without training:
-#   bash tests/gpu/phase_transition.sh --dry-run --python .venv/bin/python --out /tmp/phase_out
+#   bash tests/gpu/phase_transition.sh --dry-run --python .venv/bin/python
 set -euo pipefail
 source tests/gpu/flags.sh
 switch dry-run "resolve both launches (kaiyuan train --dry-run), train nothing; no wheel install"

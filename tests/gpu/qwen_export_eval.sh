@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU proof for [export] §3 and [eval], through the device tool from the repo root (wheels in .whl):
+# Export and held-out eval of a trained qwen3_1p7b on one CUDA GPU with the package installed, from the repository
+# root (~10 minutes):
 #   bash tests/gpu/qwen_export_eval.sh
 # qwen3_1p7b trained for 10 steps (any quality), its torch_dist checkpoint exported with `kaiyuan export hf`,
 # Megatron-vs-HF parity on 32 prompts, then `kaiyuan eval heldout` on a held-out file of the real shape

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Diagnosis for [launch] §4 when a resumed run is not bit-identical: which state differs after the
+# On one CUDA GPU with the package installed, when a resumed run is not bit-identical: which state differs after the
 # first optimizer step of a resumed run. gpt_smoke, local spec, same seed: `resumed` exits at iteration
 # 5 (train.exit_interval, checkpoint saved) and is started again; `reference` runs straight through.
 # Both save at iteration 6; tests/gpu/ckpt_diff.py compares the two iteration-6 checkpoints tensor by

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU proof for [launch] §4, through the device tool from the repo root (wheels in .whl):
+# Stop and resume on one CUDA GPU with the package installed, from the repository root (~10 minutes):
 #   bash tests/gpu/stop_resume.sh
 # gpt_smoke three ways, same seed and data: two uninterrupted runs (the second is the control: it says
 # how deterministic training is on this GPU at all), and one started with `kaiyuan start`, stopped with

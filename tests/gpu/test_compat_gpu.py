@@ -1,7 +1,7 @@
 """GPU: compat workarounds whose defect only shows on CUDA, each probed by running the defective sequence itself
 (upstream's code, our workaround off) and asserting on its specific failure; when a probe fails, upstream fixed
 the defect: drop the workaround (kaiyuan_recipes/compat, WORKAROUNDS says for which versions it is needed).
-    python3 -m pytest -q tests/gpu/test_compat_gpu.py      (through the device tool)"""
+    python3 -m pytest -q -m gpu tests/gpu/test_compat_gpu.py      (on a CUDA GPU)"""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ full logits (and its peak memory), the compiled RoPE against the unfused one, th
 against torch's, the SwiGLU backward kernel against megatron-core's, and the fused weight-gradient
 accumulate (kaiyuan.wgrad_fusion) against fp32. Prints the times of both sides (information only).
 
-usage (GPU host): python -m pytest -q -s tests/gpu/test_fast_spec_gpu.py"""
+usage (a CUDA GPU): python -m pytest -q -s tests/gpu/test_fast_spec_gpu.py"""
 
 from __future__ import annotations
 

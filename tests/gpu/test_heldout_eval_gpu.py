@@ -4,7 +4,7 @@ random weights with a peaked output layer, a held-out file of 7 dimensions with 
 longer than the sequence length. Per-sample NLL within 0.5 % relative; MCQ predictions identical except where two
 choices tie within bf16 rounding (counted and printed). Prints the largest relative difference.
 
-usage (GPU host): python -m pytest -q -s tests/gpu/test_heldout_eval_gpu.py"""
+usage (a CUDA GPU): python -m pytest -q -s tests/gpu/test_heldout_eval_gpu.py"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The serving engine on a GPU (run through the device tool):
+"""The serving engine on a CUDA GPU:
     python3 -m pytest -q -s tests/gpu/test_serve_gpu.py
 With the step's forward compiled and every bucket's step captured, every CUDA graph is captured and every
 compilation made during warm-up and none after, whatever the load (batch sizes, prompt lengths, greedy and
@@ -6,7 +6,7 @@ sampled rows, joins mid-batch); greedy rows of the captured steps (compiled or n
 generate token for token in fp32 (a small random Qwen3 with a 512-token vocabulary, so greedy choices are
 not near-ties, TF32 off); and the captured steps give the eager steps' tokens, greedy and sampled, in fp32.
 Not in bf16: there a captured step's logits differ from the eager step's in rare low bits (cuBLAS picks its
-kernels under capture), enough to flip a sampled near-tie (seen on the H200 at fdd4c50)"""
+kernels under capture), enough to flip a sampled near-tie (seen on an H200)"""
 
 import pytest
 import torch

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# GPU proof for [perf] §1 (Megatron's parallelism keeps working with the fast spec), kind nvidia-h200-x2:
+# Megatron's tensor parallelism with the fast spec, on two CUDA GPUs with the package installed, from the
+# repository root:
 #   bash tests/gpu/tp2_fast_spec.sh
 # gpt_smoke on the fast spec, same seed and data: TP=1 on one GPU, then TP=2 over two. (No sequence parallelism:
 # without TE / Apex the spec's norms are torch's, which megatron-core refuses under it; validate() says so.)
 # The CPU counterpart: tests/test_fast_spec_tp.py (TP=2 loss and gradients equal TP=1's).
 # Both runs start from the same weights: megatron-core's CPU initialisation draws the full matrices from the seed
 # and each TP rank keeps its slice (on the GPU each rank draws its own slice from its own RNG stream, so TP=2
-# starts from another model: iteration 1's loss differed by 0.4 %). The report compares the two loss curves
+# starts from another model). The report compares the two loss curves
 # (they differ by TP's reduction order only) and the step times.
 # Writes $out/tp1.log, tp2.log and tp2_fast_spec.json (benchmarks/determinism_report.py). Needs two GPUs.
 set -euo pipefail

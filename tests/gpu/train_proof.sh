@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPU proof for [core], run through the device tool from the repo root:
-#   bash tests/gpu/train_proof.sh --model smoke|qwen|smoke-sample   (wheels from `make -C lab gpu-wheels` in .whl)
+# Train, stop at a checkpoint and restart, on one CUDA GPU with the package installed, from the repository root:
+#   bash tests/gpu/train_proof.sh --model smoke|qwen|smoke-sample
 # Trains with `kaiyuan train`, stops at a checkpoint (train.exit_interval), restarts the same
 # command, and writes benchmarks/results-style JSON ($out/RECIPE_train.json) plus the logs and metrics under $out.
 # smoke-sample: one uninterrupted gpt_smoke run on the default data (the bundled sample corpus).
