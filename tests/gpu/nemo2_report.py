@@ -135,7 +135,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("root", type=Path)
     ap.add_argument("--rev", required=True)
-    ap.add_argument("--commands", type=Path, required=True, help="a file with the commands that ran the parts, one per line")
+    ap.add_argument("--commands", type=Path, required=True, help="the parts' commands, one a line")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     data = report(args.root, args.rev, [c for c in args.commands.read_text().splitlines() if c.strip()])
