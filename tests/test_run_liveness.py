@@ -39,6 +39,7 @@ def test_a_killed_supervisor_takes_its_run_with_it(tmp_path, job):  # noqa: F811
     supervisor = start(run, job(run / "run_state", 100000), {"train_iters": 100000})
     assert wait_for(lambda: status(run).get("iteration", 0) >= 3)
     os.kill(supervisor, signal.SIGKILL)
+    assert wait_for(lambda: not _alive(supervisor))  # the kill is delivered when the kernel next runs it
     seen = []
     assert wait_for(lambda: seen.append(status(run)["state"]) or seen[-1] == "lost", timeout=90), seen
     assert set(seen) <= {"running — supervisor lost", "lost"}

@@ -248,7 +248,10 @@ class LocalRun(Run):
         phase = read_phase(layout)
         metrics = read_metrics(layout.state)
         out: dict[str, Any] = {"run": self.name}
-        if alive.state is not None:
+        # The supervisor records the exit after its child has ended, then exits itself: in between, only the
+        # supervisor is alive and the recorded exit is the truth.
+        ending = exit_info is not None and set(alive.processes) <= {alive.supervisor}
+        if alive.state is not None and not ending:
             state, shown = alive.state, phase or f"{SETTING_UP}: starting"
         elif stop is not None:  # by `kaiyuan stop` (also one that found the supervisor gone) or a SIGTERM to it
             state = "stopped"
