@@ -355,7 +355,7 @@ def test_a_rerun_never_removes_another_prefixs_shards(tmp_path, tokenizer_dir):
 
 def _descendants(root):
     """Every process below `root` now (the converter's forkserver and workers)."""
-    from kaiyuan_recipes.launch.supervise import processes
+    from kaiyuan_recipes.processes import processes
 
     table = processes()
     found, todo = [], [root]

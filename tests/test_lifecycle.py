@@ -10,8 +10,9 @@ import time
 import pytest
 
 from kaiyuan_recipes.config.run_layout import RunLayout
-from kaiyuan_recipes.launch.lifecycle import LocalRun, RunStateError, _alive
+from kaiyuan_recipes.launch.lifecycle import LocalRun, RunStateError
 from kaiyuan_recipes.launch.supervise import is_torchrun, training_ranks
+from kaiyuan_recipes.processes import pid_running as _alive
 
 
 # The local back-end's verbs, as `kaiyuan start / stop / status / logs` call them (through launch/run.py's Run).
@@ -164,7 +165,7 @@ def test_sigkill_only_after_grace(tmp_path, job):
 
 
 def test_process_table_sees_this_process_and_its_parent():
-    from kaiyuan_recipes.launch.supervise import processes
+    from kaiyuan_recipes.processes import processes
 
     table = processes()
     assert table[os.getpid()].ppid == os.getppid() and table[os.getpid()].state in "RS"
@@ -381,7 +382,7 @@ def test_run_state_is_private_redacted_and_never_written_through_a_symlink(tmp_p
 def test_a_stop_right_after_start_reaches_the_run_and_leaves_nothing_running(tmp_path, job):
     """`kaiyuan start` returns once the supervisor's identity is on record; a stop at that moment must still go
     through the supervisor (it hands it on), not kill it and orphan the training processes."""
-    from kaiyuan_recipes.launch.supervise import processes
+    from kaiyuan_recipes.processes import processes
 
     run = tmp_path / "early"
     pid = start(run, job(run / "run_state", 100000))

@@ -149,7 +149,7 @@ def test_cluster_up_and_down_command_lines():
 
 
 def _processes_with(marker: str) -> list[int]:
-    from kaiyuan_recipes.launch.supervise import processes
+    from kaiyuan_recipes.processes import processes
 
     return [pid for pid, p in processes().items() if p.state != "Z" and any(marker in a for a in p.argv)]
 

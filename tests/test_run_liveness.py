@@ -14,8 +14,9 @@ import pytest
 from test_lifecycle import _foreground, job, wait_for  # noqa: F401  (job: the torchrun job fixture)
 
 from kaiyuan_recipes.config.run_layout import RunLayout
-from kaiyuan_recipes.launch.lifecycle import LocalRun, RunStateError, _alive
+from kaiyuan_recipes.launch.lifecycle import LocalRun, RunStateError
 from kaiyuan_recipes.launch.membership import members
+from kaiyuan_recipes.processes import pid_running as _alive
 
 
 def start(run_dir, argv, extra=None):

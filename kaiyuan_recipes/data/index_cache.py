@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy
 
+from kaiyuan_recipes.processes import pid_running
+
 STAGING_PREFIX = ".staging-"  # + the building process's pid; Megatron reads only the files directly in the cache
 
 
@@ -40,22 +42,12 @@ def sweep_incomplete(cache: Path) -> list[Path]:
     return removed
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_stale_staging(cache: Path) -> list[Path]:
     """Staging folders whose process is gone (killed mid-build): removed."""
     removed = []
     for path in cache.glob(f"{STAGING_PREFIX}*") if cache.is_dir() else ():
         pid = path.name[len(STAGING_PREFIX):]
-        if not pid.isdigit() or not _pid_alive(int(pid)):
+        if not pid.isdigit() or not pid_running(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed

@@ -36,13 +36,13 @@ from kaiyuan_recipes.launch.supervise import (
     SUPERVISED_ENV,
     Alive,
     kill_all,
-    read_proc,
     record_exit,
     run_alive,
     run_foreground,
     running_pid,
     terminate,
 )
+from kaiyuan_recipes.processes import read_proc
 
 # Environment variables recorded with a run (never tokens or keys).
 RECORDED_ENV = ("CUDA_VISIBLE_DEVICES", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_DEBUG", "HF_ENDPOINT",
@@ -51,17 +51,6 @@ SETTING_UP = "setting up"
 BEFORE_FIRST_STEP = "stopped before its first step"
 
 __all__ = ["LocalRun", "RunStateError", "run_in_foreground"]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    proc = read_proc(pid)
-    return proc is None or proc.state != "Z"  # a zombie is not running
 
 
 class LocalRun(Run):

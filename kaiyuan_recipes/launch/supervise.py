@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 from kaiyuan_recipes.atomic import write_text_atomic
 from kaiyuan_recipes.config.run_layout import CHILD_PID_FILE, EXIT_FILE, IDENTITY_FILE, PHASE_FILE, STOP_FILE
@@ -32,34 +32,11 @@ from kaiyuan_recipes.launch import membership
 from kaiyuan_recipes.launch.identity import IdentityError, ProcessIdentity
 from kaiyuan_recipes.launch.run import RunError
 from kaiyuan_recipes.launch.run_records import RunStateError, read_exit, read_object
+from kaiyuan_recipes.processes import processes
 
 SUPERVISED_ENV = "KAIYUAN_SUPERVISED"  # set for the command a supervisor runs: it records nothing itself
 
 TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
-
-
-class Proc(NamedTuple):
-    ppid: int
-    state: str  # "Z": a zombie, not running
-    argv: list[str]
-
-
-def read_proc(pid: int) -> Proc | None:
-    """Parent, state and argv of `pid` from /proc; None once it is gone (or unreadable)."""
-    entry = Path(f"/proc/{pid}")
-    try:
-        stat = (entry / "stat").read_bytes().decode(errors="replace")  # comm may be any bytes
-        argv = (entry / "cmdline").read_bytes().split(b"\0")
-        state, ppid = stat.rsplit(")", 1)[1].split()[:2]  # after "pid (comm)"
-        return Proc(int(ppid), state, [a.decode(errors="replace") for a in argv if a])
-    except (OSError, ValueError, IndexError):  # exited meanwhile (empty or vanished files)
-        return None
-
-
-def processes() -> dict[int, Proc]:
-    """Every process this user can see."""
-    table = {int(e.name): read_proc(int(e.name)) for e in Path("/proc").iterdir() if e.name.isdigit()}
-    return {pid: proc for pid, proc in table.items() if proc is not None}
 
 
 def is_torchrun(argv: list[str]) -> bool:
