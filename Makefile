@@ -49,7 +49,7 @@ define bridge_env
 	touch $(1)/.installed
 endef
 
-EXTRAS := bridge,run,serve,clean,dev
+EXTRAS := bridge,run,serve,clean,loggers,dev
 EXTRAS2 := nemo2
 EXTRAS3 := bridge,serve,dev
 $(VENV)/.installed: pyproject.toml $(LOCK)

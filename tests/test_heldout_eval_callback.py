@@ -7,6 +7,7 @@ train mode restored, and a stop requested during an evaluation honoured."""
 import json
 import os
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -170,3 +171,79 @@ def test_a_stop_requested_during_an_evaluation_ends_it_unreported(trained):
     assert model.training
     assert not [r for r in read_metrics(run.layout.state) if r["event"] == "heldout_eval"]
     assert not run.layout.heldout_eval.exists()
+
+
+def test_evaluations_reach_the_wandb_and_mlflow_runs_bridge_configured(megatron_parallel, tmp_path, heldout_file,
+                                                                      monkeypatch):
+    """A user who set Megatron-Bridge's W&B / MLflow logger options sees the held-out figures in those runs, logged
+    through the loggers Bridge's GlobalState opened (W&B offline, MLflow in a local file store)."""
+    import mlflow
+    import wandb
+    from megatron.bridge.training.state import GlobalState
+
+    from kaiyuan_recipes.export.hf_to_megatron import build_cpu_model
+    from kaiyuan_recipes.training.entry import worker_callbacks
+    from kaiyuan_recipes.training.heldout_eval.callback import HeldoutEvalCallback
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # mlflow-skinny has no database store
+    megatron_forward_on_cpu(monkeypatch.setattr)
+    store = (tmp_path / "mlruns").as_uri()
+    cfg, run = config(tmp_path, f"kaiyuan.heldout_eval={heldout_file}", "kaiyuan.heldout_eval_interval=1",
+                      "ddp.overlap_param_gather=false", "optimizer.overlap_param_gather=false",
+                      "logger.wandb_project=kaiyuan-test", "logger.wandb_exp_name=heldout",
+                      f"logger.wandb_save_dir={tmp_path / 'wandb'}", "logger.mlflow_experiment=kaiyuan-test",
+                      "logger.mlflow_run_name=heldout", f"logger.mlflow_tracking_uri={store}")
+    (heldout,) = [c for c in worker_callbacks(cfg, run) if isinstance(c, HeldoutEvalCallback)]
+    torch.manual_seed(0)
+    model = build_cpu_model(tiny_gpt_shape(seq_length=SEQ, max_position_embeddings=SEQ, vocab_size=151936)).train()
+    state = GlobalState()
+    state.cfg = cfg
+    try:
+        for step in range(2):  # iterations 1 and 2
+            heldout.on_train_step_end(context(state, model, step))
+        run_id = mlflow.active_run().info.run_id
+        wandb_dir = wandb.run.dir
+    finally:
+        wandb.finish()
+        mlflow.end_run()
+    overall = [r for r in read_metrics_of(run) if r["event"] == "heldout_eval"][-1]["overall"]
+
+    history = mlflow.MlflowClient(store).get_metric_history(run_id, "heldout/overall_nll_per_token")
+    assert [m.step for m in history] == [1, 2] and history[-1].value == pytest.approx(overall["nll_per_token"])
+    math_acc = mlflow.MlflowClient(store).get_metric_history(run_id, "heldout/math_mcq_acc_avg_norm")
+    assert [m.step for m in math_acc] == [1, 2]
+
+    history = wandb_history(Path(wandb_dir).parent)
+    assert [h["_step"] for h in history] == [1, 2]
+    assert history[-1]["heldout/overall/nll_per_token"] == pytest.approx(overall["nll_per_token"])
+    assert history[-1]["heldout/math/mcq_acc_avg_norm"] == overall_of(run, "math")["mcq_acc_avg_norm"]
+
+
+def wandb_history(run_dir):
+    """The history rows of an offline W&B run, read from its .wandb file with wandb's own record reader."""
+    from wandb.proto import wandb_internal_pb2
+    from wandb.sdk.internal import datastore
+
+    (log,) = run_dir.glob("*.wandb")
+    store = datastore.DataStore()
+    store.open_for_scan(str(log))
+    rows = []
+    while (data := store.scan_data()) is not None:
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(data)
+        if record.WhichOneof("record_type") == "history":
+            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                         for item in record.history.item})
+    return rows
+
+
+def overall_of(run, dimension):
+    return [r for r in read_metrics_of(run) if r["event"] == "heldout_eval"][-1]["dimensions"][dimension]
+
+
+def read_metrics_of(run):
+    from kaiyuan_recipes.config.run_layout import read_metrics
+
+    return read_metrics(run.layout.state)
