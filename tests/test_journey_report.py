@@ -92,7 +92,8 @@ def test_the_qwen3_phase2_launch_is_timed_to_its_first_step_after_its_indices_ar
             "index_phase2_again": describe(IndexReport(cache, cached=6, seconds=2.5)) + "\n"}
     folder = part(tmp_path / "logs_qwen3", "qwen3", "bridge", steps, logs)
     (folder / "launch_3.json").write_text(json.dumps({"t": 1000.0, "event": "launch", "resumes_from": 20}))
-    metrics = [{"event": "step", "iteration": i, "loss": 9.0, "time": 900.0 + i} for i in range(1, 21)]
+    metrics = [{"event": "train_start", "iteration": 0, "time": 899.0}]
+    metrics += [{"event": "step", "iteration": i, "loss": 9.0, "time": 900.0 + i} for i in range(1, 21)]
     metrics += [{"event": "train_start", "iteration": 20, "time": 1050.0}]
     metrics += [{"event": "step", "iteration": 20 + i, "loss": 8.0 + i, "time": 1061.5 + i} for i in (1, 2)]
     (folder / "q1_metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics))
@@ -103,4 +104,5 @@ def test_the_qwen3_phase2_launch_is_timed_to_its_first_step_after_its_indices_ar
     assert figures["index_phase2_again"] == {"entries_built": 0, "entries_cached": 6, "index_s": 2.5}
     phase2 = figures["phase2"]
     assert phase2["seconds_launch_to_first_step_logged"] == 62.5 and phase2["first_iteration"] == 21
+    assert phase2["seconds_launch_to_training_loop"] == 50.0  # its own train_start, not phase 1's
     assert phase2["resumes_from_checkpoint"] == 20 and phase2["final_iteration"] == 22

@@ -41,8 +41,9 @@ def _layer_spec(model: dict[str, Any]) -> str | None:
 
 
 def _launch_to_step(folder: Path, launch: int) -> dict[str, Any]:
-    """Launch N of the qwen3 journey: seconds from `kaiyuan start` to its first step (and to that step's loss
-    in the metrics), the iteration it began at, and every distinct state `kaiyuan status` showed meanwhile."""
+    """Launch N of the qwen3 journey: seconds from `kaiyuan start` to its training loop (set-up done) and to its
+    first step's loss in the metrics, the iteration it began at, and every distinct state `kaiyuan status` showed
+    meanwhile."""
     launched = json.loads((folder / f"launch_{launch}.json").read_text())
     metrics = _json_lines(folder / "q1_metrics.jsonl")
     after = [r for r in _steps(metrics) if r.get("time", 0) >= launched["t"]]
@@ -55,6 +56,9 @@ def _launch_to_step(folder: Path, launch: int) -> dict[str, Any]:
         if shown and (not states or states[-1] != shown):
             states.append(shown)
     figure: dict[str, Any] = {"states_seen": states}
+    starts = [r for r in metrics if r.get("event") == "train_start" and r.get("time", 0) >= launched["t"]]
+    if starts:  # set-up over: Bridge's training loop begins (the first step's own time comes after)
+        figure["seconds_launch_to_training_loop"] = round(starts[0]["time"] - launched["t"], 1)
     if after:
         figure |= {"first_iteration": after[0]["iteration"], "first_loss": after[0]["loss"],
                    "seconds_launch_to_first_step_logged": round(after[0]["time"] - launched["t"], 1)}
