@@ -88,6 +88,9 @@ TIMED_OUT = "timed out after"
 # the profiler on, and no second start-up (model build, compile, graph capture) is paid for the trace. Megatron
 # writes the trace when the step after it begins, so that row runs one step more.
 PROFILE_AFTER = 2
+# A profiled row's time box grows by this much (its tail's steps, the trace's export and compression), so that
+# profiling never costs a row its timed figures: a peer's row reports only when its training ends.
+PROFILE_EXTRA_S = 150
 PROFILED_PEERS = ("torchtitan", "torchtitan_untied")  # peer_torchtitan.py --profile-step: torchtitan's own profiler
 TINY = dict(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,
             kv_channels=16)
@@ -278,7 +281,7 @@ def peer_run(args: argparse.Namespace, model: str, impl: str, streams: dict[str,
     env = dict(os.environ)
     if args.peer_pythonpath:
         env["PYTHONPATH"] = os.pathsep.join([*map(str, args.peer_pythonpath), *filter(None, [env.get("PYTHONPATH")])])
-    code, output = run_bounded(command, args.impl_timeout, env)
+    code, output = run_bounded(command, row_timeout(args, impl), env)
     log = args.out.with_name(f"{args.out.stem}_{model}_{impl}.log")  # the peer's whole output, beside the results
     log.write_text(output)
     if code != 0 or not out.exists():
@@ -288,6 +291,12 @@ def peer_run(args: argparse.Namespace, model: str, impl: str, streams: dict[str,
 
 def profile_step(args: argparse.Namespace) -> int | None:
     return args.steps + PROFILE_AFTER if args.profile else None
+
+
+def row_timeout(args: argparse.Namespace, impl: str) -> float | None:
+    """--impl-timeout, plus PROFILE_EXTRA_S for a row that goes on to a profiled step."""
+    profiled = impl in MEGATRON_IMPLS or impl in WITHOUT_TE or impl in PROFILED_PEERS
+    return args.impl_timeout + PROFILE_EXTRA_S if args.impl_timeout and args.profile and profiled else args.impl_timeout
 
 
 def run_iters(args: argparse.Namespace) -> int:
@@ -336,7 +345,8 @@ def main() -> None:
                     help="folders of the peer rows' packages, in front of their processes' PYTHONPATH")
     ap.add_argument("--profile", action="store_true",
                     help=f"the Megatron and torchtitan rows go on past --steps to one step under the PyTorch "
-                         f"profiler (step --steps + {PROFILE_AFTER}); its trace lands beside --out")
+                         f"profiler (step --steps + {PROFILE_AFTER}; their --impl-timeout {PROFILE_EXTRA_S} s "
+                         f"longer); its trace lands beside --out")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     results: dict = {}
@@ -354,7 +364,8 @@ def main() -> None:
                     row[impl] = {"error": str(exc)}
                 else:
                     row[impl] = megatron_run(model, spec, mbs, micro, seq, args.steps, extra=extra,
-                                             timeout=args.impl_timeout, env=env, profile_step=profile_step(args))
+                                             timeout=row_timeout(args, impl), env=env,
+                                             profile_step=profile_step(args))
             elif impl in PEERS:
                 row[impl] = peer_run(args, model, impl, streams)
             elif args.impl_timeout:
