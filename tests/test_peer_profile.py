@@ -346,3 +346,43 @@ def test_torchtitan_profiler_settings_trace_one_step(tmp_path, monkeypatch):
         return out
 
     assert titan_lrs(17) == pytest.approx(titan_lrs(15))
+
+
+def test_peer_rows_profile_after_the_stream_ours_reads(tmp_path, monkeypatch):
+    """--profile --steps 15: the token stream is drawn for ours' 18 iterations (its shuffle depends on them), the
+    torchtitan row is asked for --profile-step 17 with its time box 150 s longer and its trace is kept beside the
+    results; OLMo-core's row runs as without --profile."""
+    import argparse
+
+    import numpy as np
+    import token_stream
+    import train_throughput
+
+    drawn = []
+    monkeypatch.setattr(token_stream, "mock_stream", lambda model, seq, steps, overrides: drawn.append(
+        (steps, [o for o in overrides if o.startswith("train.train_iters")])) or np.zeros((1, 9), np.int32))
+    calls = []
+
+    def fake_run(command, timeout, env=None):
+        calls.append((command, timeout))
+        out = Path(command[command.index("--out") + 1])
+        row = {"tokens_per_s": 1.0}
+        if "--profile-step" in command:
+            trace = write_trace(tmp_path / "rank0_trace.json.gz", step_events())
+            row["profile"] = {"step": int(command[command.index("--profile-step") + 1]), "trace": str(trace)}
+        out.write_text(json.dumps(row))
+        return 0, "ok"
+
+    monkeypatch.setattr(train_throughput, "run_bounded", fake_run)
+    args = argparse.Namespace(seq=8, steps=15, profile=True, impl_timeout=240.0, peer_pythonpath=None,
+                              out=tmp_path / "pt.json")
+    streams: dict = {}
+    titan = train_throughput.peer_run(args, "qwen3_1p7b", "torchtitan", streams)
+    olmo = train_throughput.peer_run(args, "qwen3_1p7b", "olmo_core", streams)
+    assert drawn == [(18, ["train.train_iters=18"])]  # once per model, for the profiled run's length
+    (titan_command, titan_timeout), (olmo_command, olmo_timeout) = calls
+    assert titan_command[-2:] == ["--profile-step", "17"] and titan_timeout == 390.0
+    assert "--profile-step" not in olmo_command and olmo_timeout == 240.0
+    train_throughput.keep_trace(args, "qwen3_1p7b", "torchtitan", titan)
+    assert titan["profile"]["trace"] == "pt_qwen3_1p7b_torchtitan_trace.json.gz"
+    assert (tmp_path / titan["profile"]["trace"]).exists() and "profile" not in olmo
