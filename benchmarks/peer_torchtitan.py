@@ -24,6 +24,9 @@ What the row changes in the peer's config, and why (everything else is torchtita
 | lr_scheduler                | linear warmup over --steps     | ours ramps 0 -> 3e-4 over the 15 steps (Bridge caps   |
 |                             |                                | its 2000-step warmup); the peer's ramp starts at 1/15 |
 | checkpoint, validation      | off                            | as `ours` in train_throughput.py                      |
+| profiler (--profile-step P) | torchtitan's own: one active   | train_throughput.py --profile: training runs to step  |
+|                             | step P after 1 warm-up step    | P; steps past --steps are not timed, the lr ramp is   |
+|                             | (profile_freq P)               | still --steps long                                    |
 | tokenizer, dataloader       | this file's: token_stream.py's | the same tokens in the same order as `ours`           |
 |                             | stream                         |                                                       |
 
@@ -46,6 +49,7 @@ How the two train it (what the rows measure, not corrected):
   Megatron's (from `ours`), which counts half; the peer's figure stays under own_tflops.
 
 usage: python benchmarks/peer_torchtitan.py --stream stream.npy --out row.json [--untied] [--steps 15]
+       [--profile-step 17] (a PyTorch profiler trace of step 17, named in the row's `profile`)
        CPU check (no CUDA needed): python benchmarks/peer_torchtitan.py --check [--stream stream.npy]"""
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ from torchtitan.distributed.activation_checkpoint import SelectiveAC
 from torchtitan.models.qwen3 import model_registry
 from torchtitan.models.qwen3.config_registry import qwen3_1_7b
 from torchtitan.tools.logging import init_logger
+from torchtitan.tools.profiler import PROFILE_DIR, PROFILE_FILE, PROFILE_ITER_DIR
 from torchtitan.trainer import Trainer
 
 MICRO_BATCH, MICRO_BATCHES = 2, 4  # train_throughput.BATCH["qwen3_1p7b"]
@@ -152,9 +157,21 @@ def untie(spec) -> None:
     model.tok_embeddings.param_init = {"weight": partial(torch.nn.init.normal_, std=0.02)}
 
 
+def profiler_settings(profile_step: int) -> dict:
+    """torchtitan's Profiler.Config fields (its --profiler.* options) for a trace of training step `profile_step`
+    alone: its schedule waits profile_freq - warmup - active steps, warms up one, records one and writes the trace
+    as that step ends (profiling/traces/iteration_<step>/rank0_trace.json.gz under the dump folder)."""
+    return {"enable_profiling": True, "profile_freq": profile_step, "profiler_warmup": 1, "profiler_active": 1}
+
+
+def trace_path(dump: str, profile_step: int) -> Path:
+    return Path(dump) / PROFILE_DIR / PROFILE_ITER_DIR.format(step=profile_step) / PROFILE_FILE.format(rank=0)
+
+
 def titan_config(stream: str, seq: int, steps: int, untied: bool, ac: str, dump: str,
-                 cuda_graphs: bool = True) -> Trainer.Config:
-    """torchtitan's qwen3_1_7b with the changes of this module's table."""
+                 cuda_graphs: bool = True, profile_step: int | None = None) -> Trainer.Config:
+    """torchtitan's qwen3_1_7b with the changes of this module's table; with `profile_step` (past `steps`), the
+    run goes on to that step and torchtitan's profiler records it."""
     config = qwen3_1_7b()
     if untied:
         untie(config.model_spec)
@@ -166,9 +183,16 @@ def titan_config(stream: str, seq: int, steps: int, untied: bool, ac: str, dump:
     config.training.local_batch_size = MICRO_BATCH
     config.training.global_batch_size = MICRO_BATCH * MICRO_BATCHES
     config.training.steps = steps
+    if profile_step is not None:
+        if profile_step <= steps + 1:
+            raise ValueError(f"--profile-step {profile_step}: past the timed steps and a warm-up step "
+                             f"(at least {steps + 2})")
+        config.training.steps = profile_step
+        for name, value in profiler_settings(profile_step).items():
+            setattr(config.profiler, name, value)  # a slots dataclass: a field this version lacks fails here
     config.training.max_norm = OURS_CLIP
     config.optimizer = default_adamw(lr=OURS_LR, weight_decay=OURS_WEIGHT_DECAY)
-    config.lr_scheduler = LRSchedulersContainer.Config(warmup_steps=steps)
+    config.lr_scheduler = LRSchedulersContainer.Config(warmup_steps=steps)  # the ramp ends at `steps` either way
     config.compile = CompileConfig(enable=True, components=["model", "loss"])
     config.training.disable_cuda_graphs = not cuda_graphs
     config.activation_checkpoint = SelectiveAC.Config() if ac == "selective" else None
@@ -195,7 +219,8 @@ def train(args: argparse.Namespace) -> dict:
         os.environ.setdefault(key, value)
     init_logger()  # torchtitan's console lines (its step lines: loss, memory, tps, tflops) go to the row's log
     dump = tempfile.mkdtemp(prefix="torchtitan-")
-    config = titan_config(str(args.stream), args.seq, args.steps, args.untied, args.ac, dump, not args.no_cuda_graphs)
+    config = titan_config(str(args.stream), args.seq, args.steps, args.untied, args.ac, dump, not args.no_cuda_graphs,
+                          args.profile_step)
     trainer = config.build()
     recorder = StepRecorder()
     metrics = trainer.metrics_processor
@@ -211,18 +236,24 @@ def train(args: argparse.Namespace) -> dict:
         trainer.close()
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
-    steady = recorder.steps[3:]
+    timed = [s for s in recorder.steps if s["step"] <= args.steps]  # a profiled tail is not timed
+    steady = timed[3:]
     if not steady:
-        return {"error": f"{len(recorder.steps)} of {args.steps} steps logged"}
+        return {"error": f"{len(recorder.steps)} of {config.training.steps} steps logged"}
     params = sum(p.numel() for p in trainer.model_parts[0].parameters())
-    return {"tokens_per_s": statistics.median(s["throughput(tps)"] for s in steady),
-            "own_tflops": statistics.median(s["tflops"] for s in steady),  # torchtitan's formula, for reference
-            "own_flops_per_token": metrics.num_flops_per_token,
-            "peak_mem_gb": max(s["peak_allocated_gb"] for s in recorder.steps),
-            "peak_reserved_gib": max(s["memory/max_reserved(GiB)"] for s in recorder.steps),
-            "timed_steps": len(steady),
-            "losses": [s["loss_metrics/global_avg_loss"] for s in recorder.steps],
-            "model_settings": settings(config, params)}
+    row = {"tokens_per_s": statistics.median(s["throughput(tps)"] for s in steady),
+           "own_tflops": statistics.median(s["tflops"] for s in steady),  # torchtitan's formula, for reference
+           "own_flops_per_token": metrics.num_flops_per_token,
+           "peak_mem_gb": max(s["peak_allocated_gb"] for s in timed),
+           "peak_reserved_gib": max(s["memory/max_reserved(GiB)"] for s in timed),
+           "timed_steps": len(steady),
+           "losses": [s["loss_metrics/global_avg_loss"] for s in timed],
+           "model_settings": settings(config, params)}
+    if args.profile_step:
+        trace = trace_path(dump, args.profile_step)
+        row["profile"] = {"step": args.profile_step, "trace": str(trace)} if trace.exists() else {
+            "step": args.profile_step, "error": f"no trace at {trace}"}
+    return row
 
 
 def settings(config: Trainer.Config, params: int) -> dict:
@@ -241,7 +272,10 @@ def settings(config: Trainer.Config, params: int) -> dict:
             if config.activation_checkpoint else None,
             "optimizer": config.optimizer.param_groups[0].optimizer_kwargs | {
                 "implementation": config.optimizer.implementation},
-            "warmup_steps": config.lr_scheduler.warmup_steps, "max_norm": config.training.max_norm}
+            "warmup_steps": config.lr_scheduler.warmup_steps, "max_norm": config.training.max_norm,
+            "training_steps": config.training.steps,
+            "profiler": {name: getattr(config.profiler, name) for name in profiler_settings(0)}
+            if config.profiler.enable_profiling else None}
 
 
 def check(args: argparse.Namespace) -> dict:
@@ -250,7 +284,8 @@ def check(args: argparse.Namespace) -> dict:
     forward, the chunked loss and backward on this process's device, fed by the stream's loader."""
     out: dict = {}
     for untied in (False, True):
-        config = titan_config(str(args.stream), args.seq, args.steps, untied, args.ac, tempfile.gettempdir())
+        config = titan_config(str(args.stream), args.seq, args.steps, untied, args.ac, tempfile.gettempdir(),
+                              profile_step=args.profile_step)
         model_config = config.model_spec.model
         with torch.device("meta"):
             model = model_config.build()
@@ -299,6 +334,8 @@ def main() -> None:
     ap.add_argument("--untied", action="store_true", help="our untied embeddings instead of the peer's tied ones")
     ap.add_argument("--ac", choices=["none", "selective"], default="none")
     ap.add_argument("--no-cuda-graphs", action="store_true", help="the peer's fwd+bwd CUDA graph off (its default: on)")
+    ap.add_argument("--profile-step", type=int, help="go on to this step (past --steps + 1) and keep torchtitan's "
+                    "PyTorch profiler trace of it")
     ap.add_argument("--check", action="store_true", help="the CPU check instead of training")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()

@@ -13,13 +13,16 @@ usage (GPU host): python benchmarks/train_throughput.py --models qwen3_1p7b gpt_
       [--impl-timeout 300]  (a slow implementation, e.g. HF's compile, records a timeout; the rest still run)
       (CPU smoke of the HF loop: --impls hf_eager --device cpu --tiny)
       peer rows: --impls ours torchtitan olmo_core --peer-pythonpath DIR... (where the peers' wheels are installed;
-      prepended to the PYTHONPATH of the peers' processes only)"""
+      prepended to the PYTHONPATH of the peers' processes only)
+      --profile: the Megatron and torchtitan rows each keep a PyTorch profiler trace of one step after their timed
+      steps (peer_profile_report.py compares them)"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -80,6 +83,15 @@ PEERS = {"torchtitan": ("peer_torchtitan.py", ()), "torchtitan_untied": ("peer_t
          "olmo_core": ("peer_olmo_core.py", ())}
 PEER_MODELS = ("qwen3_1p7b",)  # the peers' configs are their qwen3 1.7B
 TIMED_OUT = "timed out after"
+# --profile: the same training process goes on past the timed steps (1..--steps, the first 3 untimed) to one step
+# under the PyTorch profiler, --steps + PROFILE_AFTER, its profiler warm-up step between: no timed step runs with
+# the profiler on, and no second start-up (model build, compile, graph capture) is paid for the trace. Megatron
+# writes the trace when the step after it begins, so that row runs one step more.
+PROFILE_AFTER = 2
+# A profiled row's time box grows by this much (its tail's steps, the trace's export and compression), so that
+# profiling never costs a row its timed figures: a peer's row reports only when its training ends.
+PROFILE_EXTRA_S = 150
+PROFILED_PEERS = ("torchtitan", "torchtitan_untied")  # peer_torchtitan.py --profile-step: torchtitan's own profiler
 TINY = dict(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,
             kv_channels=16)
 
@@ -141,19 +153,32 @@ def run_bounded(command: list[str], timeout: float | None, env: dict[str, str] |
     return None, f"{output}\n{TIMED_OUT} {timeout} s"
 
 
+def profile_overrides(steps: int, profile_step: int) -> tuple[str, ...]:
+    """The recipe's profiler on iteration `profile_step` (train_iters must reach profile_step + 1), with the
+    learning-rate schedule of a `steps`-long run (Bridge ends the decay, and caps the warm-up, at train_iters
+    unless lr_decay_iters says otherwise). Shapes recorded as torchtitan's profiler does, so the two traces cost
+    the host the same."""
+    return ("profile.enabled=true", f"profile.steps=[{profile_step},{profile_step}]", "profile.record_shapes=true",
+            f"scheduler.lr_decay_iters={steps}")
+
+
 def megatron_run(model: str, layer_spec: str, mbs: int, micro: int, seq: int, steps: int, nproc: int = 1,
-                 extra: tuple[str, ...] = (), timeout: float | None = None, env: dict[str, str] | None = None) -> dict:
-    """The median of the steady steps from the run's metrics.jsonl (`env`: the run's environment, else ours)."""
-    from kaiyuan_recipes.config.run_layout import read_metrics
+                 extra: tuple[str, ...] = (), timeout: float | None = None, env: dict[str, str] | None = None,
+                 profile_step: int | None = None) -> dict:
+    """The median of the steady steps from the run's metrics.jsonl (`env`: the run's environment, else ours);
+    with `profile_step`, the run goes on to that step under the profiler and the row names its trace."""
+    from kaiyuan_recipes.config.run_layout import PROFILE_DIR, read_metrics
 
     root = Path(tempfile.mkdtemp(prefix="throughput-"))
-    code, output = run_bounded(megatron_command(model, layer_spec, mbs, micro, seq, steps, root, nproc, extra),
+    iters, extra = (profile_step + 1, (*extra, *profile_overrides(steps, profile_step))) if profile_step else (
+        steps, extra)
+    code, output = run_bounded(megatron_command(model, layer_spec, mbs, micro, seq, iters, root, nproc, extra),
                                timeout, env)
     (root / "launcher.log").write_text(output)  # the whole output stays with the run (the row has a summary)
     records = read_metrics(root / model / "run_state")
     steps_done = [r for r in records if r["event"] == "step"]
     settings = next((r.get("model") for r in records if r["event"] == "train_start"), None)
-    steady = steps_done[3:]
+    steady = steps_done[3:steps]  # the profiled tail, when there is one, is not timed
     if not steady:
         return {"error": failure_summary(output), "log": str(root / "launcher.log")}
     row = {"tokens_per_s": statistics.median(r["tokens_per_s_per_gpu"] for r in steady),
@@ -161,11 +186,15 @@ def megatron_run(model: str, layer_spec: str, mbs: int, micro: int, seq: int, st
            "peak_mem_gb": max(r["peak_mem_gb"] or 0 for r in steady),
            "timed_steps": len(steady),
            # every step's loss: same seed and mock data, so a variant (a CUDA graph) must train like `ours`
-           "losses": [r.get("loss") for r in steps_done],
+           "losses": [r.get("loss") for r in steps_done[:steps]],
            "model_settings": settings}  # the kernel settings it trained with (training/metrics.py)
     if code != 0:  # steady steps were measured before the run stopped: keep them, and say so
-        row |= {"incomplete": f"{failure_summary(output, lines=1)}; {len(steps_done)} of {steps} steps done",
+        row |= {"incomplete": f"{failure_summary(output, lines=1)}; {len(steps_done)} of {iters} steps done",
                 "log": str(root / "launcher.log")}
+    if profile_step:
+        trace = root / model / PROFILE_DIR / "rank-0.json.gz"  # Megatron-Bridge's name for rank 0's trace
+        row["profile"] = {"step": profile_step, "trace": str(trace)} if trace.exists() else {
+            "step": profile_step, "error": f"no trace at {trace}", "log": str(root / "launcher.log")}
     return row
 
 
@@ -237,19 +266,22 @@ def peer_run(args: argparse.Namespace, model: str, impl: str, streams: dict[str,
         from token_stream import mock_stream
 
         mbs, micro = BATCH[model]
-        stream = np.asarray(mock_stream(model, args.seq, args.steps,
-                                        megatron_overrides("fast", mbs, micro, args.seq, args.steps,
+        iters = run_iters(args)  # ours' train_iters: they fix the mock data's shuffle
+        stream = np.asarray(mock_stream(model, args.seq, iters,
+                                        megatron_overrides("fast", mbs, micro, args.seq, iters,
                                                            Path(tempfile.mkdtemp(prefix="token-stream-")))))
         streams[model] = Path(tempfile.mkdtemp(prefix="peer-")) / f"{model}_stream.npy"
         np.save(streams[model], stream)
     script, extra = PEERS[impl]
+    if args.profile and impl in PROFILED_PEERS:
+        extra = (*extra, "--profile-step", str(profile_step(args)))
     out = streams[model].with_name(f"{impl}.json")
     command = [sys.executable, str(ROOT / "benchmarks" / script), "--stream", str(streams[model]),
                "--seq", str(args.seq), "--steps", str(args.steps), "--out", str(out), *extra]
     env = dict(os.environ)
     if args.peer_pythonpath:
         env["PYTHONPATH"] = os.pathsep.join([*map(str, args.peer_pythonpath), *filter(None, [env.get("PYTHONPATH")])])
-    code, output = run_bounded(command, args.impl_timeout, env)
+    code, output = run_bounded(command, row_timeout(args, impl), env)
     log = args.out.with_name(f"{args.out.stem}_{model}_{impl}.log")  # the peer's whole output, beside the results
     log.write_text(output)
     if code != 0 or not out.exists():
@@ -257,8 +289,42 @@ def peer_run(args: argparse.Namespace, model: str, impl: str, streams: dict[str,
     return json.loads(out.read_text()) | {"log": log.name}
 
 
+def profile_step(args: argparse.Namespace) -> int | None:
+    return args.steps + PROFILE_AFTER if args.profile else None
+
+
+def row_timeout(args: argparse.Namespace, impl: str) -> float | None:
+    """--impl-timeout, plus PROFILE_EXTRA_S for a row that goes on to a profiled step."""
+    profiled = impl in MEGATRON_IMPLS or impl in WITHOUT_TE or impl in PROFILED_PEERS
+    return args.impl_timeout + PROFILE_EXTRA_S if args.impl_timeout and args.profile and profiled else args.impl_timeout
+
+
+def run_iters(args: argparse.Namespace) -> int:
+    """Training steps of a Megatron row: --steps, or through the profiled step and the one that exports it."""
+    return args.steps + PROFILE_AFTER + 1 if args.profile else args.steps
+
+
+def keep_trace(args: argparse.Namespace, model: str, impl: str, row: dict) -> None:
+    """A row's profiler trace copied beside the results file, under a name of its own; the row names the copy
+    (relative to the results file)."""
+    profile = row.get("profile") or {}
+    if "trace" not in profile:
+        return
+    kept = args.out.with_name(f"{args.out.stem}_{model}_{impl}_trace.json.gz")
+    source = Path(profile["trace"])
+    if source.suffix == ".gz":
+        shutil.copyfile(source, kept)
+    else:  # a plain JSON trace: gzipped on the way (traces of a step run to tens of MB)
+        import gzip
+
+        with open(source, "rb") as fin, gzip.open(kept, "wb") as fout:
+            shutil.copyfileobj(fin, fout)
+    profile["trace"] = kept.name
+
+
 def write_results(args: argparse.Namespace, results: dict) -> None:
     write_json(args.out, {**provenance(this_command()), "seq_length": args.seq,
+                          **({"profiled_step": profile_step(args)} if args.profile else {}),
                           "batch": {m: {"micro_batch": BATCH[m][0], "micro_batches": BATCH[m][1]} for m in args.models},
                           "results": results})
 
@@ -277,6 +343,10 @@ def main() -> None:
                          "that row records the timeout and the others still run")
     ap.add_argument("--peer-pythonpath", type=Path, nargs="+",
                     help="folders of the peer rows' packages, in front of their processes' PYTHONPATH")
+    ap.add_argument("--profile", action="store_true",
+                    help=f"the Megatron and torchtitan rows go on past --steps to one step under the PyTorch "
+                         f"profiler (step --steps + {PROFILE_AFTER}; their --impl-timeout {PROFILE_EXTRA_S} s "
+                         f"longer); its trace lands beside --out")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     results: dict = {}
@@ -294,13 +364,15 @@ def main() -> None:
                     row[impl] = {"error": str(exc)}
                 else:
                     row[impl] = megatron_run(model, spec, mbs, micro, seq, args.steps, extra=extra,
-                                             timeout=args.impl_timeout, env=env)
+                                             timeout=row_timeout(args, impl), env=env,
+                                             profile_step=profile_step(args))
             elif impl in PEERS:
                 row[impl] = peer_run(args, model, impl, streams)
             elif args.impl_timeout:
                 row[impl] = hf_run_bounded(args, model, impl)
             else:
                 row[impl] = hf_run(model, impl == "hf_compile", mbs, micro, seq, args.steps, args.device, args.tiny)
+            keep_trace(args, model, impl, row[impl])
             print(model, impl, row[impl], flush=True)
             write_results(args, results)  # after every run: a call cut short keeps what it measured
         flops_per_token = next((r["tflops"] * 1e12 / r["tokens_per_s"] for r in row.values()

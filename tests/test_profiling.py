@@ -104,15 +104,15 @@ def test_summary_prefers_gpu_kernels(tmp_path):
     assert lines[2].split() == ["0.40", "80.0%", "2", "sm90_xmma_gemm"]
     assert "aten::mm" not in "\n".join(lines)
     assert lines[4] == "by family (GPU busy 90.0% of the profiled window):"
-    assert lines[5].split() == ["0.40", "80.0%", "gemm"] and lines[6].split() == ["0.10", "20.0%", "attention"]
+    assert lines[5].split() == ["0.40", "80.0%", "gemm"] and lines[6].split() == ["0.10", "20.0%", "attention", "fwd"]
 
 
 def test_kernel_families():
     from kaiyuan_recipes.training.profiling import kernel_family
 
     assert kernel_family("nvjet_tst_128x256_64x4_2x1_v_bz_coopB_TNT") == "gemm"
-    assert kernel_family("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel") == "attention"
+    assert kernel_family("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel") == "attention bwd"
     assert kernel_family("ncclDevKernel_AllReduce_Sum_bf16_RING_LL") == "communication"
     assert kernel_family("void at::native::(anonymous namespace)::fused_adamw_kernel") == "optimizer"
-    assert kernel_family("triton_poi_fused_mul_silu_0") == "compiled (triton)"
-    assert kernel_family("void at::native::vectorized_elementwise_kernel<4, add>") == "other element-wise"
+    assert kernel_family("triton_poi_fused_mul_silu_0") == "element-wise"
+    assert kernel_family("void at::native::vectorized_elementwise_kernel<4, add>") == "element-wise"

@@ -25,6 +25,8 @@ PHASE_FILE = "phase.json"  # what the run is doing now (training/run_phase.py): 
 LATEST_ITERATION_FILE = "latest_checkpointed_iteration.txt"
 RUN_CONFIG_FILE = "run_config.yaml"
 PLAN_FILE = "plan.json"  # the run's resolved plan, written once per launch by rank 0 (config/plan_file.py)
+# profile.enabled=true: Megatron-Bridge writes rank-R.json.gz into <run>/PROFILE_DIR (training/profiling.py)
+PROFILE_DIR = "torch_profile"
 
 
 @dataclass(frozen=True)

@@ -6,18 +6,16 @@ on, so an `nsys` capture lines up with the steps; and a short text summary of th
 
 from __future__ import annotations
 
-import gzip
-import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from kaiyuan_recipes import compat
+from kaiyuan_recipes.config.run_layout import PROFILE_DIR  # upstream's: <tensorboard_dir>/../torch_profile
+from kaiyuan_recipes.training.trace_breakdown import busy_share, kernel_family, read_trace_events
 
 compat.apply()
 from megatron.bridge.training.callbacks import Callback  # noqa: E402
-
-PROFILE_DIR = "torch_profile"  # upstream's trace handler writes to <tensorboard_dir>/../torch_profile
 
 
 def profiling_config(section: dict[str, Any]) -> Any | None:
@@ -41,41 +39,11 @@ def profiled_iterations(config: Any) -> tuple[int, int]:
     return config.profile_step_start, config.profile_step_end - 1
 
 
-# Kernel families by name (first match wins), for the summary's breakdown: where a step's GPU time goes.
-KERNEL_FAMILIES = (("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "grouped_mm")),
-                   ("attention", ("flash", "fmha", "cudnn", "attention", "sdpa")),
-                   ("communication", ("nccl",)),
-                   ("optimizer", ("adam", "multi_tensor")),
-                   ("compiled (triton)", ("triton",)),
-                   ("copy / memset", ("memcpy", "memset", "copy")),
-                   ("other element-wise", ("",)))
-
-
-def kernel_family(name: str) -> str:
-    lowered = name.lower()
-    return next(family for family, keys in KERNEL_FAMILIES if any(key in lowered for key in keys))
-
-
-def _busy_share(kernels: list[dict]) -> float:
-    """Share of the window from the first kernel's start to the last one's end in which a kernel ran."""
-    spans = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in kernels)
-    busy, (start, end) = 0.0, spans[0]
-    for a, b in spans[1:]:
-        if a > end:
-            busy, start = busy + end - start, a
-        end = max(end, b)
-    busy += end - start
-    window = max(b for _, b in spans) - spans[0][0]
-    return busy / window if window > 0 else 1.0
-
-
 def summarize_trace(trace: Path, top: int = 15) -> str:
     """Total time per name over the trace's GPU kernels (CPU operators when it has no kernels), largest
     first, with the share of the total and the call count; for kernels also the time per kernel family and
     how busy the GPU was (a low share means launch- or host-bound steps)."""
-    opener = gzip.open if str(trace).endswith(".gz") else open
-    with opener(trace, "rt", encoding="utf-8") as fh:
-        events = json.load(fh).get("traceEvents", [])
+    events = read_trace_events(trace)
     spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
     kernels = [e for e in spans if e.get("cat") == "kernel"]
     chosen, kind = (kernels, "GPU kernels") if kernels else ([e for e in spans if e.get("cat") == "cpu_op"],
@@ -94,7 +62,7 @@ def summarize_trace(trace: Path, top: int = 15) -> str:
         families: dict[str, float] = defaultdict(float)
         for name, us in total_us.items():
             families[kernel_family(name)] += us
-        lines.append(f"by family (GPU busy {100 * _busy_share(kernels):.1f}% of the profiled window):")
+        lines.append(f"by family (GPU busy {100 * busy_share(kernels):.1f}% of the profiled window):")
         lines += [f"{us / 1e3:10.2f} {100 * us / grand:5.1f}%  {family}"
                   for family, us in sorted(families.items(), key=lambda kv: -kv[1])]
     return "\n".join(lines) + "\n"
