@@ -240,6 +240,8 @@ def compat_items(kind: str | None) -> list[CompatItem]:
             item.applies, item.detail = _call_workaround(getattr(compat, row.function))
             if row.function == "install_lora_placeholder" and not compat.transformer_engine_available():
                 item.applies, item.detail = True, "no Transformer Engine"  # (returns False once installed)
+            if row.function == "install_resiliency_placeholder" and compat.resiliency_placeholder_installed():
+                item.applies, item.detail = True, "nvidia-resiliency-ext not installed"
         else:
             item.detail = "not in kaiyuan_recipes.compat"
         items.append(item)
@@ -278,9 +280,12 @@ def fill_auto(report: Report, recipe: str) -> None:
             item.applies, item.detail = from_run[item.function]
 
 
-def features(versions: dict[str, str | None]) -> list[Feature]:
+def features(versions: dict[str, str | None], gpus: list[str]) -> list[Feature]:
     def missing(*dists: str) -> list[str]:
         return [d for d in dists if not versions.get(d)]
+
+    # Megatron's training asserts a CUDA device at initialisation: say so here, not 20 s into a launch
+    train = missing("megatron-bridge", "megatron-core", "torch") + ([] if gpus else ["a CUDA GPU visible to torch"])
 
     serve = missing("fastapi", "uvicorn", "transformers", "torch")
     nemo = missing("nemo-toolkit") + ([] if importlib.util.find_spec("nemo") else ["nemo (not importable)"])
@@ -289,6 +294,9 @@ def features(versions: dict[str, str | None]) -> list[Feature]:
                                                      importlib.util.find_spec("nemo_run"))}
     bridge_note = "" if versions.get("megatron-bridge") else "; a Megatron checkpoint needs megatron-bridge: `make env`"
     return [
+        Feature("training", not train, train,
+                "kaiyuan start <recipe> <name>" if not train else
+                "`make env` on a host with an NVIDIA GPU; without one, data, export, serve and eval still work"),
         Feature("serving", not serve, sorted(set(serve)),
                 ("pip install 'kaiyuan-recipes[serve]'" if serve else "kaiyuan serve <hf-dir | run>") + bridge_note),
         Feature("nemo2", not nemo, nemo, "nemo llm pretrain --factory kaiyuan_qwen3" if not nemo else INSTALL_NEMO2),
@@ -307,7 +315,7 @@ def diagnose(matrix: tuple[MatrixStack, ...] = TESTED_MATRIX, recipe: str = "gpt
 
     report = Report(f"{platform.python_implementation()} {platform.python_version()}", sys.executable, versions,
                     torch_cuda, transformer_engine_available(), importlib.util.find_spec("apex") is not None, gpus,
-                    verdict, list(matrix), compat_items(verdict.kind), None, features(versions),
+                    verdict, list(matrix), compat_items(verdict.kind), None, features(versions, gpus),
                     0 if verdict.tested else 1)
     if dry_build and verdict.kind == "megatron-bridge":
         fill_auto(report, recipe)

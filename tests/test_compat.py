@@ -376,3 +376,57 @@ def test_every_workaround_in_the_table_exists_and_names_a_test_that_exists():
         defined = {n.name for n in ast.walk(ast.parse((tests / file).read_text())) if isinstance(n, ast.FunctionDef)}
         assert name in defined, f"{row.function}: {row.test} does not exist"
 
+
+
+def test_upstream_pretrain_still_imports_resiliency_ext_unconditionally():
+    """megatron-bridge's training/pretrain.py imports nvidia_resiliency_ext at module level (this environment has no
+    nvidia-resiliency-ext: its wheels need glibc >= 2.39), so `pretrain` cannot be imported, and training cannot
+    start, without compat.install_resiliency_placeholder. Fails once upstream makes the import optional."""
+    assert compat.pretrain_imports_resiliency(), "pretrain no longer imports nvidia_resiliency_ext at module level: " \
+        "delete compat.install_resiliency_placeholder"
+    probe = run_python("""
+        from kaiyuan_recipes import compat
+        compat.install_lora_placeholder()  # to import megatron.bridge; nothing else of compat
+        try:
+            import megatron.bridge.training.pretrain
+        except ImportError as err:
+            print("failed:", err.name)
+        else:
+            print("imported")
+        """)
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    assert probe.stdout.strip().splitlines()[-1] == "failed: nvidia_resiliency_ext"
+
+
+def test_with_the_resiliency_placeholder_pretrain_imports_and_what_needs_the_package_refuses():
+    probe = run_python("""
+        import json
+        from kaiyuan_recipes import compat
+        compat.apply()
+        from megatron.bridge.training.pretrain import pretrain  # noqa: F401
+        from megatron.bridge.utils.import_utils import safe_import
+        seen = {"optional_probe_sees_it_absent": not safe_import("nvidia_resiliency_ext.checkpointing")[1]}
+        from nvidia_resiliency_ext.inprocess import CallWrapper
+        for name, use in (("CallWrapper", lambda: CallWrapper()),
+                          ("Wrapper", lambda: __import__("nvidia_resiliency_ext.inprocess").inprocess.Wrapper)):
+            try:
+                use()
+            except compat.ResiliencyUnavailableError as err:
+                seen[name] = str(err)
+        seen["installed"] = compat.resiliency_placeholder_installed()
+        print(json.dumps(seen))
+        """)
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    seen = json.loads(probe.stdout.strip().splitlines()[-1])
+    assert seen["optional_probe_sees_it_absent"] and seen["installed"]
+    assert "inprocess.CallWrapper: nvidia-resiliency-ext is not installed" in seen["CallWrapper"]
+    assert "inprocess.Wrapper: nvidia-resiliency-ext is not installed" in seen["Wrapper"]
+    assert "Pretraining works without them" in seen["Wrapper"]
+
+
+def test_the_compat_page_names_every_workaround():
+    """docs/compat.md lists each WORKAROUNDS row by its function name (a new workaround documented for users)."""
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "compat.md").read_text()
+    assert [w.function for w in compat.WORKAROUNDS if f"`{w.function}`" not in page] == []

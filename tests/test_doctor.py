@@ -67,7 +67,9 @@ def test_doctor_in_the_bridge_env_reports_the_tested_stack_and_what_auto_picks()
     assert compat["cpu_checkpoint_save"]["applies"] is (not torch.cuda.is_available())
     assert len(report["gpus"]) == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
     features = {f["name"]: f for f in report["features"]}
-    assert set(features) == {"serving", "nemo2", "multi-node"}
+    assert set(features) == {"training", "serving", "nemo2", "multi-node"}
+    assert features["training"]["ready"] is bool(report["gpus"])
+    assert features["training"]["missing"] == ([] if report["gpus"] else ["a CUDA GPU visible to torch"])
     assert features["serving"]["ready"] is True  # the serve extra is in .venv
     assert features["nemo2"]["ready"] is False and "make env-nemo2" in features["nemo2"]["how"]
 

@@ -14,8 +14,12 @@ from typing import NamedTuple
 from kaiyuan_recipes.compat.datatrove import word_tokenizer_language
 from kaiyuan_recipes.compat.megatron_bridge import (
     LoRAUnavailableError,
+    ResiliencyUnavailableError,
     dataset_helpers_prebuilt,
     install_lora_placeholder,
+    install_resiliency_placeholder,
+    pretrain_imports_resiliency,
+    resiliency_placeholder_installed,
     size_weight_decay_by_max_steps,
     skip_prebuilt_helpers_build,
     te_importing_modules,
@@ -52,6 +56,9 @@ WORKAROUNDS = (
                "0.5.0 (peft/lora.py, lora_layers.py), 0.6.2 (lora_layers.py)",
                "`import megatron.bridge` imports Transformer Engine (found by te_importing_modules)",
                "test_compat.py::test_upstream_megatron_bridge_import_still_needs_transformer_engine"),
+    Workaround("install_resiliency_placeholder", "megatron-bridge", "0.5.0, 0.6.2 (training/pretrain.py)",
+               "`pretrain` imports nvidia-resiliency-ext unconditionally; its wheels need glibc >= 2.39",
+               "test_compat.py::test_upstream_pretrain_still_imports_resiliency_ext_unconditionally"),
     Workaround("skip_prebuilt_helpers_build", "megatron-bridge", "0.5.0, 0.6.2 (megatron-core 0.18.0, 0.19.2 wheels)",
                "every start runs `make` for dataset helpers the wheel ships prebuilt, without a Makefile",
                "test_compat.py::test_upstream_compile_helpers_still_fails_on_the_wheel"),
@@ -100,6 +107,7 @@ WORKAROUNDS = (
 def apply() -> None:
     """Apply every workaround that this host needs. Call before importing megatron.bridge."""
     install_lora_placeholder()
+    install_resiliency_placeholder()
     skip_prebuilt_helpers_build()
     size_weight_decay_by_max_steps()
     init_optimizer_state_before_load()
@@ -118,11 +126,13 @@ def import_megatron_bridge() -> types.ModuleType:
     return bridge
 
 
-__all__ = ["WORKAROUNDS", "LOCAL_SPEC_SETTINGS", "LoRAUnavailableError", "RefusedPickle", "Workaround", "apply",
+__all__ = ["WORKAROUNDS", "LOCAL_SPEC_SETTINGS", "LoRAUnavailableError", "RefusedPickle", "ResiliencyUnavailableError",
+           "Workaround", "apply",
            "graph_capture", "restricted_dcp_metadata",
            "apply_local_spec_settings", "cpu_checkpoint_save", "cpu_cuda_arch_list", "dataset_helpers_prebuilt",
            "ensure_optimizer_state_for_load", "import_megatron_bridge", "init_optimizer_state_before_load",
-           "install_lora_placeholder", "nemo2_distributed_optimizer_saves",
+           "install_lora_placeholder", "install_resiliency_placeholder", "nemo2_distributed_optimizer_saves",
+           "pretrain_imports_resiliency", "resiliency_placeholder_installed",
            "patch_method", "quote_srun_arguments", "restore_adam_step_per_parameter",
            "separate_full_graph_pools", "size_weight_decay_by_max_steps", "skip_prebuilt_helpers_build",
            "te_importing_modules", "transformer_engine_available", "wgrad_fusion_without_apex",

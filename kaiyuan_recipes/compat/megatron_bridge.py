@@ -1,10 +1,12 @@
-"""megatron-bridge defects (0.5.0, 0.6.2): a hard Transformer Engine import, a helpers build that cannot work on the
-PyPI megatron-core wheel, (0.5.0) a weight-decay schedule sized by the run's own train_iters, and (0.6.2) a
-gradient-accumulation fusion default that a TE host without Apex cannot build."""
+"""megatron-bridge defects (0.5.0, 0.6.2): a hard Transformer Engine import, a hard nvidia-resiliency-ext import in
+`pretrain`, a helpers build that cannot work on the PyPI megatron-core wheel, (0.5.0) a weight-decay schedule sized
+by the run's own train_iters, and (0.6.2) a gradient-accumulation fusion default that a TE host without Apex cannot
+build."""
 
 from __future__ import annotations
 
 import ast
+import importlib.machinery
 import importlib.metadata
 import importlib.util
 import sys
@@ -93,6 +95,73 @@ def install_lora_placeholder() -> bool:
             setattr(placeholder, name, _lora_unavailable(name, version))
         sys.modules[module] = placeholder
     return bool(modules)
+
+
+class ResiliencyUnavailableError(RuntimeError):
+    pass
+
+
+RESILIENCY = "nvidia_resiliency_ext"
+_PRETRAIN_MODULE = "megatron.bridge.training.pretrain"
+
+
+def pretrain_imports_resiliency() -> bool:
+    """megatron-bridge's pretrain module imports nvidia_resiliency_ext at module level, outside any try (read from
+    its source: importing it is what fails)."""
+    tree = _module_tree(_PRETRAIN_MODULE)
+    if tree is None:
+        return False
+    for node in tree.body:
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+        if any(n == RESILIENCY or n.startswith(RESILIENCY + ".") for n in names):
+            return True
+    return False
+
+
+def _resiliency_unavailable(what: str, version: str) -> RuntimeError:
+    return ResiliencyUnavailableError(
+        f"{what}: nvidia-resiliency-ext is not installed on this host (its wheels need glibc >= 2.39), and "
+        f"megatron-bridge {version} needs it for in-process restart, fault tolerance, straggler detection and "
+        "async/local checkpointing. Pretraining works without them; install nvidia-resiliency-ext to use them.")
+
+
+def install_resiliency_placeholder() -> bool:
+    """megatron-bridge's `pretrain` imports nvidia_resiliency_ext.inprocess unconditionally (for a type annotation
+    and its optional in-process restart), so training cannot start where that package is not installed. Register a
+    placeholder package: `pretrain` imports, anything used from it refuses with a clear message, and its
+    submodules stay missing, so Bridge's own optional probes (safe_import) see the package as absent. Returns True
+    if installed."""
+    if RESILIENCY in sys.modules or importlib.util.find_spec(RESILIENCY) is not None:
+        return False
+    if not pretrain_imports_resiliency():
+        return False
+    version = importlib.metadata.version("megatron-bridge")
+    root = types.ModuleType(RESILIENCY, "kaiyuan_recipes.compat placeholder: nvidia-resiliency-ext is not installed.")
+    root.__spec__ = importlib.machinery.ModuleSpec(RESILIENCY, None, is_package=True)
+    root.__path__ = []  # a package with no submodules on disk: `import nvidia_resiliency_ext.X` fails as absent
+    root._kaiyuan_placeholder = True
+    inprocess = types.ModuleType(f"{RESILIENCY}.inprocess", root.__doc__)
+    inprocess.__spec__ = importlib.machinery.ModuleSpec(f"{RESILIENCY}.inprocess", None)
+
+    def _refuse(*_args: Any, **_kwargs: Any) -> None:
+        raise _resiliency_unavailable("nvidia_resiliency_ext.inprocess.CallWrapper", version)
+
+    def _missing(name: str) -> Any:
+        if name.startswith("__"):  # introspection (inspect, hasattr(module, "__file__")) sees a plain module
+            raise AttributeError(name)
+        raise _resiliency_unavailable(f"nvidia_resiliency_ext.inprocess.{name}", version)
+
+    inprocess.CallWrapper = type("CallWrapper", (), {"__init__": _refuse})
+    inprocess.__getattr__ = _missing  # PEP 562: any other name used from it refuses, naming itself
+    root.inprocess = inprocess
+    sys.modules[RESILIENCY] = root
+    sys.modules[f"{RESILIENCY}.inprocess"] = inprocess
+    return True
+
+
+def resiliency_placeholder_installed() -> bool:
+    return getattr(sys.modules.get(RESILIENCY), "_kaiyuan_placeholder", False)
 
 
 def dataset_helpers_prebuilt() -> bool:
