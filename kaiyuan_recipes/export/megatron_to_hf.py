@@ -14,7 +14,7 @@ from kaiyuan_recipes import fastpath
 from kaiyuan_recipes.atomic import atomic_directory
 from kaiyuan_recipes.config.run_layout import LATEST_ITERATION_FILE, RUN_CONFIG_FILE, RunLayout
 from kaiyuan_recipes.data.tokenizer import special_token_ids, tokenizer_vocab_size
-from kaiyuan_recipes.models.shape import ModelShape
+from kaiyuan_recipes.models.shape import SHAPE_FIELDS, ModelShape
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json")
 
@@ -80,6 +80,47 @@ def checkpoint_shape(checkpoint: Path) -> ModelShape:
     return ModelShape.from_run_config(model)
 
 
+# The fields a --recipe shape must share with the checkpoint: all but the data's sequence length and the positions
+# the HF config states, which no weight depends on.
+RECIPE_CHECKED_FIELDS = tuple(f for f in SHAPE_FIELDS if f not in ("seq_length", "max_position_embeddings"))
+
+
+def shape_differences(expected: ModelShape, recorded: ModelShape) -> list[str]:
+    """`name expected (recipe) vs recorded (checkpoint)` for each field where the two differ; a field one of them
+    leaves unset reads as GPTModelProvider's default, MoE fields count only for a MoE model."""
+    import dataclasses
+
+    fastpath.prepare_megatron_bridge()
+    from megatron.bridge.models.gpt_provider import GPTModelProvider
+
+    defaults = {f.name: f.default for f in dataclasses.fields(GPTModelProvider) if f.default is not dataclasses.MISSING}
+    moe = bool(expected.get("num_moe_experts") or recorded.get("num_moe_experts"))
+    differ = []
+    for name in RECIPE_CHECKED_FIELDS:
+        if name.startswith("moe_") and not moe:
+            continue
+        ours, theirs = (shape.get(name, defaults.get(name)) for shape in (expected, recorded))
+        if name == "num_moe_experts":
+            ours, theirs = ours or None, theirs or None  # 0 and unset both mean dense
+        elif ours is None or theirs is None:
+            continue  # derived when unset (kv_channels, num_query_groups): the fields it derives from are compared
+        if ours != theirs:
+            differ.append(f"{name} {ours!r} (recipe) vs {theirs!r} (checkpoint)")
+    return differ
+
+
+def check_recipe_shape(checkpoint: Path, shape: ModelShape | dict[str, Any]) -> None:
+    """A recipe's shape given for a checkpoint that records its own must be that shape: the export would write
+    the recipe's config.json beside the checkpoint's weights."""
+    config_file, config = run_config(checkpoint)
+    if config is None:
+        return  # nothing recorded: the recipe is the only word on the shape
+    differ = shape_differences(ModelShape.of(shape), checkpoint_shape(checkpoint))
+    if differ:
+        raise ValueError(f"{config_file}: the checkpoint is not the recipe's model: {'; '.join(differ)}. Leave "
+                         "--recipe out to export the shape the checkpoint records")
+
+
 def require_torch_dist(checkpoint: Path) -> None:
     """The export reads torch_dist; say so plainly for a run saved otherwise (kaiyuan.zero_stage=2 saves
     Megatron-FSDP's fsdp_dtensor)."""
@@ -130,6 +171,8 @@ def export_hf(checkpoint: Path, out: Path, shape: ModelShape | dict[str, Any] | 
 
     ckpt = newest_iteration_dir(checkpoint)
     screen_pickles(ckpt)  # upstream's loader below unpickles without restriction: nothing else may be in it
+    if shape is not None:
+        check_recipe_shape(checkpoint, shape)
     ensure_single_process_group()
     shape = shape or checkpoint_shape(checkpoint)
     bridge = bridge_for(shape, tokenizer_dir=tokenizer_dir)
