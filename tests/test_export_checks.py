@@ -32,6 +32,11 @@ def run_151936(tmp_path_factory, process_group):
     return write_run(tmp_path_factory.mktemp("ckpt") / "run", TINY)
 
 
+@pytest.fixture(scope="module")
+def run_1024(tmp_path_factory, process_group):
+    return write_run(tmp_path_factory.mktemp("ckpt") / "run", TINY | {"vocab_size": 1024})
+
+
 def nothing_written(out):
     return not out.exists() and not list(out.parent.glob(f".{out.name}.*"))
 
@@ -55,3 +60,11 @@ def test_a_recipe_of_the_checkpoints_shape_is_exported_with_its_positions(run_15
     out = export_hf(run_151936, tmp_path / "hf", shape, default_tokenizer_dir(), show_progress=False)
     config = json.loads((out / "config.json").read_text())
     assert (config["hidden_size"], config["num_hidden_layers"], config["max_position_embeddings"]) == (64, 2, 512)
+
+
+def test_a_vocabulary_smaller_than_the_tokenizers_is_refused(run_1024, tmp_path):
+    out = tmp_path / "hf"
+    with pytest.raises(ValueError, match=r"vocab_size 1024 is smaller than the tokenizer's 151646 tokens") as refused:
+        export_hf(run_1024, out, None, default_tokenizer_dir(), show_progress=False)
+    assert "--tokenizer" in str(refused.value)
+    assert nothing_written(out)

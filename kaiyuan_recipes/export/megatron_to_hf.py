@@ -156,7 +156,14 @@ def bridge_for(shape: ModelShape | dict[str, Any], tokenizer_vocab: int | None =
     special: dict[str, int | None] = {}
     if tokenizer_dir is not None:
         tokenizer_vocab, special = tokenizer_vocab_size(tokenizer_dir), special_token_ids(Path(tokenizer_dir))
-    return AutoBridge.from_hf_config(ModelShape.of(shape).hf_config(tokenizer_vocab, **special))
+    shape = ModelShape.of(shape)
+    # Megatron pads the vocabulary up (make_vocab_size_divisible_by): more rows than tokens is normal, fewer is not
+    if tokenizer_vocab is not None and shape["vocab_size"] < tokenizer_vocab:
+        where = f" ({tokenizer_dir})" if tokenizer_dir is not None else ""
+        raise ValueError(f"the model's vocab_size {shape['vocab_size']} is smaller than the tokenizer's "
+                         f"{tokenizer_vocab} tokens{where}: its ids from {shape['vocab_size']} up would have no "
+                         "embedding row; give the tokenizer the model was trained with (--tokenizer DIR)")
+    return AutoBridge.from_hf_config(shape.hf_config(tokenizer_vocab, **special))
 
 
 def export_hf(checkpoint: Path, out: Path, shape: ModelShape | dict[str, Any] | None = None,
@@ -207,12 +214,31 @@ def is_megatron_checkpoint(path: Path) -> bool:
         or (path / LATEST_ITERATION_FILE).is_file())
 
 
+def check_hf_vocab(hf_dir: Path) -> None:
+    """config.json's vocab_size covers its tokenizer (tokenizer.json): a folder exported by hand or by an older
+    version may not, and transformers then fails deep in the model's construction."""
+    config, tokenizer = Path(hf_dir) / "config.json", Path(hf_dir) / "tokenizer.json"
+    try:
+        vocab = json.loads(config.read_text()).get("vocab_size")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        return  # not ours to judge here: transformers names a malformed config
+    if not isinstance(vocab, int) or not tokenizer.is_file():
+        return
+    tokens = tokenizer_vocab_size(hf_dir)
+    if vocab < tokens:
+        raise ValueError(f"{config}: vocab_size {vocab} is smaller than its tokenizer's {tokens} tokens "
+                         f"({tokenizer}): ids from {vocab} up have no embedding row; export the model again with "
+                         "the tokenizer it was trained with (kaiyuan export hf --tokenizer DIR)")
+
+
 def as_hf_dir(model: Path, tokenizer_dir: Path | None = None) -> Path:
-    """A HF directory as is; a Megatron run / checkpoint exported to a fresh temporary directory first."""
+    """A HF directory as is (its vocabulary checked against its tokenizer's); a Megatron run / checkpoint exported
+    to a fresh temporary directory first."""
     model = Path(model)
     if not is_megatron_checkpoint(model):
         if not (model / "config.json").is_file():
             raise FileNotFoundError(f"{model}: neither a HF model directory (config.json) nor a Megatron checkpoint")
+        check_hf_vocab(model)
         return model
     from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
 
