@@ -4,9 +4,10 @@ renamed when complete: an interrupted export leaves no half-written output."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
-import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from kaiyuan_recipes import fastpath
 from kaiyuan_recipes.atomic import atomic_directory
 from kaiyuan_recipes.config.run_layout import LATEST_ITERATION_FILE, RUN_CONFIG_FILE, RunLayout
 from kaiyuan_recipes.data.tokenizer import special_token_ids, tokenizer_vocab_size
+from kaiyuan_recipes.export.temporary_dir import temporary_directory
 from kaiyuan_recipes.models.shape import SHAPE_FIELDS, ModelShape
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json")
@@ -231,16 +233,18 @@ def check_hf_vocab(hf_dir: Path) -> None:
                          "the tokenizer it was trained with (kaiyuan export hf --tokenizer DIR)")
 
 
-def as_hf_dir(model: Path, tokenizer_dir: Path | None = None) -> Path:
+@contextlib.contextmanager
+def as_hf_dir(model: Path, tokenizer_dir: Path | None = None) -> Iterator[Path]:
     """A HF directory as is (its vocabulary checked against its tokenizer's); a Megatron run / checkpoint exported
-    to a fresh temporary directory first."""
+    to a temporary directory first, removed when the block ends, however it ends (temporary_dir.py)."""
     model = Path(model)
     if not is_megatron_checkpoint(model):
         if not (model / "config.json").is_file():
             raise FileNotFoundError(f"{model}: neither a HF model directory (config.json) nor a Megatron checkpoint")
         check_hf_vocab(model)
-        return model
+        yield model
+        return
     from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
 
-    out = Path(tempfile.mkdtemp(prefix="kaiyuan-export-")) / (model.name or "model")
-    return export_hf(model, out, None, tokenizer_dir or default_tokenizer_dir())
+    with temporary_directory("kaiyuan-export-") as tmp:
+        yield export_hf(model, tmp / (model.name or "model"), None, tokenizer_dir or default_tokenizer_dir())
