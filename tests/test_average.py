@@ -49,6 +49,22 @@ def test_average_last_keeps_what_averaging_needs(run):
     assert [p.name for p in iteration_dirs(run / "checkpoints")] == ["iter_0000002", "iter_0000004", "iter_0000006"]
 
 
+def small_tokenizer(path):
+    """A byte-level BPE of a few hundred tokens, ending texts with <|endoftext|>: it fits this test model's
+    1,024-row vocabulary, which the bundled tokenizer (151,646 tokens) does not."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer, tokenizer.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    tokenizer.train_from_iterator(["the mean of two checkpoints"] * 4, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    path.mkdir()
+    tokenizer.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>",
+                                                            "tokenizer_class": "PreTrainedTokenizerFast"}))
+    return path
+
+
 def test_the_mean_of_two_checkpoints_is_their_tensor_by_tensor_mean_and_exports(run, tmp_path):
     rc, out, err = average_run(run, tmp_path / "avg", "--last", "2")
     assert rc == 0, err
@@ -70,12 +86,12 @@ def test_the_mean_of_two_checkpoints_is_their_tensor_by_tensor_mean_and_exports(
                                                           "run_config.yaml").read_text()
     hf = tmp_path / "avg_hf"
     proc = subprocess.run([sys.executable, "-m", "kaiyuan_recipes.cli.main", "export", "hf", str(tmp_path / "avg"),
-                           str(hf)], capture_output=True, text=True, timeout=600)
+                           str(hf), "--tokenizer", str(small_tokenizer(tmp_path / "tok"))],
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     from transformers import AutoModelForCausalLM
 
-    # pad_token_id: the bundled tokenizer's id lies beyond this test model's 1,024-token vocabulary
-    model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32, pad_token_id=None)
+    model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)
     embedding = next(v for k, v in mean.items() if k.endswith("word_embeddings.weight"))
     assert torch.equal(model.get_input_embeddings().weight, embedding.float())  # the export carries the average
     assert torch.isfinite(model(torch.tensor([[1, 2, 3]])).logits).all()

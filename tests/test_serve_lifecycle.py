@@ -2,6 +2,7 @@
 it starts is gone, and its port free, once stop_server returns. The control starts the server the way journey.sh
 did before (a backgrounded shell function), where stopping $! left the server running: the check must see that."""
 
+import json
 import os
 import subprocess
 import sys
@@ -83,3 +84,25 @@ def test_a_port_in_use_is_a_one_line_error(tiny_model):  # noqa: F811
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert done.stderr.strip() == f"kaiyuan: error: --host 127.0.0.1 --port {port}: cannot listen there: " \
                                   "Address already in use"
+
+
+def test_a_vocabulary_smaller_than_the_tokenizers_is_a_one_line_error(tmp_path):
+    """A folder exported by hand (or by an older version) whose config.json has fewer vocabulary rows than its
+    tokenizer has tokens: named with both sizes, not transformers' assertion deep in the model's construction."""
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+    from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
+
+    model = tmp_path / "hf"
+    Qwen3ForCausalLM(Qwen3Config(vocab_size=1024, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                                 max_position_embeddings=64)).save_pretrained(model)
+    AutoTokenizer.from_pretrained(str(default_tokenizer_dir())).save_pretrained(model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(config | {"eos_token_id": 151643, "pad_token_id": 151643}))
+    done = subprocess.run([sys.executable, "-m", "kaiyuan_recipes.cli.main", "serve", str(model), "--device", "cpu",
+                           "--port", str(free_port())], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kaiyuan: error: "), done.stderr
+    assert "vocab_size 1024 is smaller than its tokenizer's 151646 tokens" in lines[0]

@@ -17,7 +17,8 @@ def add_parser(sub: Any) -> None:
                     "the NeMo 2 environment), with --recipe")
     hf.add_argument("out", type=Path)
     hf.add_argument("--recipe",
-                    help="the recipe whose model.yaml to use (default: the shape recorded in the checkpoint)")
+                    help="the recipe whose model.yaml the checkpoint has (default: the shape recorded in the "
+                         "checkpoint; a recipe of another shape is refused)")
     hf.add_argument("--tokenizer", type=Path, help="tokenizer directory to ship (default: the bundled one)")
     hf.set_defaults(func=export_hf)
     mg = esub.add_parser("megatron", help="Hugging Face directory -> Megatron torch_dist checkpoint "

@@ -118,19 +118,20 @@ def _engine_and_app(args: Any, token: str | None) -> tuple[Any, Any]:
     from kaiyuan_recipes.serve.batch_decoder import Envelope
     from kaiyuan_recipes.serve.engine import DEFAULT_MAX_SEQ_LEN, GenerationEngine, JoinPolicy
 
-    hf_dir = as_hf_dir(args.model)
-    positions = getattr(AutoConfig.from_pretrained(str(hf_dir)), "max_position_embeddings", DEFAULT_MAX_SEQ_LEN)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    mode = args.decode_mode or ("compiled" if device.startswith("cuda") else "eager")
-    capture, compile_step = DECODE_MODES[mode]
-    if capture and not device.startswith("cuda"):
-        raise ValueError(f"--decode-mode {mode} needs a CUDA device (it captures CUDA graphs), got {device!r}")
-    envelope = Envelope(args.max_batch, args.max_seq_len or min(positions, DEFAULT_MAX_SEQ_LEN), capture,
-                        compile_step)
-    join = JoinPolicy(args.join_min_rows, args.join_max_wait_s)
-    # warms up in its worker; /health: when ready
-    dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
-    engine = GenerationEngine(hf_dir, device, envelope, join=join, max_queue=args.max_queue, dtype=dtype)
+    # a Megatron run is exported first, to a temporary directory that lives until the engine has loaded the model
+    with as_hf_dir(args.model) as hf_dir:
+        positions = getattr(AutoConfig.from_pretrained(str(hf_dir)), "max_position_embeddings", DEFAULT_MAX_SEQ_LEN)
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        mode = args.decode_mode or ("compiled" if device.startswith("cuda") else "eager")
+        capture, compile_step = DECODE_MODES[mode]
+        if capture and not device.startswith("cuda"):
+            raise ValueError(f"--decode-mode {mode} needs a CUDA device (it captures CUDA graphs), got {device!r}")
+        envelope = Envelope(args.max_batch, args.max_seq_len or min(positions, DEFAULT_MAX_SEQ_LEN), capture,
+                            compile_step)
+        join = JoinPolicy(args.join_min_rows, args.join_max_wait_s)
+        # warms up in its worker; /health: when ready
+        dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
+        engine = GenerationEngine(hf_dir, device, envelope, join=join, max_queue=args.max_queue, dtype=dtype)
     try:
         app = create_app(engine, token, args.max_body_bytes, model_name=args.model_name,
                          body_timeout_s=args.body_timeout_s, max_tokens=args.max_tokens)

@@ -150,12 +150,13 @@ def evaluate_models(models: list[Path], data: Path, out: Path, max_length: int =
     results, per_sample = {}, {}
     for k, model_dir in enumerate(models):
         name = Path(model_dir).name
-        model_dir = as_hf_dir(model_dir)  # a Megatron checkpoint is exported first
         if name in results:  # two checkpoints with the same directory name
             name = f"{name}#{k + 1}"
-        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-        dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(device).eval()
+        # a Megatron checkpoint is exported first, to a temporary directory that lives until the model is loaded
+        with as_hf_dir(model_dir) as hf_dir:
+            tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
+            dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+            model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=dtype).to(device).eval()
         rows = score(model, tokenizer, loaded.samples, max_length, batch_size, device, progress)
         results[name], per_sample[name] = aggregate(rows), rows
         del model

@@ -4,9 +4,10 @@ renamed when complete: an interrupted export leaves no half-written output."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
-import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,8 @@ from kaiyuan_recipes import fastpath
 from kaiyuan_recipes.atomic import atomic_directory
 from kaiyuan_recipes.config.run_layout import LATEST_ITERATION_FILE, RUN_CONFIG_FILE, RunLayout
 from kaiyuan_recipes.data.tokenizer import special_token_ids, tokenizer_vocab_size
-from kaiyuan_recipes.models.shape import ModelShape
+from kaiyuan_recipes.export.temporary_dir import temporary_directory
+from kaiyuan_recipes.models.shape import SHAPE_FIELDS, ModelShape
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json")
 
@@ -80,6 +82,47 @@ def checkpoint_shape(checkpoint: Path) -> ModelShape:
     return ModelShape.from_run_config(model)
 
 
+# The fields a --recipe shape must share with the checkpoint: all but the data's sequence length and the positions
+# the HF config states, which no weight depends on.
+RECIPE_CHECKED_FIELDS = tuple(f for f in SHAPE_FIELDS if f not in ("seq_length", "max_position_embeddings"))
+
+
+def shape_differences(expected: ModelShape, recorded: ModelShape) -> list[str]:
+    """`name expected (recipe) vs recorded (checkpoint)` for each field where the two differ; a field one of them
+    leaves unset reads as GPTModelProvider's default, MoE fields count only for a MoE model."""
+    import dataclasses
+
+    fastpath.prepare_megatron_bridge()
+    from megatron.bridge.models.gpt_provider import GPTModelProvider
+
+    defaults = {f.name: f.default for f in dataclasses.fields(GPTModelProvider) if f.default is not dataclasses.MISSING}
+    moe = bool(expected.get("num_moe_experts") or recorded.get("num_moe_experts"))
+    differ = []
+    for name in RECIPE_CHECKED_FIELDS:
+        if name.startswith("moe_") and not moe:
+            continue
+        ours, theirs = (shape.get(name, defaults.get(name)) for shape in (expected, recorded))
+        if name == "num_moe_experts":
+            ours, theirs = ours or None, theirs or None  # 0 and unset both mean dense
+        elif ours is None or theirs is None:
+            continue  # derived when unset (kv_channels, num_query_groups): the fields it derives from are compared
+        if ours != theirs:
+            differ.append(f"{name} {ours!r} (recipe) vs {theirs!r} (checkpoint)")
+    return differ
+
+
+def check_recipe_shape(checkpoint: Path, shape: ModelShape | dict[str, Any]) -> None:
+    """A recipe's shape given for a checkpoint that records its own must be that shape: the export would write
+    the recipe's config.json beside the checkpoint's weights."""
+    config_file, config = run_config(checkpoint)
+    if config is None:
+        return  # nothing recorded: the recipe is the only word on the shape
+    differ = shape_differences(ModelShape.of(shape), checkpoint_shape(checkpoint))
+    if differ:
+        raise ValueError(f"{config_file}: the checkpoint is not the recipe's model: {'; '.join(differ)}. Leave "
+                         "--recipe out to export the shape the checkpoint records")
+
+
 def require_torch_dist(checkpoint: Path) -> None:
     """The export reads torch_dist; say so plainly for a run saved otherwise (kaiyuan.zero_stage=2 saves
     Megatron-FSDP's fsdp_dtensor)."""
@@ -115,7 +158,14 @@ def bridge_for(shape: ModelShape | dict[str, Any], tokenizer_vocab: int | None =
     special: dict[str, int | None] = {}
     if tokenizer_dir is not None:
         tokenizer_vocab, special = tokenizer_vocab_size(tokenizer_dir), special_token_ids(Path(tokenizer_dir))
-    return AutoBridge.from_hf_config(ModelShape.of(shape).hf_config(tokenizer_vocab, **special))
+    shape = ModelShape.of(shape)
+    # Megatron pads the vocabulary up (make_vocab_size_divisible_by): more rows than tokens is normal, fewer is not
+    if tokenizer_vocab is not None and shape["vocab_size"] < tokenizer_vocab:
+        where = f" ({tokenizer_dir})" if tokenizer_dir is not None else ""
+        raise ValueError(f"the model's vocab_size {shape['vocab_size']} is smaller than the tokenizer's "
+                         f"{tokenizer_vocab} tokens{where}: its ids from {shape['vocab_size']} up would have no "
+                         "embedding row; give the tokenizer the model was trained with (--tokenizer DIR)")
+    return AutoBridge.from_hf_config(shape.hf_config(tokenizer_vocab, **special))
 
 
 def export_hf(checkpoint: Path, out: Path, shape: ModelShape | dict[str, Any] | None = None,
@@ -130,6 +180,8 @@ def export_hf(checkpoint: Path, out: Path, shape: ModelShape | dict[str, Any] | 
 
     ckpt = newest_iteration_dir(checkpoint)
     screen_pickles(ckpt)  # upstream's loader below unpickles without restriction: nothing else may be in it
+    if shape is not None:
+        check_recipe_shape(checkpoint, shape)
     ensure_single_process_group()
     shape = shape or checkpoint_shape(checkpoint)
     bridge = bridge_for(shape, tokenizer_dir=tokenizer_dir)
@@ -164,14 +216,35 @@ def is_megatron_checkpoint(path: Path) -> bool:
         or (path / LATEST_ITERATION_FILE).is_file())
 
 
-def as_hf_dir(model: Path, tokenizer_dir: Path | None = None) -> Path:
-    """A HF directory as is; a Megatron run / checkpoint exported to a fresh temporary directory first."""
+def check_hf_vocab(hf_dir: Path) -> None:
+    """config.json's vocab_size covers its tokenizer (tokenizer.json): a folder exported by hand or by an older
+    version may not, and transformers then fails deep in the model's construction."""
+    config, tokenizer = Path(hf_dir) / "config.json", Path(hf_dir) / "tokenizer.json"
+    try:
+        vocab = json.loads(config.read_text()).get("vocab_size")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        return  # not ours to judge here: transformers names a malformed config
+    if not isinstance(vocab, int) or not tokenizer.is_file():
+        return
+    tokens = tokenizer_vocab_size(hf_dir)
+    if vocab < tokens:
+        raise ValueError(f"{config}: vocab_size {vocab} is smaller than its tokenizer's {tokens} tokens "
+                         f"({tokenizer}): ids from {vocab} up have no embedding row; export the model again with "
+                         "the tokenizer it was trained with (kaiyuan export hf --tokenizer DIR)")
+
+
+@contextlib.contextmanager
+def as_hf_dir(model: Path, tokenizer_dir: Path | None = None) -> Iterator[Path]:
+    """A HF directory as is (its vocabulary checked against its tokenizer's); a Megatron run / checkpoint exported
+    to a temporary directory first, removed when the block ends, however it ends (temporary_dir.py)."""
     model = Path(model)
     if not is_megatron_checkpoint(model):
         if not (model / "config.json").is_file():
             raise FileNotFoundError(f"{model}: neither a HF model directory (config.json) nor a Megatron checkpoint")
-        return model
+        check_hf_vocab(model)
+        yield model
+        return
     from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
 
-    out = Path(tempfile.mkdtemp(prefix="kaiyuan-export-")) / (model.name or "model")
-    return export_hf(model, out, None, tokenizer_dir or default_tokenizer_dir())
+    with temporary_directory("kaiyuan-export-") as tmp:
+        yield export_hf(model, tmp / (model.name or "model"), None, tokenizer_dir or default_tokenizer_dir())
