@@ -67,7 +67,8 @@ def _console() -> Any:
     from rich.console import Console
 
     # Piped or captured: wide enough that keys and paths are not cut (a terminal keeps its own width).
-    return Console() if sys.stdout.isatty() else Console(width=160)
+    # Markup off: paths and tensor keys are the user's text, and `[/x]` in one would read as a closing tag.
+    return Console(markup=False) if sys.stdout.isatty() else Console(width=160, markup=False)
 
 
 def _table(title: str | None = None, *columns: str, **kw: Any) -> Any:

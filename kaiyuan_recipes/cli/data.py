@@ -122,7 +122,7 @@ def inspect(args: Any) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(markup=False)  # paths and documents are the user's text: `[/usr/bin]` is not markup
     for r in reports:
         table = Table(title=r["path"], show_header=False)
         for key in ("bytes", "rows", "row_groups", "schema", "nulls_from_metadata", "has_rank_column", "text_stats",

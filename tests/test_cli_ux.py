@@ -1,0 +1,33 @@
+"""The `kaiyuan` command's messages to a user: user text printed as is, one-line errors, help texts
+(a real subprocess, as a user runs it)."""
+
+import os
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+def kaiyuan(*args, cwd=None, env=None):
+    return subprocess.run([sys.executable, "-m", "kaiyuan_recipes.cli.main", *args], capture_output=True, text=True,
+                          timeout=300, cwd=cwd, env=env)
+
+
+MARKUP_LOOKALIKE = "see [/usr/bin] and [bold red]alert[/bold red]"
+
+
+def test_dry_run_table_prints_a_blend_path_in_brackets_as_is():
+    # a dry run writes nothing and reads no data: the prefix need not exist
+    out = kaiyuan("train", "gpt_smoke", "--dry-run", "kaiyuan.data=blend",
+                  "dataset.blend=[[/data/x/web_part-00000_text_document],null]")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "prefixes: ['/data/x/web_part-00000_text_document']" in out.stdout
+
+
+def test_data_inspect_prints_a_document_with_markup_lookalikes_as_is(tmp_path):
+    path = tmp_path / "doc.parquet"
+    pq.write_table(pa.table({"text": [MARKUP_LOOKALIKE]}), path)
+    out = kaiyuan("data", "inspect", str(path), env={**os.environ, "COLUMNS": "400"})  # no wrapped cells
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "[/usr/bin]" in out.stdout and "[bold red]alert[/bold red]" in out.stdout
