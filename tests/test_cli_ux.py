@@ -31,3 +31,12 @@ def test_data_inspect_prints_a_document_with_markup_lookalikes_as_is(tmp_path):
     out = kaiyuan("data", "inspect", str(path), env={**os.environ, "COLUMNS": "400"})  # no wrapped cells
     assert out.returncode == 0, out.stderr[-3000:]
     assert "[/usr/bin]" in out.stdout and "[bold red]alert[/bold red]" in out.stdout
+
+
+def test_export_into_an_existing_directory_is_one_error_line(tmp_path):
+    (tmp_path / "hf").mkdir()
+    out = kaiyuan("export", "hf", str(tmp_path / "run"), str(tmp_path / "hf"))
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert out.stderr.strip() == f"kaiyuan: error: {tmp_path / 'hf'}: exists; choose a new output directory"
+    out = kaiyuan("export", "megatron", str(tmp_path / "run"), str(tmp_path / "hf"), "--recipe", "gpt_smoke")
+    assert out.returncode == 2 and out.stderr.startswith("kaiyuan: error: ") and "Traceback" not in out.stderr

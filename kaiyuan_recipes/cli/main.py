@@ -45,8 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     quiet_upstream_noise()
     try:
         return int(args.func(args) or 0)
-    except (ValueError, KeyError, FileNotFoundError, RuntimeError) as err:  # incl. DownloadError, BadInputError
-        # Configuration and input errors: one clear line, no traceback.
+    except (ValueError, KeyError, FileNotFoundError, FileExistsError, RuntimeError) as err:
+        # Configuration and input errors (DownloadError, BadInputError; an output directory that already exists):
+        # one clear line, no traceback.
         print(f"kaiyuan: error: {err}", file=sys.stderr)
         return 2
 
