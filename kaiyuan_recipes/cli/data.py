@@ -65,7 +65,7 @@ def add_parser(sub: Any) -> None:
     cl.add_argument("--wait", action="store_true", help="with --slurm: return when the output is there")
     cl.set_defaults(func=clean)
     pl = dsub.add_parser("plan", help="resolve a category blend plan into per-source tokens, epochs and weights")
-    pl.add_argument("plan", type=Path)
+    pl.add_argument("plan", help="a plan shipped under recipes/plans/ by name (e.g. laoyao_moe_2b) or a YAML path")
     pl.add_argument("--out", type=Path, help="write the manifest JSON here")
     pl.set_defaults(func=plan)
     ix = dsub.add_parser("index", help="build a run's dataset indices ahead of its launch, on a CPU node")
@@ -205,9 +205,9 @@ def download(args: Any) -> int:
 
 
 def plan(args: Any) -> int:
-    from kaiyuan_recipes.data.blend import load_plan, plan_categories
+    from kaiyuan_recipes.data.blend import load_plan, plan_categories, plan_path
 
-    spec, sources = load_plan(args.plan)
+    spec, sources = load_plan(Path(args.plan) if Path(args.plan).is_file() else plan_path(args.plan))
     manifest = plan_categories(spec, sources)
     text = json.dumps(manifest, indent=2)
     if args.out:
