@@ -186,6 +186,20 @@ def test_stop_and_status_of_unknown_runs(tmp_path):
         stop(tmp_path / "nope")
     with pytest.raises(RunStateError, match="no run state"):
         status(tmp_path / "nope")
+    with pytest.raises(RunStateError, match=f"^{tmp_path / 'nope'}: no such run$"):
+        follow_log(tmp_path / "nope", False, None)
+    (tmp_path / "started").mkdir()
+    with pytest.raises(RunStateError, match="console.log: no log yet"):
+        follow_log(tmp_path / "started", False, None)
+
+
+def test_status_of_a_run_root_that_does_not_exist(tmp_path, capsys):
+    from kaiyuan_recipes.cli.main import main
+
+    assert main(["status", "--run-root", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"kaiyuan: error: {tmp_path / 'nowhere'}: the run root does not exist (--run-root)\n"
+    assert main(["status", "--run-root", str(tmp_path)]) == 0  # there, with no runs: nothing to list
 
 
 def test_cli_start_refuses_bad_config_before_launch(tmp_path):

@@ -144,6 +144,8 @@ def status(args: Any) -> int:
         run_dir = args.run_root / checked_run_name(args.run_name)
         print(dumps_record(with_plan(open_run(run_dir).status(), run_dir), ensure_ascii=False))
         return 0
+    if not args.run_root.is_dir():  # an empty listing would read as "no runs"
+        raise FileNotFoundError(f"{args.run_root}: the run root does not exist (--run-root)")
     failed = 0
     for run_dir in RunLayout.run_dirs_under(args.run_root):
         try:

@@ -289,6 +289,8 @@ class LocalRun(Run):
              stop_when_done: bool = True) -> None:
         out = sys.stdout if out is None else out
         log_path = self.layout.console_log
+        if not self.run_dir.is_dir():
+            raise RunStateError(f"{self.run_dir}: no such run")
         if not log_path.is_file():
             raise RunStateError(f"{log_path}: no log yet")
         with open(log_path, encoding="utf-8", errors="replace") as fh:
