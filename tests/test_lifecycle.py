@@ -405,3 +405,19 @@ def test_a_stop_right_after_start_reaches_the_run_and_leaves_nothing_running(tmp
     assert status(run)["state"] == "stopped" and (run / "run_state" / "exit.json").is_file()
     time.sleep(1)
     assert not [p for p, proc in processes().items() if str(run / "run_state") in " ".join(proc.argv)], pid
+
+
+def test_a_refused_foreground_train_says_only_why(tmp_path):
+    """`kaiyuan train` of a run that is running: the refusal, with no `launching:` / `log:` of a log never made."""
+    import subprocess
+
+    claim = LocalRun(tmp_path / "gpt_smoke").prepare_state([sys.executable, "-c", "pass"], {})  # this test holds it
+    try:
+        out = subprocess.run([sys.executable, "-m", "kaiyuan_recipes.cli.main", "train", "gpt_smoke",
+                              f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=mock"],
+                             capture_output=True, text=True, timeout=300)
+    finally:
+        os.close(claim.fd)
+    assert out.returncode == 2 and "run 'gpt_smoke' is already running" in out.stderr, out.stderr[-2000:]
+    assert "launching:" not in out.stdout and "log:" not in out.stdout, out.stdout
+    assert not list((tmp_path / "gpt_smoke" / "logs").glob("train-*.log"))

@@ -82,10 +82,10 @@ def run(args: Any) -> int:
     if getattr(args, "verbose", False):
         os.environ[VERBOSE_ENV] = "1"  # the ranks inherit it (training/run_logging.py)
     log_path = settings.layout.logs / f"train-{time.strftime('%Y%m%d-%H%M%S')}.log"
-    print(f"launching: {summary['launch_command']}\nlog: {log_path}", flush=True)
     # SIGTERM -> the ranks save a checkpoint and exit; run_state/ records it for `kaiyuan status`
     code = run_in_foreground(settings.run_dir, argv, log_path,
-                             {"recipe": args.recipe, "train_iters": cfg.train.train_iters, "foreground": True})
+                             {"recipe": args.recipe, "train_iters": cfg.train.train_iters, "foreground": True},
+                             announce=f"launching: {summary['launch_command']}\nlog: {log_path}")
     # This process imported Megatron to resolve the config, and tearing that down takes seconds, during which the
     # run still counts as alive (a stop waits, a new start is refused): the run is over and recorded, so leave now.
     sys.stdout.flush()
