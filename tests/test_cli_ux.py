@@ -40,3 +40,16 @@ def test_export_into_an_existing_directory_is_one_error_line(tmp_path):
     assert out.stderr.strip() == f"kaiyuan: error: {tmp_path / 'hf'}: exists; choose a new output directory"
     out = kaiyuan("export", "megatron", str(tmp_path / "run"), str(tmp_path / "hf"), "--recipe", "gpt_smoke")
     assert out.returncode == 2 and out.stderr.startswith("kaiyuan: error: ") and "Traceback" not in out.stderr
+
+
+def test_an_override_without_a_value_after_an_option_is_named():
+    out = kaiyuan("train", "gpt_smoke", "--dry-run", "train.train_iters")
+    assert out.returncode == 2
+    assert out.stderr == "kaiyuan: error: override 'train.train_iters': expected section.field=value\n"
+    out = kaiyuan("train", "gpt_smoke", "--dry-run", "--bogus")
+    assert out.returncode == 2 and "unrecognized arguments: --bogus" in out.stderr
+
+
+def test_start_dry_run_on_this_node_points_to_train_dry_run():
+    out = kaiyuan("start", "gpt_smoke", "r1", "--dry-run")
+    assert out.returncode == 2 and "kaiyuan train gpt_smoke --dry-run" in out.stderr, out.stderr

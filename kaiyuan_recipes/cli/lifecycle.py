@@ -62,7 +62,8 @@ def start(args: Any) -> int:
         raise ValueError("--slurm and --hosts: choose one back-end")
     if not (args.slurm or args.hosts):
         if args.dry_run:
-            raise ValueError("--dry-run: only with --slurm (it prints the sbatch script) or --hosts")
+            raise ValueError(f"--dry-run: only with --slurm (it prints the sbatch script) or --hosts; for this node: "
+                             f"kaiyuan train {args.recipe} --dry-run")
         return start_here(args, overrides)
     # Bad input fails here, before anything starts. Launching elsewhere (Slurm, SSH), this host does not train:
     # the layer spec and fast path are decided on the training node (its rank 0 writes them to the run's plan).
