@@ -53,3 +53,24 @@ def test_an_override_without_a_value_after_an_option_is_named():
 def test_start_dry_run_on_this_node_points_to_train_dry_run():
     out = kaiyuan("start", "gpt_smoke", "r1", "--dry-run")
     assert out.returncode == 2 and "kaiyuan train gpt_smoke --dry-run" in out.stderr, out.stderr
+
+
+def test_every_argument_of_every_command_has_help():
+    import argparse
+
+    from kaiyuan_recipes.cli.main import build_parser
+
+    missing = []
+
+    def walk(parser, path):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, child in action.choices.items():
+                    walk(child, f"{path} {name}")
+            elif not isinstance(action, (argparse._HelpAction, argparse._VersionAction)) and not action.help:
+                missing.append(f"{path} {'/'.join(action.option_strings) or action.dest}")
+
+    walk(build_parser(), "kaiyuan")
+    assert not missing, missing
+    heldout = kaiyuan("data", "heldout", "--help").stdout
+    assert "JSONL" in heldout and "english_dialogue" in heldout and "(default 400)" in heldout

@@ -54,7 +54,7 @@ def test_bad_heldout_lines_are_all_reported(tmp_path):
     text = str(err.value)
     assert "line 4: dimension 'poetry'" in text and "line 6: 'completion' missing" in text
     assert "line 29: not JSON" in text and "line 30: 'choices' must be a list" in text
-    assert "dimension 'science_reasoning': 3 samples, expected 4" in text
+    assert "dimension 'science_reasoning': 3 samples, expected 4 (--per-dimension)" in text
 
 
 def test_empty_heldout_file(tmp_path):

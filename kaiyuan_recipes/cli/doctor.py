@@ -14,7 +14,7 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("doctor", help="the detected stack, whether it is tested, what `auto` picks here (exit 1 if "
                                       "untested)")
     p.add_argument("--recipe", default="gpt_smoke", help="recipe whose `auto` plan to resolve (default gpt_smoke)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=doctor)
 
 

@@ -21,9 +21,9 @@ from kaiyuan_recipes.training.validate import validate
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("train", help="train a recipe on this node with torchrun")
-    p.add_argument("recipe")
+    p.add_argument("recipe", help="a recipe under recipes/ (kaiyuan models list), e.g. gpt_smoke")
     p.add_argument("overrides", nargs="*", help="section.field=value (Hydra syntax)")
-    p.add_argument("--nproc-per-node", type=int, default=1)
+    p.add_argument("--nproc-per-node", type=int, default=1, help="ranks (GPUs) on this node (default 1)")
     p.add_argument("--dry-run", action="store_true", help="resolve and print the plan; launch nothing")
     p.add_argument("--json", action="store_true", help="with --dry-run: print the plan as JSON")
     p.add_argument("--phase", type=int,
@@ -32,8 +32,8 @@ def add_parser(sub: Any) -> None:
                    help="every upstream log record on the console too (KAIYUAN_VERBOSE=1); always in logs/")
     p.set_defaults(func=run)
     pl = sub.add_parser("plot", help="PNGs of loss, LR, throughput and grad norm from runs' TensorBoard logs")
-    pl.add_argument("run_dirs", nargs="+", type=Path)
-    pl.add_argument("--out", type=Path, default=Path("plots"))
+    pl.add_argument("run_dirs", nargs="+", type=Path, help="run directories (their tb_logs/); several: drawn together")
+    pl.add_argument("--out", type=Path, default=Path("plots"), help="directory for the PNGs (default ./plots)")
     pl.set_defaults(func=plot)
 
 
