@@ -251,3 +251,18 @@ def test_blend_weights_that_are_not_positive_numbers_fail_the_dry_run(capsys, fi
     rc = main(["train", "gpt_smoke", "--dry-run", "--json", "kaiyuan.data=blend", f"{field}={value}"])
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith(f"kaiyuan: error: {message}") and len(err.strip().splitlines()) == 1, err
+
+
+def test_data_plan_takes_a_shipped_plan_by_name(tmp_path, monkeypatch, capsys):
+    from kaiyuan_recipes.cli.main import main as kaiyuan
+
+    for name, tokens in PLENTY.items():
+        fake_output_dir(tmp_path / "tokenized" / name, tokens)
+    monkeypatch.setenv("LAOYAO_DATA", str(tmp_path / "tokenized"))
+    monkeypatch.chdir(tmp_path)
+    assert kaiyuan(["data", "plan", "laoyao_moe_2b", "--out", "plan.json"]) == 0, capsys.readouterr().err
+    manifest = json.loads((tmp_path / "plan.json").read_text())
+    assert [c["name"] for c in manifest["categories"]][:2] == ["english_web", "english_edu"]
+    assert all(p.startswith(str(tmp_path / "tokenized")) for p in manifest["blend"]["prefixes"])
+    assert kaiyuan(["data", "plan", "laoyao_moe_3b"]) == 2
+    assert "unknown plan 'laoyao_moe_3b'; known: laoyao_moe_2b" in capsys.readouterr().err

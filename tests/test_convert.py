@@ -92,6 +92,24 @@ def test_rerun_skips_finished_and_redoes_stale(tmp_path, tokenizer_dir):
     assert len(read_back(tmp_path / "out" / "phase1_part-00001_text_document")) == 2
 
 
+def test_a_relative_and_an_absolute_spelling_of_the_input_are_one_input(tmp_path, tokenizer_dir, monkeypatch):
+    write_parquet(tmp_path / "in" / "a.parquet", ["one", "two"])
+    write_parquet(tmp_path / "in" / "b.parquet", ["three"])
+    monkeypatch.chdir(tmp_path)
+    first = convert_directory(options(tmp_path, tokenizer_dir, input_dir=Path("in")), show_progress=False)
+    assert first["converted"] == 2
+    for spelling in (tmp_path / "in", Path("in"), Path("./in/../in")):
+        again = convert_directory(options(tmp_path, tokenizer_dir, input_dir=spelling), show_progress=False)
+        assert (again["converted"], again["up_to_date"]) == (0, 2), spelling
+    # a manifest written before inputs were recorded absolute holds them as spelled: still up to date
+    manifest = json.loads((tmp_path / "out" / MANIFEST).read_text())
+    for entry in manifest["shards"].values():
+        entry["input"] = str(Path(entry["input"]).relative_to(tmp_path))
+    (tmp_path / "out" / MANIFEST).write_text(json.dumps(manifest))
+    again = convert_directory(options(tmp_path, tokenizer_dir), show_progress=False)
+    assert (again["converted"], again["up_to_date"]) == (0, 2)
+
+
 def test_a_deleted_input_takes_its_shard_with_it_and_a_new_text_key_reconverts(tmp_path, tokenizer_dir):
     """Stale output never survives a rerun: the shard of a deleted input leaves disk and manifest (a blend of the
     directory would read its documents twice), and another --text-key is not 'up to date'."""

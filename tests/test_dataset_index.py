@@ -181,3 +181,15 @@ def test_a_truncated_index_file_is_swept_so_megatron_rebuilds_it(sources, tmp_pa
     (train, _, _), records, _ = training_set_up(with_phase(1, overrides))
     assert "Build and save the GPTDataset train indices" in records
     assert shuffle.stat().st_size == whole and sweep_incomplete(cache) == []
+
+
+def test_a_blend_without_weights_is_indexed_one_epoch_per_source(sources, tmp_path, capfd):
+    # dataset.blend=[[A,B],null]: megatron-core indexes each source for one epoch (num_samples None)
+    prefixes = ",".join(str(next(sources[name].glob("*.idx")).with_suffix("")) for name in ("en_jargon", "zh_poems"))
+    # a short sequence, so the small corpus's validation split holds a sample of each source
+    assert kaiyuan(["data", "index", "gpt_smoke", "kaiyuan.data=blend", f"dataset.blend=[[{prefixes}],null]",
+                    f"kaiyuan.run_root={tmp_path / 'runs'}", f"kaiyuan.tokenizer={default_tokenizer_dir()}",
+                    "train.train_iters=10", "dataset.seq_length=256", "model.seq_length=256"]) == 0
+    out = capfd.readouterr().out
+    assert f"building [train 1/2] {sources['en_jargon']}" in out and ": one epoch over " in out, out
+    assert "built " in out, out

@@ -111,3 +111,29 @@ def test_a_requested_phase_with_no_files_is_an_error_naming_it(hub, tmp_path):
     with pytest.raises(DownloadError, match="phase\\(s\\) 4, 5 have no files"):
         download_phases(tmp_path, [1, 2, 3, 4, 5], repo_id=REPO, endpoint=hub.url, show_progress=False)
     assert not list(tmp_path.rglob("*.parquet"))
+
+
+def test_an_unreachable_endpoint_is_one_line_naming_it(tmp_path, monkeypatch, capsys):
+    import socket
+
+    from kaiyuan_recipes.cli.main import main as kaiyuan
+
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    assert kaiyuan(["data", "download", "--phases", "1", "--dest", str(tmp_path / "d"), "--repo-id", REPO]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kaiyuan: error: http://127.0.0.1:{port}: listing the files of {REPO}@main failed: ")
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_a_file_the_hub_refuses_is_named_with_the_endpoint(hub, tmp_path):
+    def not_found(handler, body):
+        handler.send_response(404)
+        handler.send_header("X-Error-Code", "EntryNotFound")
+        handler.end_headers()
+
+    hub._resolve = not_found  # the listing names the files, their downloads fail
+    with pytest.raises(DownloadError, match=f"^{hub.url}: downloading {REPO}/phase3/part-000.parquet failed: "):
+        download_phases(tmp_path, [3], repo_id=REPO, endpoint=hub.url, show_progress=False)

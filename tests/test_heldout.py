@@ -54,7 +54,7 @@ def test_bad_heldout_lines_are_all_reported(tmp_path):
     text = str(err.value)
     assert "line 4: dimension 'poetry'" in text and "line 6: 'completion' missing" in text
     assert "line 29: not JSON" in text and "line 30: 'choices' must be a list" in text
-    assert "dimension 'science_reasoning': 3 samples, expected 4" in text
+    assert "dimension 'science_reasoning': 3 samples, expected 4 (--per-dimension)" in text
 
 
 def test_empty_heldout_file(tmp_path):
@@ -91,3 +91,17 @@ def test_a_non_utf8_heldout_line_names_file_and_line(tmp_path):
     path.write_bytes(b'{"dimension": "math", "prompt": "a", "completion": "b"}\n{"prompt": "\xff\xfe"}\n')
     with pytest.raises(HeldoutError, match=r"h.jsonl: line 2: not UTF-8"):
         read_heldout(path, per_dimension=1)
+
+
+def test_a_line_with_two_problems_is_one_skipped_line(tmp_path):
+    from kaiyuan_recipes.data.heldout_scoring import load_samples
+
+    path = tmp_path / "h.jsonl"
+    path.write_text("\n".join([json.dumps({"dimension": "math", "prompt": "1+1=", "completion": " 2"}),
+                               json.dumps({"dimension": "math", "prompt": "p", "choices": [" a"], "answer": 0}),
+                               "{oops"]) + "\n")
+    report = load_samples(path)
+    assert len(report.samples) == 1
+    assert len(report.problems) == 2, report.problems  # what `kaiyuan eval heldout` counts as skipped lines
+    assert report.problems[0].startswith("line 2: 'completion' missing or empty; 'choices' must be a list")
+    assert report.problems[1].startswith("line 3: not JSON")

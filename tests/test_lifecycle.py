@@ -186,6 +186,20 @@ def test_stop_and_status_of_unknown_runs(tmp_path):
         stop(tmp_path / "nope")
     with pytest.raises(RunStateError, match="no run state"):
         status(tmp_path / "nope")
+    with pytest.raises(RunStateError, match=f"^{tmp_path / 'nope'}: no such run$"):
+        follow_log(tmp_path / "nope", False, None)
+    (tmp_path / "started").mkdir()
+    with pytest.raises(RunStateError, match="console.log: no log yet"):
+        follow_log(tmp_path / "started", False, None)
+
+
+def test_status_of_a_run_root_that_does_not_exist(tmp_path, capsys):
+    from kaiyuan_recipes.cli.main import main
+
+    assert main(["status", "--run-root", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"kaiyuan: error: {tmp_path / 'nowhere'}: the run root does not exist (--run-root)\n"
+    assert main(["status", "--run-root", str(tmp_path)]) == 0  # there, with no runs: nothing to list
 
 
 def test_cli_start_refuses_bad_config_before_launch(tmp_path):
@@ -391,3 +405,19 @@ def test_a_stop_right_after_start_reaches_the_run_and_leaves_nothing_running(tmp
     assert status(run)["state"] == "stopped" and (run / "run_state" / "exit.json").is_file()
     time.sleep(1)
     assert not [p for p, proc in processes().items() if str(run / "run_state") in " ".join(proc.argv)], pid
+
+
+def test_a_refused_foreground_train_says_only_why(tmp_path):
+    """`kaiyuan train` of a run that is running: the refusal, with no `launching:` / `log:` of a log never made."""
+    import subprocess
+
+    claim = LocalRun(tmp_path / "gpt_smoke").prepare_state([sys.executable, "-c", "pass"], {})  # this test holds it
+    try:
+        out = subprocess.run([sys.executable, "-m", "kaiyuan_recipes.cli.main", "train", "gpt_smoke",
+                              f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=mock"],
+                             capture_output=True, text=True, timeout=300)
+    finally:
+        os.close(claim.fd)
+    assert out.returncode == 2 and "run 'gpt_smoke' is already running" in out.stderr, out.stderr[-2000:]
+    assert "launching:" not in out.stdout and "log:" not in out.stdout, out.stdout
+    assert not list((tmp_path / "gpt_smoke" / "logs").glob("train-*.log"))

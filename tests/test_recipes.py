@@ -56,7 +56,8 @@ def test_overrides_reach_the_container(tmp_path):
         ("train.train_iter=5", "unknown override key 'train.train_iter'; closest valid key: train.train_iters"),
         ("kaiyuan.zero_stag=1", "closest valid key: kaiyuan.zero_stage"),
         ("modle.num_layers=2", "closest valid key: model.num_layers"),
-        ("model.num_layers=abc", "expected a int"),
+        ("model.num_layers=abc", "model.num_layers='abc': expected an integer"),
+        ("optimizer.lr=fast", "optimizer.lr='fast': expected a number"),
         ("train.train_iters", "expected section.field=value"),
     ],
 )

@@ -14,7 +14,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--last", type=int, required=True, help="how many of the newest checkpoints")
     p.add_argument("--weights", type=_weights, help="comma-separated, one per checkpoint, oldest first "
                                                     "(normalised; default equal)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=average)
 
 

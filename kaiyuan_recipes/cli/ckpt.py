@@ -15,23 +15,23 @@ def add_parser(sub: Any) -> None:
     csub = ck.add_subparsers(dest="ckpt_cmd", required=True)
     ls = csub.add_parser("ls", help="a run's saved iterations: size, time, samples, optimizer, latest, keep-last-K")
     ls.add_argument("run", type=Path, help="run directory or its checkpoints/ folder")
-    ls.add_argument("--json", action="store_true")
+    ls.add_argument("--json", action="store_true", help="print the report as JSON")
     ls.set_defaults(func=ls_cmd)
     ins = csub.add_parser("inspect", help="recipe, shape, knobs, tensors by module, parallel layout, load targets")
     ins.add_argument("ckpt", type=Path, help="an iter_* directory, or a run (the iteration its tracker names)")
     ins.add_argument("--tensors", metavar="PATTERN",
                      help="list tensors whose key matches (glob; plain text: substring)")
-    ins.add_argument("--json", action="store_true")
+    ins.add_argument("--json", action="store_true", help="print the report as JSON")
     ins.set_defaults(func=inspect_cmd)
     ve = csub.add_parser("verify", help="every shard file present and complete, every tensor loadable (exit 1 if not)")
     ve.add_argument("ckpt", type=Path, help="an iter_* directory, or a run (the iteration its tracker names)")
-    ve.add_argument("--json", action="store_true")
+    ve.add_argument("--json", action="store_true", help="print the report as JSON")
     ve.set_defaults(func=verify_cmd)
     di = csub.add_parser("diff", help="per-tensor max |Δ| and relative norm, grouped (exit 1 if they differ)")
     di.add_argument("a", type=Path, help="the reference checkpoint (‖A‖ in the relative norm)")
     di.add_argument("b", type=Path, help="the one compared with it (any DP chunking)")
     di.add_argument("--top", type=int, default=20, help="differing tensors to list (default 20; --json lists all)")
-    di.add_argument("--json", action="store_true")
+    di.add_argument("--json", action="store_true", help="print the report as JSON")
     di.set_defaults(func=diff_cmd)
 
 
@@ -67,7 +67,8 @@ def _console() -> Any:
     from rich.console import Console
 
     # Piped or captured: wide enough that keys and paths are not cut (a terminal keeps its own width).
-    return Console() if sys.stdout.isatty() else Console(width=160)
+    # Markup off: paths and tensor keys are the user's text, and `[/x]` in one would read as a closing tag.
+    return Console(markup=False) if sys.stdout.isatty() else Console(width=160, markup=False)
 
 
 def _table(title: str | None = None, *columns: str, **kw: Any) -> Any:

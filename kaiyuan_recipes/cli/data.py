@@ -8,78 +8,89 @@ from typing import Any
 
 
 def add_parser(sub: Any) -> None:
+    from kaiyuan_recipes.data.heldout import DIMENSIONS, PER_DIMENSION
+
     tok = sub.add_parser("tokenizer", help="the Kaiyuan tokenizer")
     tsub = tok.add_subparsers(dest="tokenizer_cmd", required=True)
     m = tsub.add_parser("materialize", help="write the Qwen2 BPE tokenizer files (offline)")
-    m.add_argument("dir", type=Path)
+    m.add_argument("dir", type=Path, help="directory to write the tokenizer files into")
     m.set_defaults(func=materialize)
     c = tsub.add_parser("check", help="check a tokenizer directory (and its tokenizer.json sha256)")
-    c.add_argument("dir", type=Path)
-    c.add_argument("--sha256")
+    c.add_argument("dir", type=Path, help="a Hugging Face tokenizer directory (with tokenizer.json)")
+    c.add_argument("--sha256", help="the sha256 tokenizer.json must have")
     c.set_defaults(func=check)
 
     data = sub.add_parser("data", help="data pipeline: download, inspect, clean, plan, convert, index")
     dsub = data.add_subparsers(dest="data_cmd", required=True)
     i = dsub.add_parser("inspect", help="schema, rows, text statistics, a sample row; a cleaned directory's manifest")
-    i.add_argument("paths", nargs="+", type=Path)
-    i.add_argument("--text-key", default="text")
+    i.add_argument("paths", nargs="+", type=Path, help="parquet files, or directories `kaiyuan data clean` wrote")
+    i.add_argument("--text-key", default="text", help="the column whose text statistics to report (default text)")
     i.add_argument("--full", action="store_true", help="read every row for the text statistics")
-    i.add_argument("--json", action="store_true")
+    i.add_argument("--json", action="store_true", help="print the reports as JSON instead of tables")
     i.set_defaults(func=inspect)
     cv = dsub.add_parser("convert", help="parquet -> Megatron .bin/.idx")
-    cv.add_argument("--input-dir", type=Path, required=True)
-    cv.add_argument("--output-dir", type=Path, required=True)
+    cv.add_argument("--input-dir", type=Path, required=True, help="directory of *.parquet files (searched recursively)")
+    cv.add_argument("--output-dir", type=Path, required=True,
+                    help="where the .bin/.idx shards and manifest.json go (a re-run converts only what changed)")
     cv.add_argument("--tokenizer", type=Path, help="tokenizer directory (default: the bundled Qwen2 BPE)")
-    cv.add_argument("--tokenizer-sha256")
-    cv.add_argument("--text-key", default="text")
+    cv.add_argument("--tokenizer-sha256", help="the sha256 the tokenizer's tokenizer.json must have")
+    cv.add_argument("--text-key", default="text", help="the parquet column holding the document text (default text)")
     cv.add_argument("--rank-key", default="rank",
                     help="numeric column kept per document beside each shard when present (ordered phases' by_rank)")
-    cv.add_argument("--output-prefix", required=True)
+    cv.add_argument("--output-prefix", required=True,
+                    help="shard names: PREFIX_part-NNNNN_text_document.bin/.idx, one per input file")
     cv.add_argument("--num-shards", type=int, default=0, help="files converted at once (0: sized to the cores)")
     cv.add_argument("--workers-per-shard", type=int, default=0,
                     help="tokenizer threads per file (0: sized to the cores)")
-    cv.add_argument("--batch-size", type=int, default=1000)
-    cv.add_argument("--on-bad-row", choices=("error", "skip"), default="error")
+    cv.add_argument("--batch-size", type=int, default=1000, help="rows read and tokenized at a time (default 1000)")
+    cv.add_argument("--on-bad-row", choices=("error", "skip"), default="error",
+                    help="a row without usable text: stop naming its file and row (error, the default), or skip it "
+                         "and report the count")
     cv.set_defaults(func=convert)
     dl = dsub.add_parser("download", help="download Kaiyuan-2B phases from the hub (HF_ENDPOINT mirrors, HF_TOKEN)")
     dl.add_argument("--phases", default="1-5", help="e.g. 1-5 or 1,3")
-    dl.add_argument("--dest", type=Path, required=True)
-    dl.add_argument("--repo-id", default=None)
-    dl.add_argument("--revision", default=None)
+    dl.add_argument("--dest", type=Path, required=True, help="local directory for the files (a re-run resumes)")
+    dl.add_argument("--repo-id", default=None, help="the hub dataset repository (default: the Kaiyuan-2B one)")
+    dl.add_argument("--revision", default=None, help="branch, tag or commit of the repository (default main)")
     dl.add_argument("--pattern", default=None, help="files of phase {n}, fnmatch (default: *phase{n}/*)")
     dl.set_defaults(func=download)
     cl = dsub.add_parser("clean", help="deduplicate and quality-filter parquet with datatrove (docs/data.md)")
-    cl.add_argument("--input-dir", type=Path, required=True)
+    cl.add_argument("--input-dir", type=Path, required=True, help="directory of *.parquet files")
     cl.add_argument("--output-dir", type=Path, required=True, help="new or empty; appears whole when the run ends")
     cl.add_argument("--config", help="recipes/cleaning/NAME.yaml by name (web, edu, chinese, code) or a YAML path "
                     "(default: web)")
-    cl.add_argument("--text-key", default="text")
+    cl.add_argument("--text-key", default="text", help="the parquet column holding the document text (default text)")
     cl.add_argument("--workers", type=int, default=0, help="tasks run at once, locally (0: one per core)")
     cl.add_argument("--sample-removed", type=int, default=0, metavar="N",
                     help="write N removed documents per step to OUTPUT/removed_samples/STEP.jsonl")
     cl.add_argument("--slurm", action="store_true", help="submit the stages as Slurm job arrays")
     cl.add_argument("--partition", help="Slurm partition (with --slurm)")
     cl.add_argument("--time", default="24:00:00", help="Slurm time limit per job")
-    cl.add_argument("--cpus-per-task", type=int, default=1)
-    cl.add_argument("--mem-per-cpu-gb", type=int, default=2)
+    cl.add_argument("--cpus-per-task", type=int, default=1, help="with --slurm: CPUs per task (default 1)")
+    cl.add_argument("--mem-per-cpu-gb", type=int, default=2, help="with --slurm: memory per CPU in GB (default 2)")
     cl.add_argument("--wait", action="store_true", help="with --slurm: return when the output is there")
     cl.set_defaults(func=clean)
     pl = dsub.add_parser("plan", help="resolve a category blend plan into per-source tokens, epochs and weights")
-    pl.add_argument("plan", type=Path)
+    pl.add_argument("plan", help="a plan shipped under recipes/plans/ by name (e.g. laoyao_moe_2b) or a YAML path")
     pl.add_argument("--out", type=Path, help="write the manifest JSON here")
     pl.set_defaults(func=plan)
     ix = dsub.add_parser("index", help="build a run's dataset indices ahead of its launch, on a CPU node")
-    ix.add_argument("recipe")
+    ix.add_argument("recipe", help="the recipe the run trains, as for `kaiyuan train`")
     ix.add_argument("overrides", nargs="*", help="section.field=value, as for `kaiyuan train`")
     ix.add_argument("--phase", type=int, help="phase N of kaiyuan.curriculum (default kaiyuan_2b), as for train")
     ix.add_argument("--world-size", type=int, default=1,
                     help="the run's GPUs in all, for the config checks (the indices do not depend on it)")
     ix.set_defaults(func=index)
     ho = dsub.add_parser("heldout", help="held-out set -> validation prefix + prompt/completion jsonl")
-    ho.add_argument("jsonl", type=Path)
-    ho.add_argument("--output-dir", type=Path, required=True)
-    ho.add_argument("--tokenizer", type=Path)
-    ho.add_argument("--per-dimension", type=int, default=400)
+    ho.add_argument("jsonl", type=Path,
+                    help="JSONL, one sample per line: {dimension, prompt, completion, optional choices (a list of 2+ "
+                         "strings) and answer (the right choice's index)}; dimension one of " + ", ".join(DIMENSIONS)
+                         + f"; exactly --per-dimension (default {PER_DIMENSION}) samples of each")
+    ho.add_argument("--output-dir", type=Path, required=True,
+                    help="where the validation prefix (megatron/) and the prompt/completion jsonl go")
+    ho.add_argument("--tokenizer", type=Path, help="tokenizer directory (default: the bundled Qwen2 BPE)")
+    ho.add_argument("--per-dimension", type=int, default=PER_DIMENSION,
+                    help=f"samples each dimension must have (default {PER_DIMENSION})")
     ho.set_defaults(func=heldout)
 
 
@@ -122,7 +133,7 @@ def inspect(args: Any) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(markup=False)  # paths and documents are the user's text: `[/usr/bin]` is not markup
     for r in reports:
         table = Table(title=r["path"], show_header=False)
         for key in ("bytes", "rows", "row_groups", "schema", "nulls_from_metadata", "has_rank_column", "text_stats",
@@ -205,9 +216,9 @@ def download(args: Any) -> int:
 
 
 def plan(args: Any) -> int:
-    from kaiyuan_recipes.data.blend import load_plan, plan_categories
+    from kaiyuan_recipes.data.blend import load_plan, plan_categories, plan_path
 
-    spec, sources = load_plan(args.plan)
+    spec, sources = load_plan(Path(args.plan) if Path(args.plan).is_file() else plan_path(args.plan))
     manifest = plan_categories(spec, sources)
     text = json.dumps(manifest, indent=2)
     if args.out:

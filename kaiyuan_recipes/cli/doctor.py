@@ -14,7 +14,7 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("doctor", help="the detected stack, whether it is tested, what `auto` picks here (exit 1 if "
                                       "untested)")
     p.add_argument("--recipe", default="gpt_smoke", help="recipe whose `auto` plan to resolve (default gpt_smoke)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=doctor)
 
 
@@ -36,12 +36,13 @@ def _mark(flag: bool | None) -> str:
 
 def render(report: Any, console: Any = None) -> None:
     from rich.console import Console
+    from rich.markup import escape  # this table uses markup; paths and error text are escaped
     from rich.table import Table
 
     console = console or Console(width=120)
     v = report.packages
     stack = Table(title="kaiyuan doctor: stack", show_header=False)
-    stack.add_row("python", f"{report.python} ({report.executable})")
+    stack.add_row("python", f"{report.python} ({escape(str(report.executable))})")
     stack.add_row("torch", f"{v['torch'] or 'not installed'}, CUDA {report.torch_cuda or '-'}")
     stack.add_row("GPUs", f"{len(report.gpus)}: {', '.join(report.gpus)}" if report.gpus else "none visible to torch")
     te = v["transformer-engine"]
@@ -68,7 +69,7 @@ def render(report: Any, console: Any = None) -> None:
     if auto is None:
         console.print("`auto` plan: not resolved (needs megatron-bridge: the Bridge environment, `make env`)")
     elif auto.error:
-        console.print(f"[red]`auto` plan for {auto.recipe}: the dry build failed[/]: {auto.error}")
+        console.print(f"[red]`auto` plan for {auto.recipe}: the dry build failed[/]: {escape(str(auto.error))}")
     else:
         plan = Table(title=f"what `auto` picks here ({auto.recipe}, dry build)")
         plan.add_column("piece")

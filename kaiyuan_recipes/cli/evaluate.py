@@ -14,10 +14,12 @@ def add_parser(sub: Any) -> None:
     h.add_argument("--model", type=Path, action="append", required=True,
                    help="HF model directory or Megatron run/checkpoint (exported first); repeat to compare")
     h.add_argument("--data", type=Path, required=True, help="prompt/completion jsonl (`kaiyuan data heldout`)")
-    h.add_argument("--out", type=Path, required=True)
-    h.add_argument("--max-length", type=int, default=2048)
-    h.add_argument("--batch-size", type=int, default=8)
-    h.add_argument("--device", default="cpu")
+    h.add_argument("--out", type=Path, required=True,
+                   help="directory for results.json, results.md and bits_per_byte.png")
+    h.add_argument("--max-length", type=int, default=2048,
+                   help="tokens per sample; a longer one loses its prompt's start (default 2048)")
+    h.add_argument("--batch-size", type=int, default=8, help="samples scored at once (default 8)")
+    h.add_argument("--device", default="cpu", help="torch device, e.g. cuda or cuda:1 (default cpu)")
     h.set_defaults(func=heldout)
 
 

@@ -15,7 +15,7 @@ def add_parser(sub: Any) -> None:
     hf.add_argument("checkpoint", type=Path, help="a run directory, its checkpoints/ or an iter_* directory; or the "
                     ".safetensors file of a NeMo 2 checkpoint's weights (python -m kaiyuan_recipes.nemo2.weights, in "
                     "the NeMo 2 environment), with --recipe")
-    hf.add_argument("out", type=Path)
+    hf.add_argument("out", type=Path, help="the new Hugging Face directory (must not exist)")
     hf.add_argument("--recipe",
                     help="the recipe whose model.yaml the checkpoint has (default: the shape recorded in the "
                          "checkpoint; a recipe of another shape is refused)")
@@ -23,8 +23,8 @@ def add_parser(sub: Any) -> None:
     hf.set_defaults(func=export_hf)
     mg = esub.add_parser("megatron", help="Hugging Face directory -> Megatron torch_dist checkpoint "
                                           "(continue training with checkpoint.pretrained_checkpoint=OUT)")
-    mg.add_argument("hf_dir", type=Path)
-    mg.add_argument("out", type=Path)
+    mg.add_argument("hf_dir", type=Path, help="a Hugging Face model directory (config.json, safetensors)")
+    mg.add_argument("out", type=Path, help="the new checkpoint directory (must not exist)")
     mg.add_argument("--recipe", required=True, help="the recipe whose model.yaml the weights fit")
     mg.set_defaults(func=export_megatron)
 

@@ -18,15 +18,15 @@ RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("start", help="start a run detached (refused if that run is running)")
-    p.add_argument("recipe")
-    p.add_argument("run_name")
-    p.add_argument("overrides", nargs="*")
+    p.add_argument("recipe", help="a recipe under recipes/ (kaiyuan models list), e.g. gpt_smoke")
+    p.add_argument("run_name", help="the run's directory name under kaiyuan.run_root (letters, digits, . _ -)")
+    p.add_argument("overrides", nargs="*", help="section.field=value, as for `kaiyuan train`")
     p.add_argument("--nproc-per-node", type=int, help="ranks per node (default 1; on Slurm: --gpus-per-node)")
     p.add_argument("--verbose", action="store_true", help="every upstream log record on the console too")
     multi = p.add_argument_group("multi-node (one torchrun per host over SSH)")
     add_ssh_arguments(multi, required=False)
     multi.add_argument("--container-name", help="run inside this same-named container on every host (docker exec)")
-    multi.add_argument("--master-port", type=int, default=29500)
+    multi.add_argument("--master-port", type=int, default=29500, help="torchrun's rendezvous port on the first host")
     multi.add_argument("--python", default="python", help="the Python on the hosts / in the container")
     add_slurm_arguments(p.add_argument_group("Slurm (a job through NeMo-Run's SlurmExecutor)"))
     p.set_defaults(func=start)
@@ -36,12 +36,17 @@ def add_parser(sub: Any) -> None:
                            ("logs", "the run's console log"),
                            ("stacks", "every rank's Python stacks now (where a stalled run waits)")):
         q = sub.add_parser(name, help=helptext)
-        q.add_argument("run_name", nargs="?" if name == "status" else None)
-        q.add_argument("--run-root", type=Path, default=Path("./runs"))
+        q.add_argument("run_name", nargs="?" if name == "status" else None,
+                       help="the run's directory name under --run-root" + (" (default: every run)"
+                                                                         if name == "status" else ""))
+        q.add_argument("--run-root", type=Path, default=Path("./runs"),
+                       help="the directory holding the runs (kaiyuan.run_root; default ./runs)")
         if name == "stop":
-            q.add_argument("--grace", type=float, default=300.0)
+            q.add_argument("--grace", type=float, default=300.0,
+                           help="seconds to wait for the checkpoint after SIGTERM before SIGKILL (default 300)")
         if name == "logs":
-            q.add_argument("-f", "--follow", action="store_true")
+            q.add_argument("-f", "--follow", action="store_true", help="keep printing as the log grows, until the "
+                                                                       "run ends")
         q.set_defaults(func={"stop": stop, "status": status, "logs": logs, "stacks": stacks}[name])
 
 
@@ -62,7 +67,8 @@ def start(args: Any) -> int:
         raise ValueError("--slurm and --hosts: choose one back-end")
     if not (args.slurm or args.hosts):
         if args.dry_run:
-            raise ValueError("--dry-run: only with --slurm (it prints the sbatch script) or --hosts")
+            raise ValueError(f"--dry-run: only with --slurm (it prints the sbatch script) or --hosts; for this node: "
+                             f"kaiyuan train {args.recipe} --dry-run")
         return start_here(args, overrides)
     # Bad input fails here, before anything starts. Launching elsewhere (Slurm, SSH), this host does not train:
     # the layer spec and fast path are decided on the training node (its rank 0 writes them to the run's plan).
@@ -144,6 +150,8 @@ def status(args: Any) -> int:
         run_dir = args.run_root / checked_run_name(args.run_name)
         print(dumps_record(with_plan(open_run(run_dir).status(), run_dir), ensure_ascii=False))
         return 0
+    if not args.run_root.is_dir():  # an empty listing would read as "no runs"
+        raise FileNotFoundError(f"{args.run_root}: the run root does not exist (--run-root)")
     failed = 0
     for run_dir in RunLayout.run_dirs_under(args.run_root):
         try:

@@ -39,14 +39,15 @@ def main(argv: list[str] | None = None) -> int:
     # Overrides may come before or after options (`train gpt_smoke --dry-run a.b=1 c.d=2`).
     args, extra = parser.parse_known_args(argv)
     if extra:
-        if not hasattr(args, "overrides") or any(e.startswith("-") or "=" not in e for e in extra):
+        if not hasattr(args, "overrides") or any(e.startswith("-") for e in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        args.overrides = list(args.overrides) + extra
+        args.overrides = list(args.overrides) + extra  # one without '=' is refused by name with the others
     quiet_upstream_noise()
     try:
         return int(args.func(args) or 0)
-    except (ValueError, KeyError, FileNotFoundError, RuntimeError) as err:  # incl. DownloadError, BadInputError
-        # Configuration and input errors: one clear line, no traceback.
+    except (ValueError, KeyError, FileNotFoundError, FileExistsError, RuntimeError) as err:
+        # Configuration and input errors (DownloadError, BadInputError; an output directory that already exists):
+        # one clear line, no traceback.
         print(f"kaiyuan: error: {err}", file=sys.stderr)
         return 2
 

@@ -40,7 +40,8 @@ def add_parser(sub: Any) -> None:
                    help="waiting requests join the decoding batch once this many wait (default: an eighth of "
                         "--max-batch), or once the oldest has waited --join-max-wait-s: each join is one prefill "
                         "that stalls the batch")
-    p.add_argument("--join-max-wait-s", type=float, default=0.25)
+    p.add_argument("--join-max-wait-s", type=float, default=0.25,
+                   help="seconds the oldest waiting request waits before it joins the batch anyway (default 0.25)")
     p.add_argument("--max-queue", type=int, default=256,
                    help="unfinished requests (each prompt x n choice is one) the server holds beyond --max-batch, "
                         "waiting or being scored; a request that would pass it is a 429 (default 256; a request "

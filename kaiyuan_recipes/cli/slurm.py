@@ -8,10 +8,10 @@ from typing import Any
 
 def add_slurm_arguments(p: Any) -> None:
     p.add_argument("--slurm", metavar="PARTITION", help="submit to this Slurm partition (sbatch through NeMo-Run)")
-    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--nodes", type=int, default=1, help="nodes for the job (sbatch --nodes; default 1)")
     p.add_argument("--gpus-per-node", type=int, default=8,
                    help="GPUs asked per node, one rank each (0 on a CPU partition: give --nproc-per-node)")
-    p.add_argument("--account")
+    p.add_argument("--account", help="Slurm account to charge (sbatch --account)")
     p.add_argument("--time", default="04:00:00", help="the job's time limit (sbatch --time)")
     p.add_argument("--container-image", help="run in this image through Pyxis (srun --container-image)")
     p.add_argument("--container-mount", action="append", default=[], help="SRC:DST for Pyxis (repeat)")

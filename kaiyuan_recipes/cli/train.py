@@ -21,9 +21,9 @@ from kaiyuan_recipes.training.validate import validate
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("train", help="train a recipe on this node with torchrun")
-    p.add_argument("recipe")
+    p.add_argument("recipe", help="a recipe under recipes/ (kaiyuan models list), e.g. gpt_smoke")
     p.add_argument("overrides", nargs="*", help="section.field=value (Hydra syntax)")
-    p.add_argument("--nproc-per-node", type=int, default=1)
+    p.add_argument("--nproc-per-node", type=int, default=1, help="ranks (GPUs) on this node (default 1)")
     p.add_argument("--dry-run", action="store_true", help="resolve and print the plan; launch nothing")
     p.add_argument("--json", action="store_true", help="with --dry-run: print the plan as JSON")
     p.add_argument("--phase", type=int,
@@ -32,8 +32,8 @@ def add_parser(sub: Any) -> None:
                    help="every upstream log record on the console too (KAIYUAN_VERBOSE=1); always in logs/")
     p.set_defaults(func=run)
     pl = sub.add_parser("plot", help="PNGs of loss, LR, throughput and grad norm from runs' TensorBoard logs")
-    pl.add_argument("run_dirs", nargs="+", type=Path)
-    pl.add_argument("--out", type=Path, default=Path("plots"))
+    pl.add_argument("run_dirs", nargs="+", type=Path, help="run directories (their tb_logs/); several: drawn together")
+    pl.add_argument("--out", type=Path, default=Path("plots"), help="directory for the PNGs (default ./plots)")
     pl.set_defaults(func=plot)
 
 
@@ -82,10 +82,10 @@ def run(args: Any) -> int:
     if getattr(args, "verbose", False):
         os.environ[VERBOSE_ENV] = "1"  # the ranks inherit it (training/run_logging.py)
     log_path = settings.layout.logs / f"train-{time.strftime('%Y%m%d-%H%M%S')}.log"
-    print(f"launching: {summary['launch_command']}\nlog: {log_path}", flush=True)
     # SIGTERM -> the ranks save a checkpoint and exit; run_state/ records it for `kaiyuan status`
     code = run_in_foreground(settings.run_dir, argv, log_path,
-                             {"recipe": args.recipe, "train_iters": cfg.train.train_iters, "foreground": True})
+                             {"recipe": args.recipe, "train_iters": cfg.train.train_iters, "foreground": True},
+                             announce=f"launching: {summary['launch_command']}\nlog: {log_path}")
     # This process imported Megatron to resolve the config, and tearing that down takes seconds, during which the
     # run still counts as alive (a stop waits, a new start is refused): the run is over and recorded, so leave now.
     sys.stdout.flush()

@@ -108,7 +108,7 @@ def apply_to_container(cfg: Any, overrides: list[str]) -> dict[str, Any]:
     for key, old in before.items():
         new = _get(cfg, key)
         if _numeric(old) and not _numeric(new):
-            raise OverrideError(f"override {key}={new!r}: expected a {type(old).__name__}")
+            raise OverrideError(f"override {key}={new!r}: expected {_KIND.get(type(old), type(old).__name__)}")
         if isinstance(new, str) and _is_dtype_field(cfg, key):
             _set(cfg, key, _dtype(key, new))
     return {key: _get(cfg, key) for key in before}
@@ -141,6 +141,9 @@ def _dtype(key: str, text: str) -> Any:
     if name is None:
         raise OverrideError(f"override {key}={text!r}: expected a dtype, one of {sorted(DTYPES)}")
     return getattr(torch, name)
+
+
+_KIND = {bool: "true or false", int: "an integer", float: "a number"}
 
 
 def _numeric(value: Any) -> bool:

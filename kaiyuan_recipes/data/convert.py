@@ -78,7 +78,9 @@ def is_up_to_date(entry: dict[str, Any] | None, src: Path, prefix: Path, rank_ke
 
         ranks_ok = rank_key not in pq.read_schema(src).names
     return (
-        entry.get("input") == str(src)
+        # resolved both sides: `in/` and `/abs/in` are one input (a manifest from before absolute paths holds the
+        # relative spelling, taken from the working directory)
+        Path(entry.get("input", "")).resolve() == src.resolve()
         and entry["input_size"] == stat.st_size
         and entry["input_mtime_ns"] == stat.st_mtime_ns
         and Path(f"{prefix}.bin").is_file()
@@ -131,6 +133,7 @@ def convert_directory(opts: ConvertOptions, show_progress: bool = True) -> dict[
 
     if opts.on_bad_row not in BAD_ROW_POLICIES:
         raise BadInputError(f"--on-bad-row: expected one of {BAD_ROW_POLICIES}, got {opts.on_bad_row!r}")
+    opts.input_dir = Path(os.path.abspath(opts.input_dir))  # the manifest records one spelling of each input
     files = list_parquet_files(opts.input_dir)
     opts.output_dir = Path(opts.output_dir)
     try:

@@ -8,9 +8,10 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 DEFAULT_REPO_ID = "thu-pacman/PCMind-2.1-Kaiyuan-2B"
 # Files of phase N live under a directory named after the phase; override when a mirror differs.
@@ -83,6 +84,21 @@ def verify_file(local: Path, expected: PlannedFile) -> str | None:
     return None
 
 
+@contextmanager
+def hub_errors(endpoint: str | None, what: str) -> Iterator[None]:
+    """A hub or network failure as one DownloadError naming the endpoint and what was asked (huggingface_hub's
+    own errors and httpx's: refused connection, DNS, timeouts, HTTP status)."""
+    import httpx
+    from huggingface_hub import constants
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        yield
+    except (httpx.HTTPError, ConnectionError, LocalEntryNotFoundError) as err:
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise DownloadError(f"{endpoint or constants.ENDPOINT}: {what} failed: {reason}") from None
+
+
 def download_phases(
     dest: Path,
     phases: list[int],
@@ -98,7 +114,8 @@ def download_phases(
     endpoint = endpoint or os.environ.get("HF_ENDPOINT") or None  # mirrors
     api = HfApi(endpoint=endpoint, token=token)  # token None: huggingface_hub reads HF_TOKEN itself
     patterns = [pattern.format(n=n) for n in phases]
-    files = plan(api, repo_id, revision, patterns)
+    with hub_errors(endpoint, f"listing the files of {repo_id}@{revision or 'main'}"):
+        files = plan(api, repo_id, revision, patterns)
     if not files:
         raise DownloadError(f"{repo_id}@{revision or 'main'}: no files match {patterns}")
     empty = [n for n, p in zip(phases, patterns) if not any(fnmatch.fnmatch(f.path, p) for f in files)]
@@ -115,8 +132,10 @@ def download_phases(
         task = bar.add_task(f"phases {','.join(map(str, phases))}", total=sum(f.size for f in files))
         for f in files:
             for attempt in (1, 2):
-                local = Path(hf_hub_download(repo_id, f.path, repo_type="dataset", revision=revision, local_dir=dest,
-                                             endpoint=endpoint, token=token, force_download=attempt == 2))
+                with hub_errors(endpoint, f"downloading {repo_id}/{f.path}"):
+                    local = Path(hf_hub_download(repo_id, f.path, repo_type="dataset", revision=revision,
+                                                 local_dir=dest, endpoint=endpoint, token=token,
+                                                 force_download=attempt == 2))
                 problem = verify_file(local, f)
                 if problem is None:
                     break

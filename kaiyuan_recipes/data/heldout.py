@@ -52,7 +52,8 @@ def read_heldout(path: Path, per_dimension: int = PER_DIMENSION) -> list[dict[st
     counts = Counter(r.get("dimension") for r in rows)
     for dim in DIMENSIONS:
         if counts.get(dim, 0) != per_dimension:
-            problems.append(f"dimension {dim!r}: {counts.get(dim, 0)} samples, expected {per_dimension}")
+            problems.append(f"dimension {dim!r}: {counts.get(dim, 0)} samples, expected {per_dimension} "
+                            "(--per-dimension)")
     if problems:
         shown = "; ".join(problems[:10]) + (f"; … {len(problems) - 10} more" if len(problems) > 10 else "")
         raise HeldoutError(f"{path}: {len(problems)} problem(s): {shown}")

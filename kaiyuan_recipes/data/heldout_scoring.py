@@ -57,8 +57,8 @@ def load_samples(path: Path) -> LoadReport:
         problems = sample_problems(row)
         if row.get("dimension") == OVERALL:
             problems.append(f"dimension {OVERALL!r} is the name of the aggregate over all dimensions")
-        if problems:
-            report.problems += [f"line {lineno}: {p}" for p in problems]
+        if problems:  # one entry per skipped line, however many problems it has: the count is of lines
+            report.problems.append(f"line {lineno}: " + "; ".join(problems))
             continue
         report.samples.append(Sample(lineno, str(row.get("dimension", "unknown")), str(row.get("prompt", "")),
                                      row["completion"], row.get("choices"), row.get("answer")))

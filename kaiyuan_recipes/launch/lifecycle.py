@@ -289,6 +289,8 @@ class LocalRun(Run):
              stop_when_done: bool = True) -> None:
         out = sys.stdout if out is None else out
         log_path = self.layout.console_log
+        if not self.run_dir.is_dir():
+            raise RunStateError(f"{self.run_dir}: no such run")
         if not log_path.is_file():
             raise RunStateError(f"{log_path}: no log yet")
         with open(log_path, encoding="utf-8", errors="replace") as fh:
@@ -311,14 +313,20 @@ class LocalRun(Run):
         return report(*signal_and_read(root, self.layout.console_log, timeout, quiet))
 
 
-def run_in_foreground(run_dir: Path, argv: list[str], log_path: Path, extra: dict[str, Any] | None = None) -> int:
+def run_in_foreground(run_dir: Path, argv: list[str], log_path: Path, extra: dict[str, Any] | None = None,
+                      announce: str = "") -> int:
     """`kaiyuan train`: run `argv` here with the same run state a detached run has (this process is the
     supervisor: it holds the run's lock, its children carry the run's token), so `kaiyuan status` tells finished /
-    failed / stopped and a second start is refused. Under a supervisor (`kaiyuan start`), that one records it."""
+    failed / stopped and a second start is refused. Under a supervisor (`kaiyuan start`), that one records it.
+    `announce` is printed once the run is this process's: a refused start says only why."""
     if os.environ.get(SUPERVISED_ENV):
+        if announce:
+            print(announce, flush=True)
         return run_foreground(argv, log_path, state_dir=Path(os.environ[SUPERVISED_ENV]))
     run = LocalRun(run_dir)
     claim = run.prepare_state(argv, {**(extra or {}), "log": str(log_path)})
+    if announce:
+        print(announce, flush=True)
     os.environ.update(claim.env())  # for torchrun and the ranks below it
     me = ProcessIdentity.of(os.getpid())
     assert me is not None

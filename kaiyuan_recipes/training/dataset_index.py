@@ -113,8 +113,10 @@ class _Progress(logging.Handler):
             split = getattr(getattr(dataset, "index_split", None) or getattr(dataset, "split", None), "name", "?")
             if hasattr(dataset, "dataset_path"):
                 self.count[split] = self.count.get(split, 0) + 1
+                # num_samples is None for a blend without weights: each source is indexed for one epoch
+                samples = ("one epoch" if dataset.num_samples is None else f"{dataset.num_samples:,} samples")
                 what = (f"[{split} {self.count[split]}/{self.sources}] {dataset.dataset_path}: "
-                        f"{dataset.num_samples:,} samples over {len(dataset.indices):,} documents")
+                        f"{samples} over {len(dataset.indices):,} documents")
                 self.started[thread] = (time.monotonic(), what)
             elif dataset is not None:  # megatron-core logs no end for a blend
                 what = f"[{split}] blending {len(dataset.datasets)} sources: {dataset.size:,} samples"

@@ -148,7 +148,8 @@ def print_summary(summary: dict[str, Any]) -> None:
         else:
             text = _fmt(value)
         table.add_row(section, text)
-    Console(width=140).print(table)
+    # markup off: paths, blends and overrides are the user's text, and `[/data/x]` would read as a closing tag
+    Console(width=140, markup=False).print(table)
 
 
 def _fmt(value: Any) -> str:
