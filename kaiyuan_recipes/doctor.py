@@ -240,8 +240,6 @@ def compat_items(kind: str | None) -> list[CompatItem]:
             item.applies, item.detail = _call_workaround(getattr(compat, row.function))
             if row.function == "install_lora_placeholder" and not compat.transformer_engine_available():
                 item.applies, item.detail = True, "no Transformer Engine"  # (returns False once installed)
-            if row.function == "install_resiliency_placeholder" and compat.resiliency_placeholder_installed():
-                item.applies, item.detail = True, "nvidia-resiliency-ext not installed"
         else:
             item.detail = "not in kaiyuan_recipes.compat"
         items.append(item)

@@ -126,12 +126,18 @@ def _resiliency_unavailable(what: str, version: str) -> RuntimeError:
         "async/local checkpointing. Pretraining works without them; install nvidia-resiliency-ext to use them.")
 
 
+def resiliency_placeholder_installed() -> bool:
+    return getattr(sys.modules.get(RESILIENCY), "_kaiyuan_placeholder", False)
+
+
 def install_resiliency_placeholder() -> bool:
     """megatron-bridge's `pretrain` imports nvidia_resiliency_ext.inprocess unconditionally (for a type annotation
     and its optional in-process restart), so training cannot start where that package is not installed. Register a
     placeholder package: `pretrain` imports, anything used from it refuses with a clear message, and its
     submodules stay missing, so Bridge's own optional probes (safe_import) see the package as absent. Returns True
-    if installed."""
+    while the placeholder is in place (installed now or before)."""
+    if resiliency_placeholder_installed():
+        return True
     if RESILIENCY in sys.modules or importlib.util.find_spec(RESILIENCY) is not None:
         return False
     if not pretrain_imports_resiliency():
@@ -158,10 +164,6 @@ def install_resiliency_placeholder() -> bool:
     sys.modules[RESILIENCY] = root
     sys.modules[f"{RESILIENCY}.inprocess"] = inprocess
     return True
-
-
-def resiliency_placeholder_installed() -> bool:
-    return getattr(sys.modules.get(RESILIENCY), "_kaiyuan_placeholder", False)
 
 
 def dataset_helpers_prebuilt() -> bool:
