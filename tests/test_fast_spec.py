@@ -192,15 +192,17 @@ def test_whole_fast_spec_model_computes_what_the_local_spec_computes(megatron_pa
 
 
 def test_swiglu_backward_is_installed_and_keeps_upstreams_gradient(megatron_parallel):
-    """Building a fast-spec provider installs the SwiGLU backward kernel into megatron-core's SwiGLUFunction; the
-    gradient through megatron-core's bias_swiglu_impl (the fast spec's MLP activation) equals autograd's
-    through silu(a) · b. On this CPU host the tensors take upstream's path; the kernel itself is compared with
-    upstream on CUDA in tests/gpu/test_fast_spec_gpu.py."""
+    """The SwiGLU backward kernel installed into megatron-core's SwiGLUFunction (what fastpath.install does when
+    the plan turns it on; that the plan does so is tests/test_fastpath.py's fresh-process check): the gradient
+    through megatron-core's bias_swiglu_impl (the fast spec's MLP activation) equals autograd's through
+    silu(a) · b. On this CPU host the tensors take upstream's path; the kernel itself is compared with upstream on
+    CUDA in tests/gpu/test_fast_spec_gpu.py."""
     from megatron.core.fusions import fused_bias_swiglu
 
     from kaiyuan_recipes.fastpath import swiglu_backward
 
     build_provider(tiny_gpt_shape(), "fast")
+    swiglu_backward.register_swiglu_backward()  # process-wide, idempotent: any earlier test may have installed it
     assert fused_bias_swiglu.SwiGLUFunction.backward is swiglu_backward._backward
     torch.manual_seed(0)
     y = torch.randn(6, 2, 32, requires_grad=True)
