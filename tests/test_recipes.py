@@ -98,6 +98,20 @@ def test_zero2_accumulates_gradients_in_fp32_as_the_recipe_declares():
         build_config("qwen3_1p7b", ["kaiyuan.zero_stage=2", "ddp.megatron_fsdp_grad_comm_dtype=fp8x"])
 
 
+def test_the_param_gather_overlap_is_stated_once_and_upstream_keeps_it_without_a_warning(tmp_path):
+    """The recipe's ddp.overlap_param_gather is the setting; Bridge, finding the optimizer's twin different, turned
+    both on with a warning at every start (and so overrode ddp.overlap_param_gather=false)."""
+    import warnings
+
+    for override, want in (([], True), (["ddp.overlap_param_gather=false"], False)):
+        cfg, _ = build_config("qwen3_1p7b", [f"kaiyuan.run_root={tmp_path}", *override])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            resolved = resolve_with_upstream(cfg, world_size=8)
+        assert resolved.ddp.overlap_param_gather is resolved.optimizer.overlap_param_gather is want, override
+        assert not [w for w in caught if "not in sync" in str(w.message)], override
+
+
 def test_overlap_and_recompute_knobs(tmp_path):
     cfg, _ = build_config("qwen3_1p7b", ["kaiyuan.zero_stage=0"])
     assert cfg.ddp.overlap_grad_reduce and not cfg.ddp.overlap_param_gather

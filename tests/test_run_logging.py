@@ -45,6 +45,11 @@ WORKER = textwrap.dedent("""
     from kaiyuan_recipes.training.validate import resolve_with_upstream
     resolve_with_upstream(cfg, 1).log_non_default_values()   # Bridge's Configuration Summary (a print)
     print("after the summary", flush=True)
+
+    import warnings
+    from megatron.bridge.utils.decorators import experimental_fn
+    experimental_fn(lambda: None)()               # what calling Bridge's pretrain warns
+    warnings.warn("a warning about this run")     # raised while running, not importing: shown
 """)
 
 
@@ -71,6 +76,17 @@ def test_console_leaves_out_upstream_noise(quiet):
     assert "Using reduce-scatter" not in console
     assert "Configuration Summary" not in console
     assert "after the summary" in console  # other prints go on
+    assert "warnings.warn" not in console and "is experimental" not in console  # import-time and API notices
+
+
+def test_import_time_warnings_go_to_the_full_log_and_later_ones_stay_on_the_console(quiet):
+    console, full = quiet
+    assert "UserWarning: a warning about this run" in console
+    assert "is experimental" in full
+    from kaiyuan_recipes import compat
+
+    if not compat.transformer_engine_available():  # Megatron's modules warn at import on a host without TE / Apex
+        assert "are not installed" not in console and "are not installed. Falling back" in full
 
 
 def test_console_keeps_what_a_person_needs(quiet):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import warnings
 
 from kaiyuan_recipes import __version__
 from kaiyuan_recipes.cli import average, ckpt, cluster, data, doctor, evaluate, export, lifecycle, models, serve, train
+from kaiyuan_recipes.upstream_warnings import ignore_upstream_warnings
 
 SUBCOMMANDS = (train, lifecycle, cluster, models, data, ckpt, average, export, evaluate, serve, doctor)
 
@@ -30,8 +30,7 @@ def quiet_upstream_noise() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
     # This module resets its own level to INFO at import and prints optional-import tracebacks.
     logging.getLogger("megatron.bridge.utils.import_utils").disabled = True
-    warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
-    warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.jit")
+    ignore_upstream_warnings()
 
 
 def main(argv: list[str] | None = None) -> int:

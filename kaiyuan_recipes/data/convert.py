@@ -175,7 +175,8 @@ def convert_directory(opts: ConvertOptions, show_progress: bool = True) -> dict[
     # threads (a training process, a test runner); spawn would repeat the imports in every worker.
     ctx = get_context("forkserver")
     ctx.set_forkserver_preload(
-        ["megatron.core.datasets.indexed_dataset", "pyarrow.parquet", "kaiyuan_recipes.data.convert_worker"])
+        ["kaiyuan_recipes.data.quiet_worker_imports", "megatron.core.datasets.indexed_dataset", "pyarrow.parquet",
+         "kaiyuan_recipes.data.convert_worker"])
     progress_queue, stop = ctx.Queue(), ctx.Event()
     opts_dict = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()}
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn

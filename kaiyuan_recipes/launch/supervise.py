@@ -16,6 +16,7 @@ leaving it to train unsupervised. Which processes are the run's, and the verbs a
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import signal
@@ -29,6 +30,7 @@ from typing import Any, Callable
 from kaiyuan_recipes.atomic import write_text_atomic
 from kaiyuan_recipes.config.run_layout import CHILD_PID_FILE, EXIT_FILE, IDENTITY_FILE, PHASE_FILE, STOP_FILE
 from kaiyuan_recipes.launch import membership
+from kaiyuan_recipes.launch.failure import last_exception
 from kaiyuan_recipes.launch.identity import IdentityError, ProcessIdentity
 from kaiyuan_recipes.launch.run import RunError
 from kaiyuan_recipes.launch.run_records import RunStateError, read_exit, read_object
@@ -37,6 +39,7 @@ from kaiyuan_recipes.processes import processes
 SUPERVISED_ENV = "KAIYUAN_SUPERVISED"  # set for the command a supervisor runs: it records nothing itself
 
 TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+TAIL_LINES = 2000
 
 
 def is_torchrun(argv: list[str]) -> bool:
@@ -86,7 +89,8 @@ def run_foreground(argv: list[str], log_path: Path, on_stop: Callable[[], None] 
     process (a scheduler's, `timeout`'s) is handed to the ranks as `kaiyuan stop` would, so they save a
     checkpoint and exit instead of being killed by torchrun (`on_stop` is called first). A stop that ended the
     run before its first step (the phase in `state_dir` still set-up: the ranks end at once, nothing to save)
-    says so and counts as a clean end (0), as a stop during training does."""
+    says so and counts as a clean end (0), as a stop during training does. A failure ends with one line naming
+    its cause (torchrun's own report above it says only that a child failed) and where the logs are."""
 
     proc: subprocess.Popen | None = None
     pending: list[bool] = []
@@ -104,6 +108,7 @@ def run_foreground(argv: list[str], log_path: Path, on_stop: Callable[[], None] 
         else:
             forward_stop(proc.pid)
 
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)  # where a failure's cause is
     previous = signal.signal(signal.SIGTERM, stop)  # before the child exists: an early SIGTERM still stops it
     with open(log_path, "w", encoding="utf-8") as log:
         # torchrun gets SIGTERM when this process dies, however it dies: it then ends its ranks (launch/membership.py)
@@ -117,6 +122,7 @@ def run_foreground(argv: list[str], log_path: Path, on_stop: Callable[[], None] 
                 sys.stdout.write(line)
                 sys.stdout.flush()
                 log.write(line)
+                tail.append(line)
             code = proc.wait()
         finally:
             signal.signal(signal.SIGTERM, previous)
@@ -127,7 +133,20 @@ def run_foreground(argv: list[str], log_path: Path, on_stop: Callable[[], None] 
             sys.stdout.write(line)
             log.write(line)
             return 0
+        if code != 0:
+            line = failure_line(code, "".join(tail), log_path)
+            sys.stdout.write(line)
+            log.write(line)
         return code
+
+
+def failure_line(code: int, output: str, log_path: Path) -> str:
+    """The last words of a failed run: its cause, and where its whole output and every upstream record are."""
+    how = f"ended by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() else \
+        f"failed (exit {code})"
+    cause = last_exception(output)
+    return (f"kaiyuan: training {how}" + (f": {cause}" if cause else "") + f"\nkaiyuan: its output: {log_path}; "
+            f"every upstream log record: {log_path.parent / 'upstream.rank<R>.log'}\n")
 
 
 def _still_setting_up(state_dir: Path) -> bool:

@@ -143,6 +143,14 @@ def _apply_zero_stage(cfg: Any, stage: int) -> None:
         cfg.ddp.overlap_param_gather = False  # only exists with the distributed optimizer
 
 
+def _param_gather_overlap_as_stated(cfg: Any, container_overrides: list[str]) -> None:
+    """The recipe states the parameter all-gather overlap once, as ddp.overlap_param_gather; Bridge wants the
+    optimizer's twin equal and otherwise turns both on with a warning at every start (and would override a
+    `ddp.overlap_param_gather=false`). An explicit optimizer.overlap_param_gather override is left to Bridge."""
+    if not any(ov.split_key(o)[0] == "optimizer.overlap_param_gather" for o in container_overrides):
+        cfg.optimizer.overlap_param_gather = cfg.ddp.overlap_param_gather
+
+
 def _wgrad_fusion_as_decided(cfg: Any, run: RunSettings, container_overrides: list[str]) -> None:
     """Off TE's spec kaiyuan.wgrad_fusion (the fast path's plan) decides gradient_accumulation_fusion: Bridge's
     default only follows whether TE imports. A model.gradient_accumulation_fusion override still wins. Then the
@@ -308,6 +316,7 @@ def build_config(recipe: str, overrides: list[str] | None = None, decided: NodeD
     run.container_overrides = ov.apply_to_container(cfg, container_overrides)
     _apply_data_source(cfg, run)
     ov.keep_values(cfg, run.container_overrides)
+    _param_gather_overlap_as_stated(cfg, container_overrides)
     _keep_for_average(cfg, run.average_last)
     if not any(ov.split_key(o)[0] == "model.seq_length" for o in container_overrides):
         cfg.model.seq_length = cfg.dataset.seq_length  # an override of dataset.seq_length reaches the model

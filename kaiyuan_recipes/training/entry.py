@@ -50,6 +50,18 @@ def worker_callbacks(cfg: Any, run: RunSettings, phase: Any = None) -> list[Any]
     return callbacks + fastpath.callbacks(run.fastpath) + [progress]
 
 
+def require_cuda() -> None:
+    """Megatron trains on CUDA only (its initialisation asserts it). Said here in words a person acts on, after the
+    set-up that needs no GPU has checked the config and data (the rest of set-up runs inside pretrain)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print("kaiyuan: error: training needs a CUDA GPU and this host has none visible "
+              "(torch.cuda.is_available() is False); `kaiyuan train RECIPE --dry-run` checks a run without one",
+              file=sys.stderr, flush=True)
+        raise SystemExit(1)
+
+
 def main(argv: list[str] | None = None) -> None:
     enable_stack_dumps()  # `kaiyuan stacks RUN`
     run_logging.quiet_upstream()  # before Megatron is imported: its import-time records
@@ -88,6 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     write_phase(phase_dir, f"{SETTING_UP}: initializing and building the model")
     run_logging.start_console(cfg, run)  # the full log in logs/, the decided block
 
+    require_cuda()
     from megatron.bridge.training.gpt_step import forward_step
     from megatron.bridge.training.pretrain import pretrain
 

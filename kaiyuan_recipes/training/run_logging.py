@@ -17,14 +17,21 @@ What is quiet on the console, and why:
 - the same INFO record again (same logger, same text): once on the console is enough (dataset set-up progress
   excepted: its lines repeat once per source).
 - Megatron-Bridge's "Configuration Summary (Non-Default Values vs Megatron Core)": a print of upstream defaults;
-  the decided block above says what this run does."""
+  the decided block above says what this run does.
+- Python warnings raised while a module is imported: they say what the installed environment lacks (a dozen
+  Megatron modules each warn "Transformer Engine and Apex are not installed. Falling back to …" on a host without
+  them, the fast path's own case), never anything about this run. Bridge's "Function 'pretrain' is experimental"
+  is about the API this package calls. Warnings raised later (Bridge capping a warm-up longer than the run, say)
+  stay on the console."""
 
 from __future__ import annotations
 
 import collections
 import logging
 import os
+import re
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -150,6 +157,35 @@ class ConsoleStdout:
         return getattr(self._stream, name)
 
 
+# Upstream's own API notice when this package calls a function Megatron-Bridge marks experimental
+EXPERIMENTAL_API = re.compile(r"Function '[^']+' is experimental\. ")
+
+
+def _while_importing() -> bool:
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+class QuietWarnings:
+    """warnings.showwarning for a worker: import-time and experimental-API warnings to the full log only (as
+    logging.captureWarnings words them); every other warning as before."""
+
+    def __init__(self, full_log: FullLog, shown: Any):
+        self.full_log, self.shown = full_log, shown
+
+    def __call__(self, message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                 file: TextIO | None = None, line: str | None = None) -> None:
+        if _while_importing() or EXPERIMENTAL_API.match(str(message)):
+            text = warnings.formatwarning(message, category, filename, lineno, line).rstrip()
+            self.full_log.keep(logging.LogRecord("py.warnings", logging.WARNING, filename, lineno, text, None, None))
+            return
+        self.shown(message, category, filename, lineno, file, line)
+
+
 _FULL_LOG = FullLog()
 _quiet_installed = False
 
@@ -162,6 +198,7 @@ def quiet_upstream() -> None:
         return
     for rule in QUIET_RULES:
         logging.getLogger(rule.logger).addFilter(QuietOnConsole(rule, _FULL_LOG))
+    warnings.showwarning = QuietWarnings(_FULL_LOG, warnings.showwarning)
     _quiet_installed = True
 
 
