@@ -19,13 +19,11 @@ import random
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-import psutil
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from process_tree import run_measured  # noqa: E402
 from provenance import provenance, this_command, write_json  # noqa: E402
 
 from kaiyuan_recipes.data.clean.synthetic import ProseGenerator, low_quality  # noqa: E402
@@ -70,47 +68,6 @@ def make_corpus(out: Path, size_mb: int, file_mb: int = 64, seed: int = 0) -> di
                        out / f"part-{index:05d}.parquet", row_group_size=2048, compression="zstd")
         total, docs, index = total + size, docs + len(texts), index + 1
     return {"documents": docs, "text_bytes": total, "files": index}
-
-
-def run_measured(cmd: list[str], cwd: Path, state_dirs: dict[str, Path] | None = None) -> dict:
-    """Wall time; peak RSS summed over the process tree and the CPU seconds of every process in it (sampled every
-    50 ms); the peak size on disk of each of state_dirs (sampled every second)."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    peak, cpu, disk = 0, {}, dict.fromkeys(state_dirs or {}, 0)
-    stop = threading.Event()
-
-    def sample():
-        nonlocal peak
-        root, ticks = psutil.Process(proc.pid), 0
-        while not stop.is_set():
-            try:
-                procs = [root] + root.children(recursive=True)
-                rss = 0
-                for p in procs:
-                    with p.oneshot():
-                        rss += p.memory_info().rss
-                        t = p.cpu_times()
-                        cpu[p.pid] = max(cpu.get(p.pid, 0.0), t.user + t.system)
-                peak = max(peak, rss)
-            except psutil.Error:
-                pass
-            if ticks % 20 == 0:
-                for name, folder in (state_dirs or {}).items():
-                    size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder.is_dir() else 0
-                    disk[name] = max(disk[name], size)
-            ticks += 1
-            time.sleep(0.05)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    output = proc.communicate()[0]
-    stop.set()
-    sampler.join()
-    if proc.returncode:
-        raise SystemExit(f"{cmd[:4]} failed ({proc.returncode}):\n{output[-3000:]}")
-    out = {"seconds": time.perf_counter() - start, "cpu_seconds": sum(cpu.values()), "peak_rss_mb": peak / 2**20}
-    return out | {f"peak_{name}_disk_mb": size / 2**20 for name, size in disk.items()}
 
 
 def baseline_loop(input_dir: Path, files: int) -> dict:

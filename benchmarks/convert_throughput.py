@@ -16,16 +16,17 @@ import random
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kaiyuan_recipes.data.sample_corpus import CORPUS_DIR
-from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from process_tree import run_measured  # noqa: E402
+
+from kaiyuan_recipes.data.sample_corpus import CORPUS_DIR  # noqa: E402
+from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir  # noqa: E402
 
 
 def make_inputs(workdir: Path, target_mb: int, seed: int = 0) -> tuple[Path, Path, int]:
@@ -46,34 +47,6 @@ def make_inputs(workdir: Path, target_mb: int, seed: int = 0) -> tuple[Path, Pat
         for doc in out:
             fh.write(json.dumps({"text": doc}, ensure_ascii=False) + "\n")
     return pdir, jsonl, size
-
-
-def run_measured(cmd: list[str], cwd: Path) -> dict:
-    """Wall time and peak RSS summed over the process tree (sampled every 50 ms)."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    peak = 0
-    stop = threading.Event()
-
-    def sample():
-        nonlocal peak
-        root = psutil.Process(proc.pid)
-        while not stop.is_set():
-            try:
-                procs = [root] + root.children(recursive=True)
-                peak = max(peak, sum(p.memory_info().rss for p in procs if p.is_running()))
-            except psutil.Error:
-                pass
-            time.sleep(0.05)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    output = proc.communicate()[0]
-    stop.set()
-    sampler.join()
-    if proc.returncode:
-        raise SystemExit(f"{cmd[:4]} failed ({proc.returncode}):\n{output[-3000:]}")
-    return {"seconds": time.perf_counter() - start, "peak_rss_mb": peak / 2**20}
 
 
 def tokens_of(prefix: Path):
