@@ -40,6 +40,7 @@ SUPERVISED_ENV = "KAIYUAN_SUPERVISED"  # set for the command a supervisor runs: 
 
 TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 TAIL_LINES = 2000
+HELD_LINES = 500  # more than torchrun's report of a stopped set-up: past it, the run is doing something else
 
 
 def is_torchrun(argv: list[str]) -> bool:
@@ -89,8 +90,9 @@ def run_foreground(argv: list[str], log_path: Path, on_stop: Callable[[], None] 
     process (a scheduler's, `timeout`'s) is handed to the ranks as `kaiyuan stop` would, so they save a
     checkpoint and exit instead of being killed by torchrun (`on_stop` is called first). A stop that ended the
     run before its first step (the phase in `state_dir` still set-up: the ranks end at once, nothing to save)
-    says so and counts as a clean end (0), as a stop during training does. A failure ends with one line naming
-    its cause (torchrun's own report above it says only that a child failed) and where the logs are."""
+    says so and counts as a clean end (0), as a stop during training does; torchrun's report of the ranks that
+    signal ended (a ChildFailedError traceback) then goes to the log only. A failure ends with one line naming its
+    cause (torchrun's own report above it says only that a child failed) and where the logs are."""
 
     proc: subprocess.Popen | None = None
     pending: list[bool] = []
@@ -108,7 +110,13 @@ def run_foreground(argv: list[str], log_path: Path, on_stop: Callable[[], None] 
         else:
             forward_stop(proc.pid)
 
+    def stopped_in_set_up() -> bool:
+        # under a supervisor the stop reaches the ranks, not this process: `kaiyuan stop` records it first
+        asked = stopped or (state_dir is not None and (Path(state_dir) / STOP_FILE).is_file())
+        return bool(asked) and state_dir is not None and _still_setting_up(state_dir)
+
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)  # where a failure's cause is
+    held: list[str] | None = None  # console lines after a stop during set-up, until the run's end says what they are
     previous = signal.signal(signal.SIGTERM, stop)  # before the child exists: an early SIGTERM still stops it
     with open(log_path, "w", encoding="utf-8") as log:
         # torchrun gets SIGTERM when this process dies, however it dies: it then ends its ranks (launch/membership.py)
@@ -119,20 +127,28 @@ def run_foreground(argv: list[str], log_path: Path, on_stop: Callable[[], None] 
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
-                sys.stdout.write(line)
-                sys.stdout.flush()
                 log.write(line)
                 tail.append(line)
+                if held is None and stopped_in_set_up():  # what follows is torchrun reporting the ranks it lost
+                    held = []
+                if held is not None:
+                    held.append(line)
+                    if len(held) < HELD_LINES and stopped_in_set_up():
+                        continue
+                    sys.stdout.writelines(held)  # the run went on after all: nothing is left out
+                    held = None
+                else:
+                    sys.stdout.write(line)
+                sys.stdout.flush()
             code = proc.wait()
         finally:
             signal.signal(signal.SIGTERM, previous)
-        # under a supervisor the stop reaches the ranks, not this process: `kaiyuan stop` records it first
-        asked = stopped or (state_dir is not None and (Path(state_dir) / STOP_FILE).is_file())
-        if asked and code != 0 and state_dir is not None and _still_setting_up(state_dir):
+        if code != 0 and stopped_in_set_up():
             line = "kaiyuan: stopped before its first step; nothing to save, no checkpoint written\n"
             sys.stdout.write(line)
             log.write(line)
             return 0
+        sys.stdout.writelines(held or [])
         if code != 0:
             line = failure_line(code, "".join(tail), log_path)
             sys.stdout.write(line)
