@@ -87,6 +87,10 @@ def test_import_time_warnings_go_to_the_full_log_and_later_ones_stay_on_the_cons
 
     if not compat.transformer_engine_available():  # Megatron's modules warn at import on a host without TE / Apex
         assert "are not installed" not in console and "are not installed. Falling back" in full
+        # and GPTModelProvider's default probe warns at each construction; the run decides the fusion itself
+        assert "gradient_accumulation_fusion requires" not in console
+        assert "gradient_accumulation_fusion requires" in full
+    assert "Gemma2: " not in console
 
 
 def test_console_keeps_what_a_person_needs(quiet):

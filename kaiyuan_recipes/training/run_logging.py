@@ -14,6 +14,8 @@ What is quiet on the console, and why:
   It is not an error; its ImportError twin is logged at DEBUG.
 - `megatron.core.distributed.param_and_grad_buffer` INFO: "Using reduce-scatter for gradient reductions" once per
   bucket group and the name of every parameter of every bucket, at every start.
+- Bridge's import-time probe of Gemma2's attention, and GPTModelProvider's warning that it turns the
+  weight-gradient fusion off without TE / Apex (every construction; kaiyuan.wgrad_fusion then decides it).
 - the same INFO record again (same logger, same text): once on the console is enough (dataset set-up progress
   excepted: its lines repeat once per source).
 - Megatron-Bridge's "Configuration Summary (Non-Default Values vs Megatron Core)": a print of upstream defaults;
@@ -53,12 +55,17 @@ def full_log_path(logs_dir: Path, rank: int | None = None) -> Path:
 @dataclass(frozen=True)
 class QuietRule:
     logger: str
-    prefix: str  # the message starts with it ("" = every record of the logger at INFO or below)
+    prefix: str  # the message starts with it ("" = every record of the logger up to `level`)
+    level: int = logging.INFO  # the highest level quieted
 
 
 QUIET_RULES = (
     QuietRule("megatron.bridge.utils.import_utils", "Import of "),
     QuietRule("megatron.core.distributed.param_and_grad_buffer", ""),
+    QuietRule("megatron.bridge.models.gemma.gemma2_provider", "Gemma2: "),  # a probe at import of a model not ours
+    # GPTModelProvider's default probes for TE / Apex at every construction and warns that it turns the fusion off;
+    # the fusion is then decided for this run (kaiyuan.wgrad_fusion, shown in the decided block)
+    QuietRule("megatron.bridge.utils.fusions", "gradient_accumulation_fusion requires ", logging.WARNING),
 )
 
 
@@ -104,7 +111,7 @@ class QuietOnConsole(logging.Filter):
         self.rule, self.full_log = rule, full_log
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno > logging.INFO or not record.getMessage().startswith(self.rule.prefix):
+        if record.levelno > self.rule.level or not record.getMessage().startswith(self.rule.prefix):
             return True
         self.full_log.keep(record)
         return False
