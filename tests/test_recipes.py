@@ -347,3 +347,26 @@ def test_deterministic_knob(tmp_path, monkeypatch):
     assert torch.are_deterministic_algorithms_enabled() == before
     plain, _ = build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=mock"])
     assert not plain.model.deterministic_mode and deterministic_env(plain) == {}
+
+
+@pytest.mark.parametrize("override", ["logger.log_interval=0", "model.hidden_size=-768", "model.num_layers=0",
+                                      "model.num_attention_heads=0", "train.micro_batch_size=0",
+                                      "train.train_iters=1.5", "checkpoint.save_interval=-1"])
+def test_a_count_that_is_not_a_positive_integer_is_refused_naming_it(override, tmp_path):
+    """Megatron divides by these: 0 reached a ZeroDivisionError deep in set-up (or at the first logged step), a
+    negative size printed a negative parameter count, 1.5 iterations passed as a number."""
+    with pytest.raises(OverrideError, match=rf"^override {override.replace('.', '[.]')}: expected a positive integer$"):
+        build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=mock", override])
+
+
+def test_counts_from_a_recipe_and_the_rank_count_are_checked_too(tmp_path):
+    cfg, run = build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=mock"])
+    with pytest.raises(ConfigError, match="^0 ranks: a run needs at least one"):
+        validate(cfg, run, 0, upstream=False)
+    cfg.logger.log_interval = 0  # as a recipe file could state it
+    with pytest.raises(ConfigError, match=r"^logger.log_interval=0: expected a positive integer$"):
+        validate(cfg, run, 1, upstream=False)
+    cfg.logger.log_interval = 1
+    cfg.optimizer.lr = -1.0
+    with pytest.raises(ConfigError, match=r"^optimizer.lr=-1.0: expected a finite number, 0 or more$"):
+        validate(cfg, run, 1, upstream=False)

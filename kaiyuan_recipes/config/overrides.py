@@ -84,6 +84,43 @@ def _to_field(cfg: Any, override: str) -> str:
     return override[: len(override) - len(override.lstrip("+~"))] + f"dataset.sequence_length={value}"
 
 
+# Container fields that count something and must be at least 1 (None: unset, where upstream allows it). Megatron
+# divides by most of them: 0 or a negative gets past its own checks into a ZeroDivisionError or a negative model.
+POSITIVE_INTEGERS = (
+    "model.num_layers", "model.hidden_size", "model.ffn_hidden_size", "model.num_attention_heads",
+    "model.num_query_groups", "model.kv_channels", "model.vocab_size", "model.tensor_model_parallel_size",
+    "model.pipeline_model_parallel_size", "model.context_parallel_size", "train.micro_batch_size",
+    "train.global_batch_size", "train.train_iters", "logger.log_interval", "dataset.seq_length",
+    "checkpoint.save_interval", "train.eval_interval",
+)
+
+
+def not_a_positive_integer(key: str, value: Any) -> str | None:
+    """Why `value` cannot be `key` (one of POSITIVE_INTEGERS), or None."""
+    if value is None and key not in ("model.num_layers", "model.hidden_size", "model.num_attention_heads",
+                                     "train.micro_batch_size", "logger.log_interval", "dataset.seq_length"):
+        return None  # unset: derived or optional upstream (train.train_iters: or train.train_samples)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return f"{key}={value!r}: expected a positive integer"
+    return None
+
+
+def _refuse_bad_counts(overrides: list[str]) -> None:
+    """Before upstream applies them: a model field is checked as the provider is rebuilt, which divides by it."""
+    import yaml
+
+    for override in overrides:
+        key, text = split_key(override)
+        if key in POSITIVE_INTEGERS:
+            try:
+                value = yaml.safe_load(text)
+            except yaml.YAMLError:
+                continue  # upstream's parser words its own error
+            problem = not_a_positive_integer(key, value)
+            if problem:
+                raise OverrideError(f"override {problem}")
+
+
 def apply_to_container(cfg: Any, overrides: list[str]) -> dict[str, Any]:
     """Apply overrides to a ConfigContainer through Megatron-Bridge's process_config_with_overrides; returns each
     overridden field (dotted) with the value it now has, so a later step can keep the user's value."""
@@ -100,6 +137,7 @@ def apply_to_container(cfg: Any, overrides: list[str]) -> dict[str, Any]:
             if section not in {k.split(".")[0] for k in valid}:
                 raise OverrideError(f"unknown override section in {key!r}{_closest(key, valid)}")
             raise OverrideError(f"unknown override key {key!r}{_closest(key, valid)}")
+    _refuse_bad_counts(overrides)
     before = {key: _get(cfg, key) for key in (split_key(o)[0] for o in overrides)}
     try:
         process_config_with_overrides(cfg, cli_overrides=list(overrides))
@@ -107,7 +145,7 @@ def apply_to_container(cfg: Any, overrides: list[str]) -> dict[str, Any]:
         raise OverrideError(str(err)) from err
     for key, old in before.items():
         new = _get(cfg, key)
-        if _numeric(old) and not _numeric(new):
+        if (_numeric(old) and not _numeric(new)) or (type(old) is int and type(new) is float):
             raise OverrideError(f"override {key}={new!r}: expected {_KIND.get(type(old), type(old).__name__)}")
         if isinstance(new, str) and _is_dtype_field(cfg, key):
             _set(cfg, key, _dtype(key, new))

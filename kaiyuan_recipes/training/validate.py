@@ -106,6 +106,24 @@ def check_blends(dataset: Any) -> None:
         check_blend("dataset.data_path", get_blend_from_list(paths))
 
 
+def check_counts(cfg: Any, world_size: int) -> None:
+    """Sizes, counts and intervals at least 1 (a recipe's values as well as the command line's), the learning
+    rates not negative, and at least one rank."""
+    from kaiyuan_recipes.config.overrides import POSITIVE_INTEGERS, not_a_positive_integer
+
+    for key in POSITIVE_INTEGERS:
+        section, name = key.split(".", 1)
+        problem = not_a_positive_integer(key, getattr(getattr(cfg, section), name, None))
+        if problem:
+            raise ConfigError(problem)
+    for name in ("lr", "min_lr"):
+        value = getattr(cfg.optimizer, name, None)
+        if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            raise ConfigError(f"optimizer.{name}={value!r}: expected a finite number, 0 or more")
+    if world_size < 1:
+        raise ConfigError(f"{world_size} ranks: a run needs at least one (--nproc-per-node, --nodes)")
+
+
 def validate(cfg: Any, run: Any, world_size: int, upstream: bool = True) -> dict[str, int]:
     """Every cross-check of `cfg` as build_config made it for `run` (its RunSettings), before any GPU work; the
     parallel layout. Ours first (they name the fields), then kaiyuan.heldout_eval's file and layout, then
@@ -113,6 +131,7 @@ def validate(cfg: Any, run: Any, world_size: int, upstream: bool = True) -> dict
     its `pretrain`. Built on a launch host with a stand-in layer spec (run.decided_on_node: the training node decides
     it), the spec's own checks and upstream's wait for the node."""
     spec_decided = not run.decided_on_node
+    check_counts(cfg, world_size)
     m, seq, max_positions = cfg.model, cfg.dataset.seq_length, run.max_positions
     if m.seq_length != seq:
         raise ConfigError(f"model.seq_length={m.seq_length} differs from dataset.seq_length={seq}; set them equal")
