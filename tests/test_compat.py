@@ -430,3 +430,29 @@ def test_the_compat_page_names_every_workaround():
 
     page = (Path(__file__).resolve().parents[1] / "docs" / "compat.md").read_text()
     assert [w.function for w in compat.WORKAROUNDS if f"`{w.function}`" not in page] == []
+
+
+def test_upstream_num_epochs_still_loops_forever_on_an_empty_split():
+    """megatron-core's own GPTDataset._get_num_epochs (under compat.refuse_an_empty_split) with a split of 0 tokens
+    asked for samples: still running 10 s after the call, in a fresh interpreter. Once it returns or raises, the
+    workaround can go."""
+    probe = textwrap.dedent("""
+        import types
+        from kaiyuan_recipes import compat
+        compat.apply()
+        from megatron.core.datasets.gpt_dataset import GPTDataset
+        original = GPTDataset._get_num_epochs.__wrapped__
+        split = types.SimpleNamespace(num_samples=192, config=types.SimpleNamespace(
+            sequence_length=4096, add_extra_token_to_sequence=True))
+        print("calling", flush=True)
+        print("epochs", original(split, 0), flush=True)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", probe], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True)
+    try:
+        assert "calling\n" in iter(proc.stdout.readline, "")  # past upstream's import-time output
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+    finally:
+        proc.kill()
+        proc.wait()

@@ -193,3 +193,22 @@ def test_a_blend_without_weights_is_indexed_one_epoch_per_source(sources, tmp_pa
     out = capfd.readouterr().out
     assert f"building [train 1/2] {sources['en_jargon']}" in out and ": one epoch over " in out, out
     assert "built " in out, out
+
+
+def test_a_source_whose_validation_split_has_no_documents_is_refused_naming_it(tmp_path):
+    """50 short documents at dataset.split 99,1,0 leave the validation split none; megatron-core asked it for
+    samples looped forever (compat.refuse_an_empty_split)."""
+    import pyarrow as pa
+
+    src = tmp_path / "small_in"
+    src.mkdir()
+    pq.write_table(pa.table({"text": [f"hello world {i} " * 20 for i in range(50)]}), src / "small.parquet")
+    convert_directory(ConvertOptions(input_dir=src, output_dir=tmp_path / "small", output_prefix="small",
+                                     tokenizer_dir=default_tokenizer_dir(), num_shards=1), show_progress=False)
+    prefix = next((tmp_path / "small").glob("*.idx")).with_suffix("")
+    done = subprocess.run([sys.executable, "-m", "kaiyuan_recipes.cli.main", "data", "index", "gpt_smoke",
+                           "kaiyuan.data=blend", f"dataset.blend=[[{prefix}],null]", "train.train_iters=10",
+                           f"kaiyuan.run_root={tmp_path / 'runs'}"], capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0, done.stdout[-2000:]
+    assert f"ValueError: {prefix}: its valid split holds no tokens (0 documents at dataset.split" in done.stderr, \
+        done.stderr[-3000:]

@@ -34,6 +34,7 @@ from kaiyuan_recipes.compat.megatron_core import (
     ensure_optimizer_state_for_load,
     init_optimizer_state_before_load,
     nemo2_distributed_optimizer_saves,
+    refuse_an_empty_split,
     restore_adam_step_per_parameter,
     separate_full_graph_pools,
 )
@@ -71,6 +72,9 @@ WORKAROUNDS = (
     Workaround("restore_adam_step_per_parameter", "megatron-core", "0.18.0, 0.19.2, no Apex/TE",
                "load_state_dict shares one step tensor across parameters and restores a stale step",
                "test_compat_adam_step.py::test_upstream_resume_still_resets_adam_step"),
+    Workaround("refuse_an_empty_split", "megatron-core", "0.18.0, 0.19.2 (datasets/gpt_dataset.py)",
+               "a split without documents asked for samples: _get_num_epochs adds 0 tokens per epoch forever",
+               "test_compat.py::test_upstream_num_epochs_still_loops_forever_on_an_empty_split"),
     Workaround("apply_local_spec_settings", "megatron-core", "0.18.0, 0.19.2, no TE/Apex",
                "masked-softmax fusion on by default, fails on the local spec without TE/Apex",
                "test_compat.py::test_upstream_defaults_still_enable_te_only_fusions"),
@@ -113,6 +117,7 @@ def apply() -> None:
     init_optimizer_state_before_load()
     restore_adam_step_per_parameter()
     cpu_checkpoint_save()
+    refuse_an_empty_split()
 
 
 def import_megatron_bridge() -> types.ModuleType:
@@ -132,7 +137,7 @@ __all__ = ["WORKAROUNDS", "LOCAL_SPEC_SETTINGS", "LoRAUnavailableError", "Refuse
            "apply_local_spec_settings", "cpu_checkpoint_save", "cpu_cuda_arch_list", "dataset_helpers_prebuilt",
            "ensure_optimizer_state_for_load", "import_megatron_bridge", "init_optimizer_state_before_load",
            "install_lora_placeholder", "install_resiliency_placeholder", "nemo2_distributed_optimizer_saves",
-           "pretrain_imports_resiliency", "resiliency_placeholder_installed",
+           "pretrain_imports_resiliency", "refuse_an_empty_split", "resiliency_placeholder_installed",
            "patch_method", "quote_srun_arguments", "restore_adam_step_per_parameter",
            "separate_full_graph_pools", "size_weight_decay_by_max_steps", "skip_prebuilt_helpers_build",
            "te_importing_modules", "transformer_engine_available", "wgrad_fusion_without_apex",

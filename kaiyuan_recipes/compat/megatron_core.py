@@ -40,6 +40,29 @@ def init_optimizer_state_before_load() -> bool:
     return patch_method(distrib_optimizer.DistributedOptimizer, "sharded_state_dict", wrap)
 
 
+def refuse_an_empty_split() -> bool:
+    """megatron-core's GPTDataset._get_num_epochs adds a split's tokens epoch by epoch until the samples asked of it
+    are covered: a split without documents (a small source's validation split at dataset.split 99,1,0) adds 0 and
+    loops forever, silently, in 'building dataset indices' (a run never starts, `kaiyuan data index` never ends).
+    Refused instead, naming the source and the split."""
+    from megatron.core.datasets import gpt_dataset
+
+    def wrap(original):
+        def _get_num_epochs(self, num_tokens_per_epoch: int) -> int:
+            if num_tokens_per_epoch <= 0 and self.num_samples is not None:
+                asked = self.num_samples * self.config.sequence_length + self.config.add_extra_token_to_sequence
+                if asked > 0:
+                    raise ValueError(
+                        f"{self.dataset_path}: its {self.index_split.name} split holds no tokens "
+                        f"({len(self.indices)} documents at dataset.split {self.config.split}) and "
+                        f"{self.num_samples:,} samples are asked of it; give the source more documents, or split "
+                        "the sources apart (dataset.blend_per_split, kaiyuan.heldout)")
+            return original(self, num_tokens_per_epoch)
+        return _get_num_epochs
+
+    return patch_method(gpt_dataset.GPTDataset, "_get_num_epochs", wrap)
+
+
 def restore_adam_step_per_parameter() -> bool:
     """megatron-core 0.19, distributed optimizer without Apex/TE (torch AdamW keeps a 'step' tensor per
     parameter), two defects in DistributedOptimizer.load_state_dict, both showing as a resumed run whose
