@@ -37,7 +37,10 @@ def run_measured(cmd: list[str], cwd: Path, state_dirs: dict[str, Path] | None =
                 pass
             if ticks % 20 == 0:
                 for name, folder in (state_dirs or {}).items():
-                    size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder.is_dir() else 0
+                    try:  # files come and go while the command runs
+                        size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder.is_dir() else 0
+                    except OSError:
+                        continue
                     disk[name] = max(disk[name], size)
             ticks += 1
             time.sleep(0.05)

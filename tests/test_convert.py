@@ -184,6 +184,18 @@ def test_one_bad_file_keeps_the_good_ones(tmp_path, tokenizer_dir):
     assert list(manifest["shards"]) == ["phase1_part-00000_text_document"]
 
 
+def test_a_file_whose_every_row_is_skipped_is_named_and_the_good_shards_are_recorded(tmp_path, tokenizer_dir):
+    """--on-bad-row skip over a file of bad rows only: an empty shard could not be read back ("cannot mmap an empty
+    file", no file named) and the good file's finished shard went unrecorded."""
+    write_parquet(tmp_path / "in" / "a.parquet", ["fine"])
+    write_parquet(tmp_path / "in" / "b.parquet", [None, ""])  # null and empty: both bad rows
+    with pytest.raises(BadInputError, match=r"b.parquet: all 2 rows skipped as bad, nothing to convert \(.*row 0"):
+        convert_directory(options(tmp_path, tokenizer_dir, on_bad_row="skip"), show_progress=False)
+    manifest = json.loads((tmp_path / "out" / MANIFEST).read_text())
+    assert list(manifest["shards"]) == ["phase1_part-00000_text_document"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir() if p.name.startswith(".")) == []  # no temporaries
+
+
 def test_cli_convert_and_inspect(tmp_path, tokenizer_dir):
     import subprocess
     import sys

@@ -351,7 +351,7 @@ def test_deterministic_knob(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("override", ["logger.log_interval=0", "model.hidden_size=-768", "model.num_layers=0",
                                       "model.num_attention_heads=0", "train.micro_batch_size=0",
-                                      "train.train_iters=1.5", "checkpoint.save_interval=-1"])
+                                      "train.train_iters=1.5", "train.train_iters=10.0"])
 def test_a_count_that_is_not_a_positive_integer_is_refused_naming_it(override, tmp_path):
     """Megatron divides by these: 0 reached a ZeroDivisionError deep in set-up (or at the first logged step), a
     negative size printed a negative parameter count, 1.5 iterations passed as a number."""
@@ -370,3 +370,15 @@ def test_counts_from_a_recipe_and_the_rank_count_are_checked_too(tmp_path):
     cfg.optimizer.lr = -1.0
     with pytest.raises(ConfigError, match=r"^optimizer.lr=-1.0: expected a finite number, 0 or more$"):
         validate(cfg, run, 1, upstream=False)
+
+
+def test_intervals_take_0_for_never_and_float_fields_take_a_whole_float(tmp_path):
+    """Upstream reads checkpoint.save_interval=0 / validation.eval_interval=0 as "never"; a negative is refused. A float
+    field whose default is an int (optimizer.initial_loss_scale) takes 65536.0."""
+    common = [f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=mock"]
+    cfg, run = build_config("gpt_smoke", [*common, "checkpoint.save_interval=0", "validation.eval_interval=0",
+                                          "optimizer.initial_loss_scale=65536.0"])
+    validate(cfg, run, 1, upstream=False)
+    assert cfg.checkpoint.save_interval == 0 and cfg.optimizer.initial_loss_scale == 65536.0
+    with pytest.raises(OverrideError, match=r"^override checkpoint.save_interval=-1: expected an integer, 0 or more$"):
+        build_config("gpt_smoke", [*common, "checkpoint.save_interval=-1"])

@@ -40,3 +40,31 @@ def test_the_last_words_name_the_last_cause_a_rank_gave():
     stated = output + "[rank1]: kaiyuan: error: data: prefix /d/x has no .idx\n"
     assert last_exception(stated) == "data: prefix /d/x has no .idx"  # a later stated error wins
     assert failure_line(-signal.SIGKILL, "", Path("t.log")).startswith("kaiyuan: training ended by SIGKILL\n")
+
+
+def _stopped_in_set_up(tmp_path, child_output: str, capsys) -> tuple[int, str]:
+    """run_foreground over a child that prints `child_output` and fails, a stop recorded while the phase is set-up."""
+    from kaiyuan_recipes.config.run_layout import PHASE_FILE, STOP_FILE
+    from kaiyuan_recipes.launch.supervise import run_foreground
+
+    state = tmp_path / "run_state"
+    state.mkdir(parents=True)
+    (state / PHASE_FILE).write_text(json.dumps({"phase": "setting up: building the config", "at": 0}))
+    (state / STOP_FILE).write_text(json.dumps({"signal": "SIGTERM"}))
+    code = run_foreground([sys.executable, "-c", f"import sys; sys.stdout.write({child_output!r}); sys.exit(1)"],
+                          tmp_path / "train.log", state_dir=state)
+    return code, capsys.readouterr().out
+
+
+TORCHRUN_REPORT = ("E1206 api.py:1002] failed (exitcode: -15) local_rank: 0\nTraceback (most recent call last):\n"
+                   "    raise ChildFailedError(\ntorch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n")
+
+
+def test_a_stop_in_set_up_keeps_torchrun_s_report_off_the_console_but_not_a_rank_s_error(tmp_path, capsys):
+    code, out = _stopped_in_set_up(tmp_path / "plain", TORCHRUN_REPORT, capsys)
+    assert code == 0 and "ChildFailedError" not in out and "Traceback" not in out, out
+    last = out.strip().splitlines()[-1]
+    assert last == "kaiyuan: stopped before its first step; nothing to save, no checkpoint written", out
+    assert "ChildFailedError" in (tmp_path / "plain" / "train.log").read_text()
+    code, out = _stopped_in_set_up(tmp_path / "error", "kaiyuan: error: no CUDA here\n" + TORCHRUN_REPORT, capsys)
+    assert code == 0 and "kaiyuan: a rank reported, as the stop came: no CUDA here\n" in out, out

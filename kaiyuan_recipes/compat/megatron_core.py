@@ -52,11 +52,11 @@ def refuse_an_empty_split() -> bool:
             if num_tokens_per_epoch <= 0 and self.num_samples is not None:
                 asked = self.num_samples * self.config.sequence_length + self.config.add_extra_token_to_sequence
                 if asked > 0:
-                    raise ValueError(
-                        f"{self.dataset_path}: its {self.index_split.name} split holds no tokens "
-                        f"({len(self.indices)} documents at dataset.split {self.config.split}) and "
-                        f"{self.num_samples:,} samples are asked of it; give the source more documents, or split "
-                        "the sources apart (dataset.blend_per_split, kaiyuan.heldout)")
+                    where = (f"{len(self.indices)} documents at dataset.split {self.config.split}; give the source "
+                             "more documents, or name each split's sources (dataset.blend_per_split, kaiyuan.heldout)"
+                             if self.config.split else f"{len(self.indices)} documents; give it documents")
+                    raise ValueError(f"{self.dataset_path}: its {self.index_split.name} split holds no tokens "
+                                     f"({where}) and {self.num_samples:,} samples are asked of it")
             return original(self, num_tokens_per_epoch)
         return _get_num_epochs
 

@@ -91,17 +91,20 @@ POSITIVE_INTEGERS = (
     "model.num_query_groups", "model.kv_channels", "model.vocab_size", "model.tensor_model_parallel_size",
     "model.pipeline_model_parallel_size", "model.context_parallel_size", "train.micro_batch_size",
     "train.global_batch_size", "train.train_iters", "logger.log_interval", "dataset.seq_length",
-    "checkpoint.save_interval", "train.eval_interval",
 )
+# Intervals where upstream reads 0 as "never" (no periodic save, no evaluation): a negative is the mistake.
+NON_NEGATIVE_INTEGERS = ("checkpoint.save_interval", "validation.eval_interval", "validation.eval_iters")
+REQUIRED = ("model.num_layers", "model.hidden_size", "model.num_attention_heads", "train.micro_batch_size",
+            "logger.log_interval", "dataset.seq_length")
 
 
-def not_a_positive_integer(key: str, value: Any) -> str | None:
-    """Why `value` cannot be `key` (one of POSITIVE_INTEGERS), or None."""
-    if value is None and key not in ("model.num_layers", "model.hidden_size", "model.num_attention_heads",
-                                     "train.micro_batch_size", "logger.log_interval", "dataset.seq_length"):
+def not_a_count(key: str, value: Any) -> str | None:
+    """Why `value` cannot be `key` (one of POSITIVE_INTEGERS or NON_NEGATIVE_INTEGERS), or None."""
+    if value is None and key not in REQUIRED:
         return None  # unset: derived or optional upstream (train.train_iters: or train.train_samples)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        return f"{key}={value!r}: expected a positive integer"
+    least = 0 if key in NON_NEGATIVE_INTEGERS else 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        return f"{key}={value!r}: expected {'an integer, 0 or more' if least == 0 else 'a positive integer'}"
     return None
 
 
@@ -111,12 +114,14 @@ def _refuse_bad_counts(overrides: list[str]) -> None:
 
     for override in overrides:
         key, text = split_key(override)
-        if key in POSITIVE_INTEGERS:
+        if key in POSITIVE_INTEGERS or key in NON_NEGATIVE_INTEGERS:
             try:
                 value = yaml.safe_load(text)
             except yaml.YAMLError:
                 continue  # upstream's parser words its own error
-            problem = not_a_positive_integer(key, value)
+            if not isinstance(value, (int, float)):
+                continue  # not a number at all: the type check after upstream's parse words it
+            problem = not_a_count(key, value)
             if problem:
                 raise OverrideError(f"override {problem}")
 
@@ -145,7 +150,8 @@ def apply_to_container(cfg: Any, overrides: list[str]) -> dict[str, Any]:
         raise OverrideError(str(err)) from err
     for key, old in before.items():
         new = _get(cfg, key)
-        if (_numeric(old) and not _numeric(new)) or (type(old) is int and type(new) is float):
+        # an integer field given a fraction (1.5 iterations); 65536.0 stays for the float fields whose default is int
+        if (_numeric(old) and not _numeric(new)) or (type(old) is int and type(new) is float and not new.is_integer()):
             raise OverrideError(f"override {key}={new!r}: expected {_KIND.get(type(old), type(old).__name__)}")
         if isinstance(new, str) and _is_dtype_field(cfg, key):
             _set(cfg, key, _dtype(key, new))

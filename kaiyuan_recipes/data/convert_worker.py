@@ -242,6 +242,10 @@ def convert_parquet_shard(path: str, prefix: str, opts_dict: dict[str, Any], pro
     except BaseException:
         _discard(builder, tmp_bin)
         raise
+    if result.documents == 0:  # every row skipped (--on-bad-row skip): an empty shard is no source to train on
+        _discard(builder, tmp_bin)
+        raise BadInputError(f"{src}: all {result.skipped_rows} rows skipped as bad, nothing to convert "
+                            f"({'; '.join(result.skipped_examples[:2])}); fix or remove the file")
     try:
         _finish_shard(builder, tmp_prefix, prefix_path, result, src, ranks)
     except BaseException as err:

@@ -144,7 +144,9 @@ def run_foreground(argv: list[str], log_path: Path, on_stop: Callable[[], None] 
         finally:
             signal.signal(signal.SIGTERM, previous)
         if code != 0 and stopped_in_set_up():
-            line = "kaiyuan: stopped before its first step; nothing to save, no checkpoint written\n"
+            cause = last_exception("".join(held or []))  # a rank's own error that came with the stop, not torchrun's
+            line = (f"kaiyuan: a rank reported, as the stop came: {cause}\n" if cause else "") + \
+                "kaiyuan: stopped before its first step; nothing to save, no checkpoint written\n"
             sys.stdout.write(line)
             log.write(line)
             return 0

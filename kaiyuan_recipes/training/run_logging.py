@@ -62,7 +62,8 @@ class QuietRule:
 QUIET_RULES = (
     QuietRule("megatron.bridge.utils.import_utils", "Import of "),
     QuietRule("megatron.core.distributed.param_and_grad_buffer", ""),
-    QuietRule("megatron.bridge.models.gemma.gemma2_provider", "Gemma2: "),  # a probe at import of a model not ours
+    # a probe at import of a model not ours (INFO with FlexAttention, WARNING without)
+    QuietRule("megatron.bridge.models.gemma.gemma2_provider", "Gemma2: ", logging.WARNING),
     # GPTModelProvider's default probes for TE / Apex at every construction and warns that it turns the fusion off;
     # the fusion is then decided for this run (kaiyuan.wgrad_fusion, shown in the decided block)
     QuietRule("megatron.bridge.utils.fusions", "gradient_accumulation_fusion requires ", logging.WARNING),

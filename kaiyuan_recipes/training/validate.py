@@ -109,11 +109,11 @@ def check_blends(dataset: Any) -> None:
 def check_counts(cfg: Any, world_size: int) -> None:
     """Sizes, counts and intervals at least 1 (a recipe's values as well as the command line's), the learning
     rates not negative, and at least one rank."""
-    from kaiyuan_recipes.config.overrides import POSITIVE_INTEGERS, not_a_positive_integer
+    from kaiyuan_recipes.config.overrides import NON_NEGATIVE_INTEGERS, POSITIVE_INTEGERS, not_a_count
 
-    for key in POSITIVE_INTEGERS:
+    for key in POSITIVE_INTEGERS + NON_NEGATIVE_INTEGERS:
         section, name = key.split(".", 1)
-        problem = not_a_positive_integer(key, getattr(getattr(cfg, section), name, None))
+        problem = not_a_count(key, getattr(getattr(cfg, section, None), name, None))
         if problem:
             raise ConfigError(problem)
     for name in ("lr", "min_lr"):
