@@ -95,6 +95,13 @@ def test_missing_manifest_is_named(tmp_path):
     (lambda p: p["categories"]["math"].update(sources=["math"]), "sources\\[0\\] must be a mapping"),
     (lambda p: p.update(categories=[1, 2]), "'categories' must be a mapping"),
     (lambda p: p.update(total_tokens=0), "total_tokens must be a positive number"),
+    (lambda p: p.update(max_epochs=-1), "max_epochs must be a positive number, got -1"),
+    (lambda p: p["categories"]["science"].update(top_up_from="zzz"),
+     "category 'science': top_up_from 'zzz' is not a category of the plan"),
+    (lambda p: p["categories"]["math"].update(top_upfrom="code"),
+     r"category 'math': unknown key\(s\) \['top_upfrom'\]; expected share, sources, top_up_from"),
+    (lambda p: p["categories"]["math"]["sources"][0].update(wieght=3),
+     r"category 'math': sources\[0\]: unknown key\(s\) \['wieght'\]; expected name, dir, pattern"),
 ])
 def test_malformed_plans_get_a_clear_error(tmp_path, edit, message):
     import yaml

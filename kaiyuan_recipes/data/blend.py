@@ -131,6 +131,18 @@ def plan_path(name_or_path: str) -> Path:
         raise BlendError(str(err)) from None
 
 
+# What a plan's category and source entries may hold: a misspelt key (`wieght`, `top_upfrom`) would otherwise be
+# ignored and the plan resolved without it. The top level is left open: it may hold variables for interpolation.
+CATEGORY_KEYS = ("share", "sources", "top_up_from")
+SOURCE_KEYS = ("name", "dir", "pattern")
+
+
+def _refuse_unknown_keys(where: str, entry: dict[str, Any], known: tuple[str, ...]) -> None:
+    unknown = sorted(set(entry) - set(known))
+    if unknown:
+        raise BlendError(f"{where}: unknown key(s) {unknown}; expected {', '.join(known)}")
+
+
 def load_plan(path: Path) -> tuple[dict[str, Any], dict[str, list[Source]]]:
     path = Path(path)
     try:
@@ -147,11 +159,17 @@ def load_plan(path: Path) -> tuple[dict[str, Any], dict[str, list[Source]]]:
         raise BlendError(f"{path}: total_tokens must be a positive number, got {total!r}")
     if not isinstance(plan["categories"], dict) or not plan["categories"]:
         raise BlendError(f"{path}: 'categories' must be a mapping of category name -> {{share, sources}}")
+    max_epochs = plan.get("max_epochs", 4.0)
+    if not positive_number(max_epochs) or isinstance(max_epochs, str):
+        raise BlendError(f"{path}: max_epochs must be a positive number, got {max_epochs!r}")
     sources = {}
     for name, cat in plan["categories"].items():
         where = f"{path}: category {name!r}"
         if not isinstance(cat, dict) or "share" not in cat or not cat.get("sources"):
             raise BlendError(f"{where} needs 'share' and 'sources'")
+        _refuse_unknown_keys(where, cat, CATEGORY_KEYS)
+        if cat.get("top_up_from") is not None and cat["top_up_from"] not in plan["categories"]:
+            raise BlendError(f"{where}: top_up_from {cat['top_up_from']!r} is not a category of the plan")
         share = cat["share"]
         if not positive_number(share) or isinstance(share, str) or share > 1:
             raise BlendError(f"{where}: share must be a number in (0, 1], got {share!r}")
@@ -162,6 +180,7 @@ def load_plan(path: Path) -> tuple[dict[str, Any], dict[str, list[Source]]]:
             if not isinstance(src, dict) or not all(isinstance(src.get(k), str) and src[k] for k in ("name", "dir")):
                 raise BlendError(f"{where}: sources[{i}] must be a mapping with 'name' and 'dir' (strings), "
                                  f"got {src!r}")
+            _refuse_unknown_keys(f"{where}: sources[{i}]", src, SOURCE_KEYS)
             sources[name].append(load_source(src["name"], src["dir"], src.get("pattern", "*")))
     return plan, sources
 
