@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from kaiyuan_recipes.upstream_warnings import raised_while_importing
+
 VERBOSE_ENV = "KAIYUAN_VERBOSE"
 CONFIG_SUMMARY_HEADER = "Configuration Summary (Non-Default Values vs Megatron Core)"
 _EARLY_RECORDS_KEPT = 10_000  # quiet records from before the run directory is known, held for the full log
@@ -169,15 +171,6 @@ class ConsoleStdout:
 EXPERIMENTAL_API = re.compile(r"Function '[^']+' is experimental\. ")
 
 
-def _while_importing() -> bool:
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_filename.startswith("<frozen importlib"):
-            return True
-        frame = frame.f_back
-    return False
-
-
 class QuietWarnings:
     """warnings.showwarning for a worker: import-time and experimental-API warnings to the full log only (as
     logging.captureWarnings words them); every other warning as before."""
@@ -187,7 +180,7 @@ class QuietWarnings:
 
     def __call__(self, message: Warning | str, category: type[Warning], filename: str, lineno: int,
                  file: TextIO | None = None, line: str | None = None) -> None:
-        if _while_importing() or EXPERIMENTAL_API.match(str(message)):
+        if raised_while_importing() or EXPERIMENTAL_API.match(str(message)):
             text = warnings.formatwarning(message, category, filename, lineno, line).rstrip()
             self.full_log.keep(logging.LogRecord("py.warnings", logging.WARNING, filename, lineno, text, None, None))
             return
