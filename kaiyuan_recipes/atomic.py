@@ -40,13 +40,20 @@ def redacted_env(env: dict[str, str]) -> dict[str, str]:
             for k, v in env.items()}
 
 
+def require_new_output(dest: Path) -> Path:
+    """An output directory a command creates: refused if it exists (checked first, before any slow work)."""
+    if Path(dest).exists():
+        raise FileExistsError(f"{dest}: exists; choose a new output directory")
+    return Path(dest)
+
+
 @contextmanager
 def atomic_directory(dest: Path, replace: bool = False) -> Iterator[Path]:
     """Yield a temporary directory beside `dest`; when the block completes it becomes `dest`. An existing
     `dest` is an error unless `replace`; on any failure nothing is left behind."""
     dest = Path(dest)
-    if dest.exists() and not replace:
-        raise FileExistsError(f"{dest}: exists; choose a new output directory")
+    if not replace:
+        require_new_output(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     try:

@@ -12,6 +12,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # The bundled tokenizer and the tokenized sample corpus go to a cache made for this test session.
 os.environ.setdefault("KAIYUAN_CACHE", tempfile.mkdtemp(prefix="kaiyuan-test-cache-"))
+# The launching process refuses a host without a GPU; the tests' ranks stand in for training on the CPU.
+os.environ.setdefault("KAIYUAN_ALLOW_NO_GPU", "1")
 # NeMo-Run reads its home once, at import: experiments of this session go to a temporary one.
 os.environ["NEMORUN_HOME"] = tempfile.mkdtemp(prefix="kaiyuan-test-nemo-run-")
 

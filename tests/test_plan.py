@@ -139,9 +139,9 @@ def _start(tmp_path, *args, env=None):
                           capture_output=True, text=True, timeout=600, env=env)
 
 
-def test_start_builds_the_config_once_and_its_supervisor_launches_without_building_it(tmp_path):
-    """`kaiyuan start` resolves and checks the launch; its supervisor runs the checked torchrun command without
-    importing Megatron-Bridge; the rank builds the config once (and writes the plan)."""
+def test_start_and_its_supervisor_launch_without_megatron_and_the_rank_builds_the_config_once(tmp_path):
+    """`kaiyuan start` checks the launch without Megatron-Bridge; its supervisor runs the torchrun command without
+    it too; the rank resolves the config once (and writes the plan)."""
     from test_lifecycle import wait_for
 
     from kaiyuan_recipes.launch.lifecycle import LocalRun
@@ -161,17 +161,28 @@ def test_start_builds_the_config_once_and_its_supervisor_launches_without_buildi
     finally:
         run.stop(grace=60)
     importers = sorted(p.read_text() for p in seen.iterdir())
-    assert len(importers) == 2, importers  # not the supervisor, nor anything between it and torchrun
-    assert importers[0].endswith("cli/main.py start gpt_smoke once kaiyuan.data=mock "
-                                 f"kaiyuan.run_root={tmp_path / 'runs'}"), importers
-    assert "kaiyuan_recipes/training/entry.py gpt_smoke" in importers[1], importers
+    assert len(importers) == 1, importers  # not `start`, not the supervisor, nor anything up to torchrun
+    assert "kaiyuan_recipes/training/entry.py gpt_smoke" in importers[0], importers
     assert "launching: " in run.layout.console_log.read_text()
     assert list(run.layout.logs.glob("train-*.log"))  # the launch's own log, as `kaiyuan train` writes it
 
 
-def test_start_refuses_what_megatron_bridge_rejects_before_spawning_anything(tmp_path):
-    """An override only Megatron-Bridge's own validation rejects fails `kaiyuan start` itself, not its supervisor."""
+def test_a_launch_megatron_bridge_rejects_ends_before_its_first_step_with_the_reason(tmp_path):
+    """An override only Megatron-Bridge's own validation rejects: `start` returns at once (it checks only what it
+    can without Megatron), and rank 0's resolution refuses the plan: the run fails before training, and `kaiyuan
+    status` and the console say why in one line, without a traceback."""
+    from test_lifecycle import wait_for
+
+    from kaiyuan_recipes.launch.lifecycle import LocalRun
+
     out = _start(tmp_path, "bad", "scheduler.lr_warmup_fraction=0.5")
-    assert out.returncode == 2, out.stderr[-3000:]
-    assert "Megatron-Bridge rejected the configuration" in out.stderr and "lr_warmup_fraction" in out.stderr
-    assert "Traceback" not in out.stderr and not (tmp_path / "runs" / "bad" / "run_state").exists()
+    assert out.returncode == 0, out.stderr[-3000:]
+    run = LocalRun(tmp_path / "runs" / "bad")
+    assert wait_for(lambda: run.status()["state"] != "running", timeout=900), run.status()
+    status = run.status()
+    assert status["state"] == "failed", status
+    assert "the run's plan was refused: Megatron-Bridge rejected the configuration" in status["error"], status
+    assert "lr_warmup_fraction" in status["error"]
+    console = run.layout.console_log.read_text()
+    assert "kaiyuan: training failed (exit 1): the run's plan was refused" in console, console[-3000:]
+    assert "iteration" not in status

@@ -24,6 +24,12 @@ def add_parser(sub: Any) -> None:
 
 
 def heldout(args: Any) -> int:
+    from kaiyuan_recipes.config.run_layout import require_model_dir
+
+    for model in args.model:
+        require_model_dir(model, "--model")
+    if not args.data.is_file():
+        raise FileNotFoundError(f"--data {args.data}: no such file")
     from kaiyuan_recipes.eval.heldout_eval import evaluate_models, markdown_table
 
     report = evaluate_models(args.model, args.data, args.out, args.max_length, args.device, args.batch_size)

@@ -32,11 +32,16 @@ def add_parser(sub: Any) -> None:
 def export_hf(args: Any) -> int:
     import time
 
+    from kaiyuan_recipes.atomic import require_new_output
+
+    start = time.perf_counter()
+    require_new_output(args.out)
+    if not args.checkpoint.exists():
+        raise FileNotFoundError(f"{args.checkpoint}: no such file or directory")
     from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
     from kaiyuan_recipes.export.megatron_to_hf import export_hf as run_export
     from kaiyuan_recipes.models.shape import ModelShape
 
-    start = time.perf_counter()
     shape = ModelShape.for_recipe(args.recipe) if args.recipe else None
     tokenizer = args.tokenizer or default_tokenizer_dir()
     checkpoint = Path(args.checkpoint)

@@ -22,6 +22,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("run_name", help="the run's directory name under kaiyuan.run_root (letters, digits, . _ -)")
     p.add_argument("overrides", nargs="*", help="section.field=value, as for `kaiyuan train`")
     p.add_argument("--nproc-per-node", type=int, help="ranks per node (default 1; on Slurm: --gpus-per-node)")
+    p.add_argument("--phase", type=int,
+                   help="train phase N of kaiyuan.curriculum (default kaiyuan_2b), resuming phase N-1")
     p.add_argument("--verbose", action="store_true", help="every upstream log record on the console too")
     multi = p.add_argument_group("multi-node (one torchrun per host over SSH)")
     add_ssh_arguments(multi, required=False)
@@ -59,10 +61,11 @@ def checked_run_name(name: str) -> str:
 
 
 def start(args: Any) -> int:
-    from kaiyuan_recipes.training.config import build_config
+    from kaiyuan_recipes.cli.train import with_phase
+    from kaiyuan_recipes.config.launch_request import check_launch_request
 
     checked_run_name(args.run_name)
-    overrides = [*args.overrides, f"kaiyuan.run_name={args.run_name}"]
+    overrides = [*with_phase(args.phase, args.overrides), f"kaiyuan.run_name={args.run_name}"]
     if args.slurm and args.hosts:
         raise ValueError("--slurm and --hosts: choose one back-end")
     if not (args.slurm or args.hosts):
@@ -70,59 +73,55 @@ def start(args: Any) -> int:
             raise ValueError(f"--dry-run: only with --slurm (it prints the sbatch script) or --hosts; for this node: "
                              f"kaiyuan train {args.recipe} --dry-run")
         return start_here(args, overrides)
-    # Bad input fails here, before anything starts. Launching elsewhere (Slurm, SSH), this host does not train:
-    # the layer spec and fast path are decided on the training node (its rank 0 writes them to the run's plan).
-    cfg, run = build_config(args.recipe, overrides, decide_here=False)
+    # Launching elsewhere (Slurm, SSH), this host does not train and imports no Megatron: it refuses what it can
+    # decide in a moment; the training node's rank 0 resolves the plan (every `auto` decided for its hardware).
+    request = check_launch_request(args.recipe, overrides)
     if args.slurm:
-        return start_slurm(args, overrides, cfg, run)
-    return start_multinode(args, overrides, cfg, run)
+        return start_slurm(args, overrides, request)
+    return start_multinode(args, overrides, request)
 
 
 def start_here(args: Any, overrides: list[str]) -> int:
-    """On this node: the launch resolved and checked here as `kaiyuan train` checks it (bad input fails before
-    anything is spawned); the supervisor then runs the checked torchrun command (launch/foreground.py) without
-    building the config again, and the ranks build it once each."""
+    """On this node: what can be refused in a moment is refused here (cli/train.py checked_launch), before the run
+    is claimed; the supervisor then runs torchrun, and rank 0 resolves the run's plan once. What only that
+    resolution can refuse ends the run before its first step, the reason in `kaiyuan logs` and `kaiyuan status`."""
     import os
 
     from kaiyuan_recipes.cli.train import checked_launch
     from kaiyuan_recipes.launch import foreground
     from kaiyuan_recipes.launch.lifecycle import LocalRun
-    from kaiyuan_recipes.training.entry import prepare_run_dirs
     from kaiyuan_recipes.training.run_logging import VERBOSE_ENV
 
     launch = checked_launch(args.recipe, overrides, args.nproc_per_node or 1)
-    run = launch.settings
-    prepare_run_dirs(run)
+    request = launch.request
+    request.layout.make_dirs()
     if args.verbose:
         os.environ[VERBOSE_ENV] = "1"  # the supervisor, torchrun and the ranks inherit it
-    pids = LocalRun(run.run_dir).start(foreground.command(run.run_dir, launch.argv),
-                                       {"recipe": args.recipe, "train_iters": launch.cfg.train.train_iters})
-    print(f"started {args.run_name} (supervisor pid {pids[0]}); logs: kaiyuan logs {args.run_name} -f", flush=True)
-    # This process imported Megatron to check the config; tearing that down takes seconds of CPU while the ranks
-    # start beside it, and the run no longer needs this process: leave now (as `kaiyuan train` does).
-    sys.stderr.flush()
-    os._exit(0)
+    pids = LocalRun(request.run_dir).start(foreground.command(request.run_dir, launch.argv),
+                                           {"recipe": args.recipe, "train_iters": request.train_iters})
+    print(f"started {args.run_name} (supervisor pid {pids[0]}); it resolves its plan before the first step: "
+          f"kaiyuan status {args.run_name}, kaiyuan logs {args.run_name} -f", flush=True)
+    return 0
 
 
-def start_multinode(args: Any, overrides: list[str], cfg: Any, run: Any) -> int:
+def start_multinode(args: Any, overrides: list[str], request: Any) -> int:
     import os
 
     from kaiyuan_recipes.config.plan_file import node_decides_note
     from kaiyuan_recipes.launch.ssh import MultiNodeRun
     from kaiyuan_recipes.launch.torchrun import ENTRY_MODULE
-    from kaiyuan_recipes.training.validate import validate
 
     spec = spec_from(args, nproc_per_node=args.nproc_per_node or 1, master_port=args.master_port,
                      container=args.container_name, python=args.python, workdir=os.getcwd())
-    validate(cfg, run, spec.torchrun(0).world_size)
+    request.parallel_layout(spec.torchrun(0).world_size)
     if args.dry_run:
-        print(node_decides_note(run), file=sys.stderr)
+        print(node_decides_note(request.knobs.layer_spec, request.run_dir), file=sys.stderr)
         for rank, node in enumerate(spec.nodes):
             print(f"node {rank} ({node.host}): {shlex.join(spec.torchrun(rank).argv(args.recipe, overrides))}")
         return 0
-    pids = MultiNodeRun(run.run_dir, spec).start(["-m", ENTRY_MODULE, args.recipe, *overrides])
+    pids = MultiNodeRun(request.run_dir, spec).start(["-m", ENTRY_MODULE, args.recipe, *overrides])
     print(f"started {args.run_name} on {len(pids)} node(s): {', '.join(n.host for n in spec.nodes)}; "
-          f"kaiyuan status {args.run_name} --run-root {run.run_dir.parent}")
+          f"kaiyuan status {args.run_name} --run-root {request.run_dir.parent}")
     return 0
 
 

@@ -90,7 +90,10 @@ def check_options(args: Any) -> None:
 
 
 def serve(args: Any) -> int:
+    from kaiyuan_recipes.config.run_layout import require_model_dir
+
     check_options(args)
+    require_model_dir(args.model)
     from kaiyuan_recipes.serve import server
 
     logging.getLogger("kaiyuan_recipes.serve").setLevel(logging.INFO)  # warm-up progress, the server's state

@@ -25,33 +25,33 @@ def add_slurm_arguments(p: Any) -> None:
                    help="print the sbatch script (--slurm) or each node's command (--hosts); start nothing")
 
 
-def start_slurm(args: Any, overrides: list[str], cfg: Any, run: Any) -> int:
+def start_slurm(args: Any, overrides: list[str], request: Any) -> int:
+    """`request`: the launch as the login host checked it (config/launch_request.py); the job's rank 0 resolves it."""
     from pathlib import PurePosixPath
 
     from kaiyuan_recipes.launch.slurm import SlurmRun, SlurmSpec
     from kaiyuan_recipes.launch.torchrun import ENTRY_MODULE
-    from kaiyuan_recipes.training.validate import validate
 
-    cluster_root = args.cluster_run_root or str(run.run_dir.parent)
+    cluster_root = args.cluster_run_root or str(request.run_dir.parent)
     spec = SlurmSpec(partition=args.slurm, nodes=args.nodes, gpus_per_node=args.gpus_per_node or None,
                      nproc_per_node=args.nproc_per_node, account=args.account, time=args.time,
                      container_image=args.container_image, container_mounts=args.container_mount,
                      tunnel=args.tunnel, identity_file=args.identity_file,
                      cluster_run_dir=str(PurePosixPath(cluster_root, args.run_name)) if args.cluster_run_root else None,
                      signal_grace_s=args.signal_grace, retries=args.retries)
-    validate(cfg, run, spec.nodes * spec.ranks_per_node)
+    request.parallel_layout(spec.nodes * spec.ranks_per_node)
     # The job writes where the cluster sees the run directory (the same path on the login node).
     target = ["-m", ENTRY_MODULE, args.recipe, *overrides, f"kaiyuan.run_root={cluster_root}"]
-    job = SlurmRun(run.run_dir, spec)
+    job = SlurmRun(request.run_dir, spec)
     if args.dry_run:
         import sys
 
         from kaiyuan_recipes.config.plan_file import node_decides_note
 
-        print(node_decides_note(run), file=sys.stderr)
+        print(node_decides_note(request.knobs.layer_spec, request.run_dir), file=sys.stderr)
         print(job.sbatch_script(target), end="")
         return 0
-    job_id = job.start(target, {"recipe": args.recipe, "train_iters": cfg.train.train_iters})[0]
+    job_id = job.start(target, {"recipe": args.recipe, "train_iters": request.train_iters})[0]
     print(f"submitted {args.run_name} as Slurm job {job_id} ({spec.nodes} node(s) x {spec.ranks_per_node}); "
-          f"kaiyuan status {args.run_name} --run-root {run.run_dir.parent}")
+          f"kaiyuan status {args.run_name} --run-root {request.run_dir.parent}")
     return 0

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kaiyuan_recipes.config.launch_request import LaunchRequest, check_launch_request
+from kaiyuan_recipes.launch.host_checks import refuse_another_recipes_run, require_gpus
 from kaiyuan_recipes.launch.lifecycle import run_in_foreground
 from kaiyuan_recipes.launch.torchrun import TorchrunSpec
-from kaiyuan_recipes.training.config import build_config
-from kaiyuan_recipes.training.entry import prepare_run_dirs
 from kaiyuan_recipes.training.run_logging import VERBOSE_ENV
-from kaiyuan_recipes.training.summary import print_summary, summarize
-from kaiyuan_recipes.training.validate import validate
 
 
 def add_parser(sub: Any) -> None:
@@ -49,48 +48,66 @@ def with_phase(phase: int | None, overrides: list[str]) -> list[str]:
 
 @dataclass
 class CheckedLaunch:
-    """A launch on this node, resolved and checked once: the config, the run's settings, the dry-run summary and
-    the torchrun command. `kaiyuan train` runs the command; `kaiyuan start` hands it to its supervisor, which then
-    launches without building the config again (the ranks build it: the model is built there)."""
+    """A launch on this node as this process checked it, and its torchrun command. Nothing here imports Megatron:
+    the rank resolves the run's plan once (training/plan.py), and what only that resolution can refuse ends the run
+    before its first step, with the reason on the console and in `kaiyuan status`."""
 
-    cfg: Any
-    settings: Any
-    summary: dict[str, Any]
+    request: LaunchRequest
     argv: list[str]
 
 
 def checked_launch(recipe: str, overrides: list[str], nproc_per_node: int) -> CheckedLaunch:
-    """Bad input fails here, in the launching process, before anything is started."""
+    """Bad input that can be decided in a moment fails here, before anything is claimed or started."""
     spec = TorchrunSpec(nproc_per_node=nproc_per_node)
+    request = check_launch_request(recipe, overrides)
+    request.parallel_layout(spec.world_size)
+    require_gpus(nproc_per_node)
+    refuse_another_recipes_run(request.run_dir, recipe)
+    return CheckedLaunch(request, spec.argv(recipe, overrides))
+
+
+def stage(text: str) -> None:
+    """A dry run's progress, on stderr (its plan, on stdout, stays machine-readable with --json)."""
+    print(f"kaiyuan: {text}", file=sys.stderr, flush=True)
+
+
+def dry_run(recipe: str, overrides: list[str], nproc_per_node: int, as_json: bool) -> int:
+    """The full resolution a rank does, here, without training: every check of the launch."""
+    spec = TorchrunSpec(nproc_per_node=nproc_per_node)
+    t0 = time.monotonic()
+    stage("checking the recipe and overrides")
+    check_launch_request(recipe, overrides)
+    stage("building the config (imports Megatron-Bridge)")
+    from kaiyuan_recipes.training.config import build_config
+    from kaiyuan_recipes.training.summary import print_summary, summarize
+    from kaiyuan_recipes.training.validate import validate
+
     cfg, settings = build_config(recipe, overrides)
+    stage("checking the config")
     layout = validate(cfg, settings, spec.world_size)
-    argv = spec.argv(recipe, overrides)
-    return CheckedLaunch(cfg, settings, summarize(cfg, settings, layout, argv), argv)
+    summary = summarize(cfg, settings, layout, spec.argv(recipe, overrides))
+    stage(f"resolved in {time.monotonic() - t0:.1f} s")
+    if as_json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print_summary(summary)
+    return 0
 
 
 def run(args: Any) -> int:
     args.overrides = with_phase(args.phase, args.overrides)
-    launch = checked_launch(args.recipe, args.overrides, args.nproc_per_node)
-    cfg, settings, summary, argv = launch.cfg, launch.settings, launch.summary, launch.argv
     if args.dry_run:
-        if args.json:
-            print(json.dumps(summary, indent=2))
-        else:
-            print_summary(summary)
-        return 0
-    prepare_run_dirs(settings)
+        return dry_run(args.recipe, args.overrides, args.nproc_per_node, args.json)
+    launch = checked_launch(args.recipe, args.overrides, args.nproc_per_node)
+    request = launch.request
+    request.layout.make_dirs()
     if getattr(args, "verbose", False):
         os.environ[VERBOSE_ENV] = "1"  # the ranks inherit it (training/run_logging.py)
-    log_path = settings.layout.logs / f"train-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    log_path = request.layout.logs / f"train-{time.strftime('%Y%m%d-%H%M%S')}.log"
     # SIGTERM -> the ranks save a checkpoint and exit; run_state/ records it for `kaiyuan status`
-    code = run_in_foreground(settings.run_dir, argv, log_path,
-                             {"recipe": args.recipe, "train_iters": cfg.train.train_iters, "foreground": True},
-                             announce=f"launching: {summary['launch_command']}\nlog: {log_path}")
-    # This process imported Megatron to resolve the config, and tearing that down takes seconds, during which the
-    # run still counts as alive (a stop waits, a new start is refused): the run is over and recorded, so leave now.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    return run_in_foreground(request.run_dir, launch.argv, log_path,
+                             {"recipe": args.recipe, "train_iters": request.train_iters, "foreground": True},
+                             announce=f"launching: {shlex.join(launch.argv)}\nlog: {log_path}")
 
 
 def plot(args: Any) -> int:

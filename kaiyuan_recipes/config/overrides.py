@@ -32,7 +32,7 @@ def split_key(override: str) -> tuple[str, str]:
     return key, value
 
 
-def _closest(key: str, candidates: Iterable[str]) -> str:
+def closest_key(key: str, candidates: Iterable[str]) -> str:
     match = difflib.get_close_matches(key, list(candidates), n=1, cutoff=0.5)
     return f"; closest valid key: {match[0]}" if match else ""
 
@@ -60,7 +60,7 @@ def apply_to_tree(tree: DictConfig, overrides: list[str]) -> None:
     for override in overrides:
         key, _ = split_key(override)
         if key not in valid:
-            raise OverrideError(f"unknown override key {key!r}{_closest(key, valid)}")
+            raise OverrideError(f"unknown override key {key!r}{closest_key(key, valid)}")
     OmegaConf.set_struct(tree, True)
     try:
         parsed = OverridesParser.create().parse_overrides(overrides=overrides)
@@ -108,7 +108,7 @@ def not_a_count(key: str, value: Any) -> str | None:
     return None
 
 
-def _refuse_bad_counts(overrides: list[str]) -> None:
+def refuse_bad_counts(overrides: list[str]) -> None:
     """Before upstream applies them: a model field is checked as the provider is rebuilt, which divides by it."""
     import yaml
 
@@ -140,9 +140,9 @@ def apply_to_container(cfg: Any, overrides: list[str]) -> dict[str, Any]:
         section = key.split(".", 1)[0]
         if key not in valid and not override.startswith("+"):
             if section not in {k.split(".")[0] for k in valid}:
-                raise OverrideError(f"unknown override section in {key!r}{_closest(key, valid)}")
-            raise OverrideError(f"unknown override key {key!r}{_closest(key, valid)}")
-    _refuse_bad_counts(overrides)
+                raise OverrideError(f"unknown override section in {key!r}{closest_key(key, valid)}")
+            raise OverrideError(f"unknown override key {key!r}{closest_key(key, valid)}")
+    refuse_bad_counts(overrides)
     before = {key: _get(cfg, key) for key in (split_key(o)[0] for o in overrides)}
     try:
         process_config_with_overrides(cfg, cli_overrides=list(overrides))

@@ -68,7 +68,7 @@ def plan_brief(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def node_decides_note(run: Any) -> str:
+def node_decides_note(layer_spec_knob: str, run_dir: Path) -> str:
     """What a dry run on a launch host says instead of a layer spec and fast path decided there."""
-    return (f"kaiyuan: layer spec and fast path: {NODE_DECIDES} (kaiyuan.layer_spec={run.layer_spec_knob}); its "
-            f"rank 0 writes them to {run.layout.plan} (kaiyuan status shows them)")
+    return (f"kaiyuan: layer spec and fast path: {NODE_DECIDES} (kaiyuan.layer_spec={layer_spec_knob}); its "
+            f"rank 0 writes them to {RunLayout(Path(run_dir)).plan} (kaiyuan status shows them)")

@@ -58,6 +58,11 @@ class RunLayout:
     def dataset_cache(self) -> Path:
         return self.run_dir / "dataset_cache"
 
+    def make_dirs(self) -> None:
+        """The folders a launch writes into (checkpoints, TensorBoard, logs, run_state)."""
+        for path in (self.checkpoints, self.tensorboard, self.logs, self.state):
+            path.mkdir(parents=True, exist_ok=True)
+
     @property
     def state(self) -> Path:
         """Launch state: the supervisor's identity, the command, exit.json (run_state/)."""
@@ -182,3 +187,23 @@ def read_metrics(state_dir: Path) -> list[dict[str, Any]]:
         if isinstance(record, dict):
             records.append(record)
     return records
+
+
+def is_megatron_checkpoint(path: Path) -> bool:
+    """A run directory, its checkpoints/ folder or one iter_NNNNNNN/ save (not a Hugging Face directory)."""
+    path = Path(path)
+    return not (path / "config.json").is_file() and (
+        RunLayout(path).checkpoints.is_dir() or path.name.startswith("iter_")
+        or (path / LATEST_ITERATION_FILE).is_file())
+
+
+def require_model_dir(path: Path, option: str = "model") -> Path:
+    """A model a command can load: a Hugging Face directory (config.json) or a Megatron run / checkpoint. Anything
+    else is refused naming it, before torch or the model's libraries are imported."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{option} {path}: no such file or directory")
+    if not path.is_dir() or not ((path / "config.json").is_file() or is_megatron_checkpoint(path)):
+        raise FileNotFoundError(f"{option} {path}: neither a Hugging Face model directory (config.json) nor a "
+                                f"Megatron run or checkpoint (checkpoints/, iter_NNNNNNN/ or {LATEST_ITERATION_FILE})")
+    return path

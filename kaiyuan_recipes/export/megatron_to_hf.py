@@ -13,7 +13,7 @@ from typing import Any
 
 from kaiyuan_recipes import fastpath
 from kaiyuan_recipes.atomic import atomic_directory
-from kaiyuan_recipes.config.run_layout import LATEST_ITERATION_FILE, RUN_CONFIG_FILE, RunLayout
+from kaiyuan_recipes.config.run_layout import RUN_CONFIG_FILE, RunLayout, is_megatron_checkpoint
 from kaiyuan_recipes.data.tokenizer import special_token_ids, tokenizer_vocab_size
 from kaiyuan_recipes.export.temporary_dir import temporary_directory
 from kaiyuan_recipes.models.shape import SHAPE_FIELDS, ModelShape
@@ -207,13 +207,6 @@ def write_hf_dir(
         GenerationConfig(eos_token_id=config["eos_token_id"], pad_token_id=config.get("pad_token_id"),
                          do_sample=False).save_pretrained(tmp)
     return Path(out)
-
-
-def is_megatron_checkpoint(path: Path) -> bool:
-    path = Path(path)
-    return not (path / "config.json").is_file() and (
-        RunLayout(path).checkpoints.is_dir() or path.name.startswith("iter_")
-        or (path / LATEST_ITERATION_FILE).is_file())
 
 
 def check_hf_vocab(hf_dir: Path) -> None:

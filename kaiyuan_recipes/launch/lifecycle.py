@@ -261,7 +261,7 @@ class LocalRun(Run):
             last, recent = steps[-1], steps[-10:]
             times = [r["step_time_s"] for r in recent if finite(r.get("step_time_s"))]
             rates = [r["tokens_per_s_per_gpu"] for r in recent if finite(r.get("tokens_per_s_per_gpu"))]
-            total = command.get("train_iters")
+            total = command.get("train_iters") or planned_train_iters(self.run_dir)
             out.update(iteration=last["iteration"], loss=last.get("loss"), lr=last.get("lr"),
                        tokens_per_s_per_gpu=sum(rates) / len(rates) if rates else None, train_iters=total,
                        eta_s=(total - last["iteration"]) * sum(times) / len(times)
@@ -342,3 +342,15 @@ def run_in_foreground(run_dir: Path, argv: list[str], log_path: Path, extra: dic
     finally:
         record_exit(run.layout.state, code)
     return code
+
+
+def planned_train_iters(run_dir: Path) -> int | None:
+    """The run length rank 0 resolved (a curriculum phase decides it there, not where the run was started)."""
+    from kaiyuan_recipes.config.plan_file import PlanFileError, read_plan
+
+    try:
+        plan = read_plan(run_dir)
+    except (PlanFileError, OSError):
+        return None
+    value = (((plan or {}).get("container") or {}).get("train") or {}).get("train_iters")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -6,6 +6,7 @@ knob (config/knobs.py) — nothing hidden here."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import os
@@ -13,12 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
 from kaiyuan_recipes import compat, fastpath
 from kaiyuan_recipes.config import overrides as ov
 from kaiyuan_recipes.config.knobs import Knobs
-from kaiyuan_recipes.config.recipe_tree import load_recipe_tree
+from kaiyuan_recipes.config.launch_request import check_launch_request, record_keys
 from kaiyuan_recipes.config.run_layout import RunLayout
 from kaiyuan_recipes.fastpath.apex_standins import torch_wgrad_accumulation
 from kaiyuan_recipes.fastpath.decisions import FastPathPlan
@@ -274,20 +273,18 @@ def build_config(recipe: str, overrides: list[str] | None = None, decided: NodeD
     fast path as the run's plan file records them (taken, not decided again); `decide_here=False`: on a host that
     launches but does not train, the layer spec and fast path are left to the training node (RunSettings.decided
     says "node"; a stand-in spec is built)."""
+    overrides = list(overrides or [])
+    # what can be refused without Megatron is refused first (a misspelt recipe or knob answers at once)
+    request = check_launch_request(recipe, overrides)
+    container_overrides = [o for o in overrides if not ov.is_tree_override(o)]
     fastpath.prepare_megatron_bridge()
     from megatron.bridge.training.config import ConfigContainer, DistributedDataParallelConfig
 
-    overrides = list(overrides or [])
-    knob_overrides = [o for o in overrides if ov.is_tree_override(o)]
-    container_overrides = [o for o in overrides if o not in knob_overrides]
-
-    tree = load_recipe_tree(recipe)
-    ov.apply_to_tree(tree, knob_overrides)
-    data = OmegaConf.to_container(tree, resolve=True)
-    run = resolve_run_settings(recipe, data.pop("kaiyuan", {}), decided, decide_here)
+    data = copy.deepcopy(request.sections)
+    run = resolve_run_settings(recipe, request.knobs.knob_values(), decided, decide_here)
     from kaiyuan_recipes.training.profiling import profiling_config
 
-    profiling = profiling_config(data.pop("profile", {}))
+    profiling = profiling_config(request.profile)
 
     model_section = data.pop("model")
     mixed_precision = data.pop("mixed_precision", "bf16_mixed")
@@ -325,4 +322,5 @@ def build_config(recipe: str, overrides: list[str] | None = None, decided: NodeD
     fastpath.apply(cfg, run.fastpath)
     _wgrad_fusion_as_decided(cfg, run, container_overrides)
     _megatron_fsdp_grads_as_declared(cfg)
+    record_keys(recipe, cfg)
     return cfg, run  # its cross-checks: training/validate.py validate(), once per process that builds

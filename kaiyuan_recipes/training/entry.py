@@ -22,11 +22,6 @@ from kaiyuan_recipes.training.plan import plan_line, resolve_for_rank
 from kaiyuan_recipes.training.validate import validate
 
 
-def prepare_run_dirs(run: RunSettings) -> None:
-    for path in (run.layout.checkpoints, run.layout.tensorboard, run.layout.logs, run.layout.state):
-        path.mkdir(parents=True, exist_ok=True)
-
-
 def worker_callbacks(cfg: Any, run: RunSettings, phase: Any = None) -> list[Any]:
     """The Megatron-Bridge callbacks a worker trains with (`phase`: its RunPhaseCallback)."""
     from kaiyuan_recipes.training.console_progress import ConsoleProgressCallback
@@ -76,10 +71,17 @@ def main(argv: list[str] | None = None) -> None:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     # Rank 0 resolves (every `auto` decided here, on the training node), checks, and writes run_state/plan.json;
     # the other ranks take its plan (training/plan.py). Upstream's own validation: pretrain runs it at start-up.
-    cfg, run, record = resolve_for_rank(argv[0], argv[1:],
-                                        check=lambda c, r: validate(c, r, world_size, upstream=False))
+    # Upstream's validation too, on rank 0 (a copy; pretrain runs it again): the launching process checked only
+    # what it could without Megatron, so this is where a launch the config cannot train is refused.
+    upstream = os.environ.get("RANK", "0") == "0"
+    try:
+        cfg, run, record = resolve_for_rank(argv[0], argv[1:],
+                                            check=lambda c, r: validate(c, r, world_size, upstream=upstream))
+    except ValueError as err:  # the config's and the overrides' errors name the field
+        print(f"kaiyuan: error: the run's plan was refused: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     os.environ.update(deterministic_env(cfg))  # before CUDA and NCCL read them
-    prepare_run_dirs(run)
+    run.layout.make_dirs()
     print(plan_line(record, int(os.environ.get("RANK", "0"))), flush=True)
     phase_dir = phase_dir or run.layout.state
     if os.environ.get("RANK", "0") == "0" and getattr(cfg.dataset, "path_to_cache", None):

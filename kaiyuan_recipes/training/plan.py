@@ -63,8 +63,22 @@ def plan_record(cfg: Any, run: RunSettings, overrides: list[str], world_size: in
         {name: {"on": p.on, "reason": p.reason} for name, p in run.fastpath.pieces.items()},
         "sdpa_backend": run.sdpa_backend,
         "knobs": knobs,
-        "container": json.loads(json.dumps(cfg.to_dict(), default=str)),
+        "container": json.loads(json.dumps(cfg.to_dict(), default=plain_value)),
     }
+
+
+def plain_value(value: Any) -> str:
+    """A value JSON has no type for, as text that is the same in every process: functions and classes (an
+    activation, a layer spec) by their import path, as Megatron-Bridge's run_config.yaml names them; never a repr
+    with a memory address."""
+    module, name = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+    if module and name and (callable(value) or isinstance(value, type)):
+        return f"{module}.{name}"
+    return str(value)
+
+
+# Fields that differ between the ranks of one plan by design (each rank's own place on its node).
+PER_RANK_FIELDS = ("container.dist.local_rank",)
 
 
 def decisions_from(record: Mapping[str, Any]) -> NodeDecisions:
@@ -113,7 +127,7 @@ def resolve_for_rank(recipe: str, overrides: list[str], env: Mapping[str, str] =
     if check is not None:
         check(cfg, run)
     mine = plan_record(cfg, run, overrides, world_size)
-    differ = [k for k in differences(record, mine) if not k.startswith("decided")]
+    differ = [k for k in differences(record, mine) if not k.startswith("decided") and k not in PER_RANK_FIELDS]
     if differ:
         print(f"kaiyuan: rank {rank}: this node's config differs from the run's plan (rank 0's) at "
               f"{', '.join(differ[:8])}{' ...' if len(differ) > 8 else ''}", file=sys.stderr, flush=True)

@@ -11,6 +11,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from kaiyuan_recipes.config.parallel_layout import LayoutError, parallel_layout_of
 from kaiyuan_recipes.data.tokenizer import tokenizer_vocab_size as vocab_size_of_dir
 from kaiyuan_recipes.models.param_count import padded_vocab_size
 
@@ -32,27 +33,12 @@ def tokenizer_vocab_size(cfg: Any) -> int:
 
 def parallel_layout(cfg: Any, world_size: int) -> dict[str, int]:
     m = cfg.model
-    model_parallel = m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size
-    if world_size % model_parallel:
-        raise ConfigError(
-            f"world size {world_size} is not divisible by TP×PP×CP = {m.tensor_model_parallel_size}×"
-            f"{m.pipeline_model_parallel_size}×{m.context_parallel_size} = {model_parallel}"
-        )
-    dp = world_size // model_parallel
-    per_step = cfg.train.micro_batch_size * dp
-    if cfg.train.global_batch_size % per_step:
-        raise ConfigError(
-            f"train.global_batch_size={cfg.train.global_batch_size} is not divisible by "
-            f"train.micro_batch_size × data-parallel size = {cfg.train.micro_batch_size} × {dp} = {per_step}"
-        )
-    return {
-        "world_size": world_size,
-        "tensor": m.tensor_model_parallel_size,
-        "pipeline": m.pipeline_model_parallel_size,
-        "context": m.context_parallel_size,
-        "data": dp,
-        "grad_accumulation": cfg.train.global_batch_size // per_step,
-    }
+    try:
+        return parallel_layout_of(m.tensor_model_parallel_size, m.pipeline_model_parallel_size,
+                                  m.context_parallel_size, cfg.train.micro_batch_size, cfg.train.global_batch_size,
+                                  world_size)
+    except LayoutError as err:
+        raise ConfigError(str(err)) from None
 
 
 def local_spec_norms_are_torchs() -> bool:

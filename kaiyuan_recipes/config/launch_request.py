@@ -1,0 +1,154 @@
+"""What a launching process checks before a run is claimed, without Megatron, torch or transformers: the recipe,
+the command line's overrides (syntax, `kaiyuan.*` knobs and their types, counts, and every container key against
+the key list the stack's last full resolution recorded), and where the run lives.
+
+The full resolution (the ConfigContainer, every `auto`) runs once, in the process that trains (training/plan.py),
+and is the check of record: what is refused there ends the run before its first step, with the reason in the
+console and `kaiyuan status`. This module only refuses early what it can decide in a fraction of a second."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import OmegaConf
+
+from kaiyuan_recipes.atomic import write_text_atomic
+from kaiyuan_recipes.cache import cache_root
+from kaiyuan_recipes.config import overrides as ov
+from kaiyuan_recipes.config.knobs import Knobs
+from kaiyuan_recipes.config.parallel_layout import parallel_layout_of
+from kaiyuan_recipes.config.recipe_tree import load_recipe_tree, recipe_dir
+from kaiyuan_recipes.config.run_layout import RunLayout
+
+# The packages whose dataclasses give a ConfigContainer its keys: a key list recorded under other versions is
+# not used.
+STACK_PACKAGES = ("megatron-bridge", "megatron-core", "kaiyuan-recipes")
+KEYS_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """A recipe and its overrides as checked on the launching host."""
+
+    recipe: str
+    overrides: tuple[str, ...]
+    knobs: Knobs
+    sections: dict[str, Any]  # the recipe's sections after the knob overrides, plain data (model, train, dataset…)
+    profile: dict[str, Any]  # the recipe's `profile:` section (training/profiling.py)
+    run_dir: Path
+    keys_checked: bool  # the container keys were checked here (a recorded key list exists for this stack)
+
+    @property
+    def layout(self) -> RunLayout:
+        return RunLayout(self.run_dir)
+
+    @property
+    def train_iters(self) -> int | None:
+        """The run length as the recipe and the command line say (a curriculum phase decides it when resolved)."""
+        value = self.value("train.train_iters")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+    def value(self, dotted: str) -> Any:
+        """A container field as the command line or else the recipe sets it (None where neither does)."""
+        for override in reversed(self.overrides):
+            key, text = ov.split_key(override)
+            if key == dotted:
+                try:
+                    return yaml.safe_load(text)
+                except yaml.YAMLError:
+                    return text
+        section, _, name = dotted.partition(".")
+        return (self.sections.get(section) or {}).get(name)
+
+    def parallel_layout(self, world_size: int) -> dict[str, int] | None:
+        """The layout of `world_size` ranks as the recipe's values give it (None where a value is not a plain
+        positive integer here: the full resolution words that)."""
+        names = ("model.tensor_model_parallel_size", "model.pipeline_model_parallel_size",
+                 "model.context_parallel_size", "train.micro_batch_size", "train.global_batch_size")
+        values = [1 if self.value(n) is None and n.startswith("model.") else self.value(n) for n in names]
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values) or world_size < 1:
+            return None
+        return parallel_layout_of(*values, world_size)
+
+
+def check_launch_request(recipe: str, overrides: list[str]) -> LaunchRequest:
+    """Refuses a misspelt recipe, a malformed override, an unknown or mistyped `kaiyuan.*` knob, a bad count and,
+    where this stack's key list is recorded, an unknown container key — each naming the closest valid one."""
+    tree = load_recipe_tree(recipe)
+    knob_overrides = [o for o in overrides if ov.is_tree_override(o)]
+    container_overrides = [o for o in overrides if o not in knob_overrides]
+    ov.apply_to_tree(tree, knob_overrides)
+    sections = OmegaConf.to_container(tree, resolve=True)
+    assert isinstance(sections, dict)
+    knobs = Knobs.from_mapping(sections.pop("kaiyuan", {}) or {})
+    profile = sections.pop("profile", None) or {}
+    keys = recorded_keys(recipe)
+    if keys is not None:
+        for override in container_overrides:
+            key, _ = ov.split_key(override)
+            if override.startswith("+") or key in keys:
+                continue
+            if key.split(".", 1)[0] not in {k.split(".", 1)[0] for k in keys}:
+                raise ov.OverrideError(f"unknown override section in {key!r}{ov.closest_key(key, keys)}")
+            raise ov.OverrideError(f"unknown override key {key!r}{ov.closest_key(key, keys)}")
+    ov.refuse_bad_counts(container_overrides)
+    run_dir = Path(knobs.run_root).expanduser().resolve() / (knobs.run_name or recipe)
+    return LaunchRequest(recipe, tuple(overrides), knobs, sections, profile, run_dir, keys is not None)
+
+
+def _stack_fingerprint(recipe: str) -> str:
+    """The installed versions of the stack and the recipe's model file (its provider class decides the model keys)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    parts = []
+    for name in STACK_PACKAGES:
+        try:
+            parts.append(f"{name}={version(name)}")
+        except PackageNotFoundError:
+            parts.append(f"{name}=?")
+    parts.append(hashlib.sha256((recipe_dir(recipe) / "model.yaml").read_bytes()).hexdigest())
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def keys_file(recipe: str) -> Path:
+    return cache_root() / "container_keys" / f"{recipe}-{_stack_fingerprint(recipe)}.json"
+
+
+def recorded_keys(recipe: str) -> frozenset[str] | None:
+    """The container's dotted keys for `recipe` on this stack, as its last full resolution recorded them; None
+    before any (then the process that trains checks the keys). A damaged file counts as none."""
+    if os.environ.get("KAIYUAN_NO_KEY_CACHE") == "1":
+        return None
+    try:
+        record = json.loads(keys_file(recipe).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("format") != KEYS_FORMAT or not isinstance(record.get("keys"), list):
+        return None
+    return frozenset(str(k) for k in record["keys"])
+
+
+def record_keys(recipe: str, cfg: Any) -> None:
+    """Called by every full resolution: the container's keys, for the next launch's early check. Best effort (a
+    read-only cache only loses the early check)."""
+    keys = set(ov.dataclass_keys(cfg))
+    if "dataset.sequence_length" in keys:  # what recipes and users write (overrides.py _to_field)
+        keys.add("dataset.seq_length")
+    path = keys_file(recipe)
+    try:
+        if path.is_file():
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, json.dumps({"format": KEYS_FORMAT, "recipe": recipe, "keys": sorted(keys)}) + "\n")
+    except OSError:
+        pass
+
+
+__all__ = ["LaunchRequest", "check_launch_request", "keys_file", "record_keys", "recorded_keys"]
