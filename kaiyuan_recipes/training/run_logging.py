@@ -120,14 +120,17 @@ class QuietOnConsole(logging.Filter):
         return False
 
 
-# Set-up progress says the same words for each source it indexes ("Build and save the GPTDataset train indices"):
-# each is a step of progress, not a repeat.
-ALWAYS_SHOWN = ("megatron.core.datasets",)
+# Upstream INFO records a person watches a start for: building a dataset index (minutes on a large corpus), once per
+# source and split: each is a step of progress, not a repeat. Every other upstream INFO record (set-up chatter,
+# config dumps, optional-package notices such as `datasets`' "JAX version … available") is for the full log.
+PROGRESS_SHOWN = (("megatron.core.datasets", "Build and save the "),)
+OWN_LOGGERS = ("kaiyuan_recipes", "__main__")
 
 
-class OnceOnConsole(logging.Filter):
-    """On a console handler: an INFO record repeated (same logger, same text) is shown once (the full log, a
-    handler of its own, has every one). Bounded: after `limit` distinct messages it stops remembering."""
+class ConsoleRecords(logging.Filter):
+    """On a console handler: warnings and errors, this package's own records and upstream's dataset-index
+    progress; an INFO record repeated (same logger, same text) once. The full log, a handler of its own, has every
+    record. Bounded: after `limit` distinct messages it stops remembering."""
 
     def __init__(self, limit: int = 100_000):
         super().__init__()
@@ -135,9 +138,14 @@ class OnceOnConsole(logging.Filter):
         self.limit = limit
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno > logging.INFO or record.name.startswith(ALWAYS_SHOWN):
+        if record.levelno > logging.INFO:
             return True
-        key = (record.name, record.getMessage())
+        message = record.getMessage()
+        if any(record.name.startswith(name) and message.startswith(prefix) for name, prefix in PROGRESS_SHOWN):
+            return True
+        if not record.name.startswith(OWN_LOGGERS):
+            return False
+        key = (record.name, message)
         if key in self.seen:
             return False
         if len(self.seen) < self.limit:
@@ -145,15 +153,23 @@ class OnceOnConsole(logging.Filter):
         return True
 
 
+# Megatron's set-up prints on rank 0 (print_rank_0: "> initializing torch distributed ...", "> setting tensorboard
+# ...", "time to initialize megatron (seconds): …", its datasets' "> building train, validation, and test datasets
+# ..."): progress of upstream's own steps, for the full log. The run's phase (`kaiyuan status`) says the same.
+UPSTREAM_PRINTS = re.compile(r"^(> |time to initialize megatron|\[after .*\] datetime: |building GPT model|"
+                             r"Number of parameters in )")
+
+
 class ConsoleStdout:
-    """sys.stdout with the upstream configuration summary (one print) sent to the full log instead."""
+    """sys.stdout with the upstream configuration summary and set-up prints (UPSTREAM_PRINTS) sent to the full
+    log instead."""
 
     def __init__(self, stream: TextIO, full_log: FullLog):
         self._stream, self._full_log = stream, full_log
         self._newline_pending = False  # print() writes its "\n" separately: dropped with the summary
 
     def write(self, text: str) -> int:
-        if CONFIG_SUMMARY_HEADER in text:
+        if CONFIG_SUMMARY_HEADER in text or UPSTREAM_PRINTS.match(text):
             self._full_log.write(text + "\n")
             self._newline_pending = True
             return len(text)
@@ -171,16 +187,25 @@ class ConsoleStdout:
 EXPERIMENTAL_API = re.compile(r"Function '[^']+' is experimental\. ")
 
 
+def about_upstreams_api(message: str, category: type[Warning], filename: str) -> bool:
+    """Warnings about how upstream's own code calls upstream (deprecations, an experimental function, c10d's
+    barrier picking its device): nothing a user of this run can act on."""
+    return (EXPERIMENTAL_API.match(message) is not None or issubclass(category, (DeprecationWarning, FutureWarning))
+            or " is deprecated" in message
+            or (filename.replace("\\", "/").endswith("torch/distributed/distributed_c10d.py")
+                and message.startswith("barrier(): ")))
+
+
 class QuietWarnings:
-    """warnings.showwarning for a worker: import-time and experimental-API warnings to the full log only (as
-    logging.captureWarnings words them); every other warning as before."""
+    """warnings.showwarning for a worker: import-time warnings and those about upstream's own API to the full log
+    only (as logging.captureWarnings words them); every other warning as before."""
 
     def __init__(self, full_log: FullLog, shown: Any):
         self.full_log, self.shown = full_log, shown
 
     def __call__(self, message: Warning | str, category: type[Warning], filename: str, lineno: int,
                  file: TextIO | None = None, line: str | None = None) -> None:
-        if raised_while_importing() or EXPERIMENTAL_API.match(str(message)):
+        if raised_while_importing() or about_upstreams_api(str(message), category, filename):
             text = warnings.formatwarning(message, category, filename, lineno, line).rstrip()
             self.full_log.keep(logging.LogRecord("py.warnings", logging.WARNING, filename, lineno, text, None, None))
             return
@@ -239,7 +264,7 @@ def start_full_log(logs_dir: Path) -> Path:
         logging.getLogger().addHandler(_FULL_LOG.open(path))
     if not verbose():
         if not any(isinstance(h, FilteredConsole) for h in logging.getLogger().handlers):
-            _filter_root_console(OnceOnConsole())
+            _filter_root_console(ConsoleRecords())
         if not isinstance(sys.stdout, ConsoleStdout):
             sys.stdout = ConsoleStdout(sys.stdout, _FULL_LOG)
     return path
