@@ -24,6 +24,7 @@ from kaiyuan_recipes.launch.identity import IdentityError, ProcessIdentity
 from kaiyuan_recipes.launch.run import Run, RunError
 from kaiyuan_recipes.launch.run_records import (
     RunStateError,
+    check_own_folders,
     finite,
     last_checkpoint,
     read_command,
@@ -56,6 +57,7 @@ __all__ = ["LocalRun", "RunStateError", "run_in_foreground"]
 class LocalRun(Run):
     def alive(self) -> Alive:
         """What of this run is alive now: its supervisor, every process of it (launch/membership.py)."""
+        check_own_folders(self.layout)
         try:
             return run_alive(self.layout.state)
         except IdentityError as err:
@@ -65,14 +67,6 @@ class LocalRun(Run):
         """While anything of the run is alive: its supervisor, or with the supervisor gone a process of the run
         that is still alive; None when nothing is."""
         return running_pid(self.layout.state)
-
-    def _check_inside_run_dir(self) -> None:
-        """Run state is written only inside the run directory: a state or log folder that is a symlink leading out
-        of it (planted by whoever can write the run root) is refused."""
-        root = self.run_dir.resolve()
-        for folder in (self.layout.state, self.layout.console_log.parent):
-            if folder.is_symlink() or (folder.exists() and not folder.resolve().is_relative_to(root)):
-                raise RunStateError(f"{folder}: a symlink or outside {root}; refusing to write run state there")
 
     def _legacy_supervisor(self) -> int | None:
         """A supervisor started by a version that recorded only supervisor.pid, if that process still runs this run."""
@@ -87,7 +81,7 @@ class LocalRun(Run):
     def prepare_state(self, argv: list[str], extra: dict[str, Any] | None) -> membership.Claim:
         """Claim the run directory (refused while anything of its previous run is alive); clear the previous run's
         records; record the command. The returned claim holds the run's lock: keep it open for the run's life."""
-        self._check_inside_run_dir()
+        check_own_folders(self.layout)
         if (pid := self._legacy_supervisor()) is not None:
             raise RunStateError(f"run {self.name!r} may still run under a supervisor started by an older version "
                                 f"(pid {pid}, recorded without its identity): stop it with `kill -TERM {pid}`, then "
@@ -166,15 +160,36 @@ class LocalRun(Run):
 
     def stop(self, grace: float = 300.0, poll: float = 0.5) -> dict[str, Any]:
         """SIGTERM what of the run is alive (the supervisor, which hands it on; the ranks when it is gone), wait up to
-        `grace`, then SIGKILL what is left. A run with nothing alive is refused with what it is; nothing is
-        signalled then."""
+        `grace`, then SIGKILL what is left. A run with nothing alive is refused with what it is, and so is a stop
+        while another is under way (its grace is never shortened); nothing is signalled then."""
+        check_own_folders(self.layout)
+        if not self.layout.state.is_dir():
+            raise RunStateError(self._not_running())
+        with membership.sole_stop(self.layout.stop_lock, self._stop_under_way):
+            return self._stop(grace, poll)
+
+    def _stop_under_way(self) -> str:
+        try:
+            asked = read_stop(self.layout) or {}
+        except RunStateError:
+            asked = {}
+        at, grace = asked.get("requested_at"), asked.get("grace_s")
+        when = ""
+        if finite(at) and finite(grace):
+            clock = time.strftime("%H:%M:%S", time.localtime(at + grace))
+            when = f" (by pid {asked.get('by_pid')}; it sends SIGKILL only if the run is still alive at {clock})"
+        return (f"run {self.name!r}: a stop is already under way{when}; nothing signalled, its grace left as it is. "
+                f"`kaiyuan status {self.name}` says when it has stopped")
+
+    def _stop(self, grace: float, poll: float) -> dict[str, Any]:
         alive = self.alive()
         if not alive.processes:
             raise RunStateError(self._not_running())
         last_ckpt = self._last_checkpoint()
         # On record before the signal: status says stopped (not failed) as soon as the run ends.
         write_text_atomic(self.layout.stop_request, json.dumps({"run": self.name, "signal": "SIGTERM",
-                                                                "requested_at": time.time()}))
+                                                                "requested_at": time.time(), "grace_s": grace,
+                                                                "by_pid": os.getpid()}))
         signalled = terminate(alive)
         # From here on nothing may keep the grace period and the SIGKILL from happening.
         deadline = time.monotonic() + grace
@@ -228,6 +243,7 @@ class LocalRun(Run):
         """state: running / running — supervisor lost / lost / stopped / finished / failed; phase: what it does or
         how it ended (setting up: ..., training, saving, stopped before its first step, failed: <error>, ...)."""
         layout = self.layout
+        check_own_folders(layout)
         if not layout.state.is_dir():
             raise RunStateError(f"{self.run_dir}: no run state (was it started with `kaiyuan start`?)")
         command = read_command(layout)

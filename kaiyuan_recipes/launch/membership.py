@@ -1,4 +1,5 @@
-"""Which processes are one run, and the lock that keeps a run directory to one run at a time.
+"""Which processes are one run, the lock that keeps a run directory to one run at a time, and the one that keeps a
+run to one stop at a time (sole_stop).
 
 A run claims its state folder (run_state/, or run_state/nodes/<rank>/ on each node of a multi-node run) before it
 starts anything: a shared flock on run_state/run.lock, taken while nothing else holds it and nothing of the run
@@ -16,6 +17,7 @@ Light on purpose: the training ranks import it (no torch)."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import os
@@ -24,6 +26,7 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 
 from kaiyuan_recipes.atomic import write_text_atomic
 from kaiyuan_recipes.launch.run import RunError
@@ -103,6 +106,23 @@ def claim(state_dir: Path, busy_message: str) -> Claim:
         return Claim(fd, token, state_dir)
     finally:
         os.close(mutex)  # releases it
+
+
+@contextlib.contextmanager
+def sole_stop(lock_file: Path, under_way: Callable[[], str]) -> Iterator[None]:
+    """Held by a stop from its SIGTERM to its result. A second stop (a save under way, a shorter grace) would SIGKILL
+    the save at its own deadline: it is refused with `under_way()`'s words, signalling nothing. The kernel drops the
+    lock with its holder, however that dies."""
+    try:
+        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as err:
+        raise RunStateError(f"{lock_file}: cannot open the stop lock ({err.strerror})") from None
+    try:
+        if not _try_flock(fd, fcntl.LOCK_EX, attempts=1):
+            raise RunStateError(under_way())
+        yield
+    finally:
+        os.close(fd)
 
 
 def inherited_claim(state_dir: Path, fd: int) -> Claim:
