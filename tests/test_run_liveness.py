@@ -263,3 +263,25 @@ def test_status_and_stop_refuse_a_run_state_that_is_another_runs(tmp_path, capsy
     finally:
         result = LocalRun(other).stop(grace=60)
     assert not result["sigkill_after_grace"] and status(other)["state"] == "stopped"
+
+
+def test_every_back_end_refuses_a_stop_while_another_is_under_way(tmp_path):
+    """The one stop lock (membership.sole_stop) guards each back-end's stop before it asks or signals anything:
+    refused with the stop under way's words (its pid, when it would SIGKILL); nothing of the run is touched."""
+    from kaiyuan_recipes.launch.membership import StopUnderWay, sole_stop
+    from kaiyuan_recipes.launch.slurm import SlurmRun
+    from kaiyuan_recipes.launch.slurm_spec import SlurmSpec
+    from kaiyuan_recipes.launch.ssh import MultiNodeRun, MultiNodeSpec, Node
+
+    runs = {"local": LocalRun(tmp_path / "local"),
+            "nodes": MultiNodeRun(tmp_path / "nodes", MultiNodeSpec(nodes=[Node("127.0.0.1", 2, "me")])),
+            "slurm": SlurmRun(tmp_path / "slurm", SlurmSpec(partition="batch", tunnel="ssh://me@127.0.0.1:2",
+                                                                cluster_run_dir="/lustre/me/runs/slurm"))}
+    for name, run in runs.items():
+        run.layout.state.mkdir(parents=True)
+        run.layout.stop_request.write_text(json.dumps({"requested_at": 0.0, "grace_s": 300, "by_pid": 4242}))
+        with sole_stop(run.layout, name):  # a stop under way (this process: flock is per open file)
+            with pytest.raises(StopUnderWay, match=rf"run '{name}': a stop is already under way \(by pid 4242; it "
+                                                   r"sends SIGKILL only if the run is still alive at \d\d:\d\d:\d\d"):
+                run.stop(grace=1)
+        assert json.loads(run.layout.stop_request.read_text())["by_pid"] == 4242  # nothing recorded over it

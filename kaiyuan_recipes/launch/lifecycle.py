@@ -165,21 +165,8 @@ class LocalRun(Run):
         check_own_folders(self.layout)
         if not self.layout.state.is_dir():
             raise RunStateError(self._not_running())
-        with membership.sole_stop(self.layout.stop_lock, self._stop_under_way):
+        with membership.sole_stop(self.layout, self.name):
             return self._stop(grace, poll)
-
-    def _stop_under_way(self) -> str:
-        try:
-            asked = read_stop(self.layout) or {}
-        except RunStateError:
-            asked = {}
-        at, grace = asked.get("requested_at"), asked.get("grace_s")
-        when = ""
-        if finite(at) and finite(grace):
-            clock = time.strftime("%H:%M:%S", time.localtime(at + grace))
-            when = f" (by pid {asked.get('by_pid')}; it sends SIGKILL only if the run is still alive at {clock})"
-        return (f"run {self.name!r}: a stop is already under way{when}; nothing signalled, its grace left as it is. "
-                f"`kaiyuan status {self.name}` says when it has stopped")
 
     def _stop(self, grace: float, poll: float) -> dict[str, Any]:
         alive = self.alive()

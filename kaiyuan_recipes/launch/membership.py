@@ -26,11 +26,12 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 from kaiyuan_recipes.atomic import write_text_atomic
+from kaiyuan_recipes.config.run_layout import RunLayout
 from kaiyuan_recipes.launch.run import RunError
-from kaiyuan_recipes.launch.run_records import RunStateError
+from kaiyuan_recipes.launch.run_records import RunStateError, finite, read_stop
 
 LOCK_FILE = "run.lock"
 START_MUTEX_FILE = "start.lock"  # held only while a start checks and takes run.lock
@@ -108,21 +109,40 @@ def claim(state_dir: Path, busy_message: str) -> Claim:
         os.close(mutex)  # releases it
 
 
+class StopUnderWay(RunStateError):
+    """Another stop of the run is under way."""
+
+
 @contextlib.contextmanager
-def sole_stop(lock_file: Path, under_way: Callable[[], str]) -> Iterator[None]:
-    """Held by a stop from its SIGTERM to its result. A second stop (a save under way, a shorter grace) would SIGKILL
-    the save at its own deadline: it is refused with `under_way()`'s words, signalling nothing. The kernel drops the
-    lock with its holder, however that dies."""
+def sole_stop(layout: RunLayout, name: str) -> Iterator[None]:
+    """Held by a stop of run `name` (any back-end) from its SIGTERM to its result. A second stop (a save under way, a
+    shorter grace) would SIGKILL the save at its own deadline: it is refused (StopUnderWay), signalling nothing,
+    saying when the one under way gives up waiting. The kernel drops the lock with its holder, however that dies."""
+    layout.state.mkdir(parents=True, exist_ok=True)
     try:
-        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        fd = os.open(layout.stop_lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except OSError as err:
-        raise RunStateError(f"{lock_file}: cannot open the stop lock ({err.strerror})") from None
+        raise RunStateError(f"{layout.stop_lock}: cannot open the stop lock ({err.strerror})") from None
     try:
         if not _try_flock(fd, fcntl.LOCK_EX, attempts=1):
-            raise RunStateError(under_way())
+            raise StopUnderWay(_stop_under_way(layout, name))
         yield
     finally:
         os.close(fd)
+
+
+def _stop_under_way(layout: RunLayout, name: str) -> str:
+    try:
+        asked = read_stop(layout) or {}
+    except RunStateError:
+        asked = {}
+    at, grace = asked.get("requested_at", asked.get("at")), asked.get("grace_s")
+    when = ""
+    if finite(at) and finite(grace):
+        clock = time.strftime("%H:%M:%S", time.localtime(at + grace))
+        when = f" (by pid {asked.get('by_pid')}; it sends SIGKILL only if the run is still alive at {clock})"
+    return (f"run {name!r}: a stop is already under way{when}; nothing signalled, its grace left as it is. "
+            f"`kaiyuan status {name}` says when it has stopped")
 
 
 def inherited_claim(state_dir: Path, fd: int) -> Claim:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shlex
 import shutil
 import sys
@@ -35,6 +36,7 @@ from typing import Any, TextIO
 from kaiyuan_recipes.atomic import redacted_env, write_text_atomic
 from kaiyuan_recipes.config.run_layout import LATEST_ITERATION_FILE, RunLayout
 from kaiyuan_recipes.launch.failure import TAIL_BYTES, last_exception
+from kaiyuan_recipes.launch.membership import sole_stop
 from kaiyuan_recipes.launch.run import Run, RunError
 from kaiyuan_recipes.launch.slurm_spec import SlurmSpec, job_name, time_limit_seconds
 from kaiyuan_recipes.launch.ssh import Node
@@ -265,13 +267,18 @@ class SlurmRun(Run):
     def stop(self, grace: float = 300.0, poll: float = 2.0) -> dict[str, Any]:
         """SIGTERM to the job's step (its ranks save a checkpoint), then scancel after `grace` seconds if it is
         still running (or was requeued meanwhile). A pending job is cancelled at once; a job that has ended is
-        refused (nothing is cancelled or recorded)."""
+        refused (nothing is cancelled or recorded), and so is a stop while another is under way."""
+        with sole_stop(self.layout, self.name):
+            return self._stop(grace, poll)
+
+    def _stop(self, grace: float, poll: float) -> dict[str, Any]:
         before = self.status()
         if before["state"] not in ACTIVE:  # nothing to signal, and no stop request to change what status says
             raise SlurmError(f"run {self.name!r} is not running: Slurm job {self.job_id} is {before['slurm_state']} "
                              f"({before['state']}); nothing cancelled")
         self.layout.state.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(self.layout.stop_request, json.dumps({"reason": "requested", "at": time.time()}))
+        write_text_atomic(self.layout.stop_request, json.dumps({"reason": "requested", "at": time.time(),
+                                                                "grace_s": grace, "by_pid": os.getpid()}))
         state = before["state"]
         if state == "running":
             self._on_cluster(["scancel", "--signal=TERM", self.job_id])

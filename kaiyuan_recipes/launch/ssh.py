@@ -25,6 +25,7 @@ from typing import Any, TextIO
 from kaiyuan_recipes.atomic import redacted_env, write_text_atomic
 from kaiyuan_recipes.config.run_layout import EXIT_FILE, IDENTITY_FILE, RunLayout
 from kaiyuan_recipes.launch.failure import TAIL_BYTES, last_exception
+from kaiyuan_recipes.launch.membership import StopUnderWay, sole_stop
 from kaiyuan_recipes.launch.run import Run, RunError
 from kaiyuan_recipes.launch.torchrun import TorchrunSpec
 
@@ -294,14 +295,20 @@ class MultiNodeRun(Run):
 
     def stop(self, grace: float = 300.0, poll: float = 1.0, reason: str = "requested") -> dict[str, Any]:
         """SIGTERM every node's supervisor (it stops the ranks); wait for all to exit; SIGKILL the rest after `grace`.
-        A node that cannot be reached does not keep the others from being stopped; it is reported."""
+        A node that cannot be reached does not keep the others from being stopped; it is reported. Refused while
+        another stop is under way (membership.sole_stop)."""
+        with sole_stop(self.layout, self.name):
+            return self._stop(grace, poll, reason)
+
+    def _stop(self, grace: float, poll: float, reason: str) -> dict[str, Any]:
         before = self.status()
         if not before["state"].startswith("running") and "unreachable" not in {n["state"] for n in before["nodes"]}:
             raise NothingAlive(f"run {self.name!r} is not running on any node (state {before['state']}: "
                                  + ", ".join(f"node {n['rank']} {n['state']}" for n in before["nodes"])
                                  + "); nothing signalled")
         self.layout.state.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(self.layout.stop_request, json.dumps({"reason": reason, "at": time.time()}))
+        write_text_atomic(self.layout.stop_request, json.dumps({"reason": reason, "at": time.time(), "grace_s": grace,
+                                                                "by_pid": os.getpid()}))
         unreachable = self.signal_all("TERM")
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and self.status()["state"].startswith("running"):
@@ -327,6 +334,9 @@ class MultiNodeRun(Run):
                 hosts = ", ".join(f"{n['host']} (rank {n['rank']}: {n['state']})" for n in bad)
                 try:
                     result = self.stop(grace, reason=f"node failure: {hosts}")
+                except StopUnderWay:  # a `kaiyuan stop` is ending the run already: it is left to finish
+                    time.sleep(poll)
+                    continue
                 except NothingAlive:  # the others ended by themselves meanwhile
                     result = {"run": self.name, "sigkill_after_grace": False, "grace_s": grace, "unreachable": [],
                               **self.status()}
