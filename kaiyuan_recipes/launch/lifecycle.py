@@ -44,12 +44,11 @@ from kaiyuan_recipes.launch.supervise import (
     terminate,
 )
 from kaiyuan_recipes.processes import read_proc
+from kaiyuan_recipes.run_states import ALIVE, Phase, RunState
 
 # Environment variables recorded with a run (never tokens or keys).
 RECORDED_ENV = ("CUDA_VISIBLE_DEVICES", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_DEBUG", "HF_ENDPOINT",
                 "KAIYUAN_CACHE", "PYTHONPATH")
-SETTING_UP = "setting up"
-BEFORE_FIRST_STEP = "stopped before its first step"
 
 __all__ = ["LocalRun", "RunStateError", "run_in_foreground"]
 
@@ -132,7 +131,7 @@ class LocalRun(Run):
         except RunError as err:
             raise RunStateError(f"run {self.name!r} was multi-node and its nodes cannot be asked whether it still "
                                 f"runs ({err}); stop it there, or remove {self.layout.multinode_state}") from None
-        if state.startswith("running"):
+        if state in ALIVE:
             raise RunStateError(f"run {self.name!r} is running on several nodes; `kaiyuan stop {self.name}` first")
         self.layout.multinode_state.unlink()
 
@@ -206,7 +205,7 @@ class LocalRun(Run):
             status = self.status()
         except RunStateError as err:
             return f"run {self.name!r} is not running ({err}); nothing signalled"
-        if status["state"] == "lost":
+        if status["state"] == RunState.LOST:
             return (f"run {self.name!r} is lost: nothing of it runs, and it neither finished nor was stopped "
                     f"(last iteration {status.get('iteration')}, last checkpoint {status.get('last_checkpoint')}); "
                     "nothing signalled")
@@ -244,20 +243,20 @@ class LocalRun(Run):
         # supervisor is alive and the recorded exit is the truth.
         ending = exit_info is not None and set(alive.processes) <= {alive.supervisor}
         if alive.state is not None and not ending:
-            state, shown = alive.state, phase or f"{SETTING_UP}: starting"
+            state, shown = alive.state, phase or f"{Phase.SETTING_UP}: starting"
         elif stop is not None:  # by `kaiyuan stop` (also one that found the supervisor gone) or a SIGTERM to it
-            state = "stopped"
-            shown = BEFORE_FIRST_STEP if phase is None or phase.startswith(SETTING_UP) else "stopped"
+            state = RunState.STOPPED
+            shown = Phase.STOPPED_BEFORE_FIRST_STEP if phase is None or Phase.is_setting_up(phase) else state
         elif exit_info is None:
-            state = shown = "lost"
+            state = shown = RunState.LOST
         elif exit_info["exit_code"] == 0:
-            state = shown = "finished"
+            state = shown = RunState.FINISHED
         else:
-            state = "failed"
+            state = RunState.FAILED
             out["error"] = self._error(command)
-            shown = f"failed: {out['error']}" if out["error"] else "failed"
+            shown = f"{state}: {out['error']}" if out["error"] else state
         out.update(state=state, phase=shown, exit=exit_info)
-        if state == "running — supervisor lost":
+        if state == RunState.SUPERVISOR_LOST:
             out["alive"] = list(alive.processes)
         steps = [r for r in metrics if r.get("event") == "step" and type(r.get("iteration")) is int]
         if steps:
@@ -268,7 +267,7 @@ class LocalRun(Run):
             out.update(iteration=last["iteration"], loss=last.get("loss"), lr=last.get("lr"),
                        tokens_per_s_per_gpu=sum(rates) / len(rates) if rates else None, train_iters=total,
                        eta_s=(total - last["iteration"]) * sum(times) / len(times)
-                       if total and times and state == "running" else None)
+                       if total and times and state == RunState.RUNNING else None)
         out["last_checkpoint"] = last_checkpoint(layout, metrics)
         evals = [r for r in metrics if r.get("event") == "heldout_eval" and type(r.get("iteration")) is int
                  and isinstance(r.get("overall"), dict)]

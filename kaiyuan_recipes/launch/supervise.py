@@ -35,6 +35,7 @@ from kaiyuan_recipes.launch.identity import IdentityError, ProcessIdentity
 from kaiyuan_recipes.launch.run import RunError
 from kaiyuan_recipes.launch.run_records import RunStateError, read_exit, read_object
 from kaiyuan_recipes.processes import processes
+from kaiyuan_recipes.run_states import Phase, RunState
 
 SUPERVISED_ENV = "KAIYUAN_SUPERVISED"  # set for the command a supervisor runs: it records nothing itself
 
@@ -193,7 +194,7 @@ def _still_setting_up(state_dir: Path) -> bool:
         record = read_object(Path(state_dir) / PHASE_FILE, {"phase": (str,)})
     except RunError:
         return False
-    return record is None or record["phase"].startswith("setting up")
+    return record is None or Phase.is_setting_up(record["phase"])
 
 
 @dataclass(frozen=True)
@@ -209,11 +210,11 @@ class Alive:
         return (self.supervisor,) if self.supervisor else ()
 
     @property
-    def state(self) -> str | None:
-        """running / running — supervisor lost, or None when nothing of the run is alive."""
+    def state(self) -> RunState | None:
+        """RUNNING / SUPERVISOR_LOST, or None when nothing of the run is alive."""
         if self.supervisor:
-            return "running"
-        return "running — supervisor lost" if self.processes else None
+            return RunState.RUNNING
+        return RunState.SUPERVISOR_LOST if self.processes else None
 
 
 def run_alive(state_dir: Path) -> Alive:
