@@ -1,6 +1,8 @@
 """start / stop / status / logs with real processes: a 2-process torchrun (gloo) job that
 all-reduces every step, reads from a DataLoader worker, writes metrics.jsonl like the training callback,
-and on SIGTERM records a checkpoint and exits — the contract Megatron's exit-signal handler keeps."""
+and on SIGTERM records a checkpoint and exits — the contract Megatron's exit-signal handler keeps. Like a real rank it
+joins the run (launch/membership.py: SIGTERM when its torchrun dies) and prints before it saves, as Megatron-Bridge's
+save_checkpoint does."""
 
 import os
 import sys
@@ -39,7 +41,9 @@ def running_pid(run_dir):
 PROGRAM = textwrap.dedent('''
     import json, os, signal, sys, time
     import torch, torch.distributed as dist
-    state, steps, ignore_term = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+    from kaiyuan_recipes.launch.membership import join_run_from_env
+    state, steps, ignore_term, save_gate = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
+    join_run_from_env()
     stop = []
     signal.signal(signal.SIGTERM, (lambda *_: None) if ignore_term else (lambda *_: stop.append(1)))
     dist.init_process_group("gloo")
@@ -62,7 +66,11 @@ PROGRAM = textwrap.dedent('''
         flag = torch.tensor([float(bool(stop))])
         dist.all_reduce(flag)  # every rank agrees to stop at the same step, as Megatron's handler does
         if flag.item() > 0:
-            time.sleep(1.0)  # saving
+            print(f"saving checkpoint at iteration {it}", flush=True)
+            time.sleep(1.0)  # saving; with a gate, until the test opens it
+            deadline = time.monotonic() + 300
+            while save_gate and not os.path.exists(save_gate) and time.monotonic() < deadline:
+                time.sleep(0.05)
             write({"event": "checkpoint", "iteration": it})
             print(f"saved checkpoint at {it}; exiting", flush=True)
             break
@@ -79,9 +87,9 @@ def job(tmp_path):
     prog = tmp_path / "job.py"
     prog.write_text(PROGRAM)
 
-    def argv(state_dir, steps, ignore_term=False):
+    def argv(state_dir, steps, ignore_term=False, save_gate=""):
         return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone",
-                str(prog), str(state_dir), str(steps), "1" if ignore_term else "0"]
+                str(prog), str(state_dir), str(steps), "1" if ignore_term else "0", str(save_gate)]
 
     return argv
 

@@ -186,3 +186,102 @@ def test_status_and_metrics_write_a_nan_loss_as_valid_json(tmp_path, capsys):
     main(["status", "--run-root", str(tmp_path / "runs"), "nan"])
     shown = strict(capsys.readouterr().out)
     assert shown["loss"] == "nan" and shown["tokens_per_s_per_gpu"] is None and shown["iteration"] == 3
+
+
+def checkpoints_logged(run_dir):
+    metrics = RunLayout(run_dir).metrics.read_text()
+    return [json.loads(line)["iteration"] for line in metrics.splitlines() if '"checkpoint"' in line]
+
+
+def test_a_rank_saves_when_its_supervisors_whole_process_group_is_killed(tmp_path, job):  # noqa: F811
+    """`kill -9 -- -<pgid>` of a detached run as `kaiyuan start` makes it (the supervisor, launch.foreground and
+    torchrun share one group; torchrun gives each rank a session of its own): each rank gets SIGTERM as its torchrun
+    dies, prints "saving checkpoint" on its way to the save as Megatron-Bridge does, and saves. Its output goes to
+    the run's log file, never to a pipe whose reader died with the group (EPIPE killed the rank at that print)."""
+    from kaiyuan_recipes.launch import foreground
+
+    run = tmp_path / "runs" / "group"
+    supervisor = start(run, foreground.command(run, job(run / "run_state", 100000)), {"train_iters": 100000})
+    assert wait_for(lambda: status(run).get("iteration", 0) >= 3, timeout=120)
+    assert os.getpgid(supervisor) == supervisor
+    os.killpg(supervisor, signal.SIGKILL)
+    assert wait_for(lambda: not members(run / "run_state"), timeout=120)
+    saved = checkpoints_logged(run)
+    (log,) = RunLayout(run).logs.glob("train-*.log")
+    assert saved and saved[-1] >= 3, log.read_text()[-3000:]
+    assert f"saving checkpoint at iteration {saved[-1]}" in log.read_text()
+    assert "BrokenPipeError" not in log.read_text()
+    after = status(run)
+    assert after["state"] == "lost" and after["last_checkpoint"] == saved[-1]
+
+
+def test_a_second_stop_during_a_save_is_refused_and_never_shortens_the_grace(tmp_path, job):  # noqa: F811
+    """The first stop's ranks are saving (held there until the test lets the save end): a second stop with a shorter
+    grace says a stop is under way and signals nothing; the first then ends with its checkpoint, no SIGKILL."""
+    import threading
+
+    run = tmp_path / "runs" / "twice"
+    gate = tmp_path / "save_may_end"
+    start(run, job(run / "run_state", 100000, save_gate=gate), {"train_iters": 100000})
+    assert wait_for(lambda: status(run).get("iteration", 0) >= 2, timeout=120)
+    first = {}
+    stopping = threading.Thread(target=lambda: first.update(LocalRun(run).stop(grace=300)))
+    stopping.start()
+    try:
+        log = RunLayout(run).console_log
+        assert wait_for(lambda: "saving checkpoint at iteration" in log.read_text(), timeout=120)
+        with pytest.raises(RunStateError, match=r"a stop is already under way \(by pid \d+; it sends SIGKILL only "
+                                                r"if the run is still alive at .*nothing signalled"):
+            LocalRun(run).stop(grace=2)
+        assert LocalRun(run).alive().supervisor  # nothing of the run was killed
+    finally:
+        gate.touch()
+        stopping.join(timeout=300)
+    assert first["checkpoint_saved"] and not first["sigkill_after_grace"], first
+    assert status(run)["state"] == "stopped" and checkpoints_logged(run) == [first["last_checkpoint"]]
+
+
+def test_status_and_stop_refuse_a_run_state_that_is_another_runs(tmp_path, capsys):
+    """run_state a symlink to another run's: status and stop would act on that other run (start already refused)."""
+    from kaiyuan_recipes.cli.main import main
+
+    root = tmp_path / "runs"
+    other = root / "other"
+    start(other, [sys.executable, "-c", "import time; time.sleep(600)"])
+    alias = root / "alias"
+    alias.mkdir()
+    (alias / "run_state").symlink_to(other / "run_state")
+    try:
+        for verb in (status, lambda run: LocalRun(run).stop(grace=1), lambda run: LocalRun(run).alive()):
+            with pytest.raises(RunStateError, match=r"run_state: a symlink or outside .*not this run's own folder"):
+                verb(alias)
+        assert main(["stop", "--run-root", str(root), "alias", "--grace", "1"]) == 2
+        assert "not this run's own folder" in capsys.readouterr().err
+        assert main(["status", "--run-root", str(root)]) == 1
+        lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert [(line["run"], line["state"]) for line in lines] == [("alias", "unreadable"), ("other", "running")]
+    finally:
+        result = LocalRun(other).stop(grace=60)
+    assert not result["sigkill_after_grace"] and status(other)["state"] == "stopped"
+
+
+def test_every_back_end_refuses_a_stop_while_another_is_under_way(tmp_path):
+    """The one stop lock (membership.sole_stop) guards each back-end's stop before it asks or signals anything:
+    refused with the stop under way's words (its pid, when it would SIGKILL); nothing of the run is touched."""
+    from kaiyuan_recipes.launch.membership import StopUnderWay, sole_stop
+    from kaiyuan_recipes.launch.slurm import SlurmRun
+    from kaiyuan_recipes.launch.slurm_spec import SlurmSpec
+    from kaiyuan_recipes.launch.ssh import MultiNodeRun, MultiNodeSpec, Node
+
+    runs = {"local": LocalRun(tmp_path / "local"),
+            "nodes": MultiNodeRun(tmp_path / "nodes", MultiNodeSpec(nodes=[Node("127.0.0.1", 2, "me")])),
+            "slurm": SlurmRun(tmp_path / "slurm", SlurmSpec(partition="batch", tunnel="ssh://me@127.0.0.1:2",
+                                                                cluster_run_dir="/lustre/me/runs/slurm"))}
+    for name, run in runs.items():
+        run.layout.state.mkdir(parents=True)
+        run.layout.stop_request.write_text(json.dumps({"requested_at": 0.0, "grace_s": 300, "by_pid": 4242}))
+        with sole_stop(run.layout, name):  # a stop under way (this process: flock is per open file)
+            with pytest.raises(StopUnderWay, match=rf"run '{name}': a stop is already under way \(by pid 4242; it "
+                                                   r"sends SIGKILL only if the run is still alive at \d\d:\d\d:\d\d"):
+                run.stop(grace=1)
+        assert json.loads(run.layout.stop_request.read_text())["by_pid"] == 4242  # nothing recorded over it

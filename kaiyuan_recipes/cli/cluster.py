@@ -9,6 +9,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from kaiyuan_recipes.run_states import RunState
+
 
 def add_ssh_arguments(p: Any, required: bool = True) -> None:
     p.add_argument("--hosts", required=required, help="comma-separated [user@]host[:port]; the first is the master")
@@ -86,4 +88,4 @@ def cluster_check(args: Any) -> int:
         print(job.node_log(node["rank"], 50).strip() or f"rank {node['rank']}: no output", file=sys.stderr)
     print(json.dumps({k: v for k, v in status.items() if k != "nodes"} | {"nodes": [
         {k: n.get(k) for k in ("rank", "host", "state")} for n in status["nodes"]]}))
-    return 0 if status["state"] == "finished" else 1
+    return 0 if status["state"] == RunState.FINISHED else 1

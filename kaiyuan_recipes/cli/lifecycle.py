@@ -17,6 +17,8 @@ RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 def add_parser(sub: Any) -> None:
+    from kaiyuan_recipes.run_states import RunState
+
     p = sub.add_parser("start", help="start a run detached (refused if that run is running)")
     p.add_argument("recipe", help="a recipe under recipes/ (kaiyuan models list), e.g. gpt_smoke")
     p.add_argument("run_name", help="the run's directory name under kaiyuan.run_root (letters, digits, . _ -)")
@@ -33,8 +35,7 @@ def add_parser(sub: Any) -> None:
     add_slurm_arguments(p.add_argument_group("Slurm (a job through NeMo-Run's SlurmExecutor)"))
     p.set_defaults(func=start)
     for name, helptext in (("stop", "SIGTERM the run's ranks, wait for the checkpoint, SIGKILL after --grace"),
-                           ("status", "running / running — supervisor lost / lost / stopped / finished / failed, "
-                                      "the phase, iteration, loss, throughput, ETA"),
+                           ("status", f"{' / '.join(RunState)}, the phase, iteration, loss, throughput, ETA"),
                            ("logs", "the run's console log"),
                            ("stacks", "every rank's Python stacks now (where a stalled run waits)")):
         q = sub.add_parser(name, help=helptext)

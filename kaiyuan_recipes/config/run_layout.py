@@ -20,6 +20,7 @@ EXIT_FILE = "exit.json"
 CHILD_PID_FILE = "child.pid"
 METRICS_FILE = "metrics.jsonl"  # training.metrics.RunMetricsCallback writes it into the run's state folder
 STOP_FILE = "stop.json"  # a stop was asked for (kaiyuan stop, or a SIGTERM to a foreground `kaiyuan train`)
+STOP_LOCK_FILE = "stop.lock"  # held by the `kaiyuan stop` under way, from its SIGTERM to its result
 PHASE_FILE = "phase.json"  # what the run is doing now (training/run_phase.py): setting up: ..., training, saving
 # Megatron's checkpoint folder: one iter_NNNNNNN/ per save, each with the config it was trained with.
 LATEST_ITERATION_FILE = "latest_checkpointed_iteration.txt"
@@ -116,6 +117,10 @@ class RunLayout:
     @property
     def stop_request(self) -> Path:
         return self.state / STOP_FILE
+
+    @property
+    def stop_lock(self) -> Path:
+        return self.state / STOP_LOCK_FILE
 
     @property
     def nemo_run_role(self) -> Path:

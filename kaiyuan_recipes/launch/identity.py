@@ -6,7 +6,6 @@ process that matches all of them, and never a PID below 1 (0 and -1 would signal
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -83,13 +82,3 @@ class ProcessIdentity:
                                 "boot_id, argv)")
         return cls(data["pid"], data["start_ticks"], data["boot_id"], tuple(data["argv"]))
 
-
-def signal_if_alive(identity: ProcessIdentity, sig: int) -> bool:
-    """Send `sig` to the recorded process only if it is still that process; True when sent."""
-    if not identity.is_alive():
-        return False
-    try:
-        os.kill(identity.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True

@@ -24,6 +24,7 @@ from kaiyuan_recipes.launch.identity import IdentityError, ProcessIdentity
 from kaiyuan_recipes.launch.run import Run, RunError
 from kaiyuan_recipes.launch.run_records import (
     RunStateError,
+    check_own_folders,
     finite,
     last_checkpoint,
     read_command,
@@ -43,12 +44,11 @@ from kaiyuan_recipes.launch.supervise import (
     terminate,
 )
 from kaiyuan_recipes.processes import read_proc
+from kaiyuan_recipes.run_states import ALIVE, Phase, RunState
 
 # Environment variables recorded with a run (never tokens or keys).
 RECORDED_ENV = ("CUDA_VISIBLE_DEVICES", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_DEBUG", "HF_ENDPOINT",
                 "KAIYUAN_CACHE", "PYTHONPATH")
-SETTING_UP = "setting up"
-BEFORE_FIRST_STEP = "stopped before its first step"
 
 __all__ = ["LocalRun", "RunStateError", "run_in_foreground"]
 
@@ -56,6 +56,7 @@ __all__ = ["LocalRun", "RunStateError", "run_in_foreground"]
 class LocalRun(Run):
     def alive(self) -> Alive:
         """What of this run is alive now: its supervisor, every process of it (launch/membership.py)."""
+        check_own_folders(self.layout)
         try:
             return run_alive(self.layout.state)
         except IdentityError as err:
@@ -65,14 +66,6 @@ class LocalRun(Run):
         """While anything of the run is alive: its supervisor, or with the supervisor gone a process of the run
         that is still alive; None when nothing is."""
         return running_pid(self.layout.state)
-
-    def _check_inside_run_dir(self) -> None:
-        """Run state is written only inside the run directory: a state or log folder that is a symlink leading out
-        of it (planted by whoever can write the run root) is refused."""
-        root = self.run_dir.resolve()
-        for folder in (self.layout.state, self.layout.console_log.parent):
-            if folder.is_symlink() or (folder.exists() and not folder.resolve().is_relative_to(root)):
-                raise RunStateError(f"{folder}: a symlink or outside {root}; refusing to write run state there")
 
     def _legacy_supervisor(self) -> int | None:
         """A supervisor started by a version that recorded only supervisor.pid, if that process still runs this run."""
@@ -87,7 +80,7 @@ class LocalRun(Run):
     def prepare_state(self, argv: list[str], extra: dict[str, Any] | None) -> membership.Claim:
         """Claim the run directory (refused while anything of its previous run is alive); clear the previous run's
         records; record the command. The returned claim holds the run's lock: keep it open for the run's life."""
-        self._check_inside_run_dir()
+        check_own_folders(self.layout)
         if (pid := self._legacy_supervisor()) is not None:
             raise RunStateError(f"run {self.name!r} may still run under a supervisor started by an older version "
                                 f"(pid {pid}, recorded without its identity): stop it with `kill -TERM {pid}`, then "
@@ -138,7 +131,7 @@ class LocalRun(Run):
         except RunError as err:
             raise RunStateError(f"run {self.name!r} was multi-node and its nodes cannot be asked whether it still "
                                 f"runs ({err}); stop it there, or remove {self.layout.multinode_state}") from None
-        if state.startswith("running"):
+        if state in ALIVE:
             raise RunStateError(f"run {self.name!r} is running on several nodes; `kaiyuan stop {self.name}` first")
         self.layout.multinode_state.unlink()
 
@@ -166,15 +159,23 @@ class LocalRun(Run):
 
     def stop(self, grace: float = 300.0, poll: float = 0.5) -> dict[str, Any]:
         """SIGTERM what of the run is alive (the supervisor, which hands it on; the ranks when it is gone), wait up to
-        `grace`, then SIGKILL what is left. A run with nothing alive is refused with what it is; nothing is
-        signalled then."""
+        `grace`, then SIGKILL what is left. A run with nothing alive is refused with what it is, and so is a stop
+        while another is under way (its grace is never shortened); nothing is signalled then."""
+        check_own_folders(self.layout)
+        if not self.layout.state.is_dir():
+            raise RunStateError(self._not_running())
+        with membership.sole_stop(self.layout, self.name):
+            return self._stop(grace, poll)
+
+    def _stop(self, grace: float, poll: float) -> dict[str, Any]:
         alive = self.alive()
         if not alive.processes:
             raise RunStateError(self._not_running())
         last_ckpt = self._last_checkpoint()
         # On record before the signal: status says stopped (not failed) as soon as the run ends.
         write_text_atomic(self.layout.stop_request, json.dumps({"run": self.name, "signal": "SIGTERM",
-                                                                "requested_at": time.time()}))
+                                                                "requested_at": time.time(), "grace_s": grace,
+                                                                "by_pid": os.getpid()}))
         signalled = terminate(alive)
         # From here on nothing may keep the grace period and the SIGKILL from happening.
         deadline = time.monotonic() + grace
@@ -204,7 +205,7 @@ class LocalRun(Run):
             status = self.status()
         except RunStateError as err:
             return f"run {self.name!r} is not running ({err}); nothing signalled"
-        if status["state"] == "lost":
+        if status["state"] == RunState.LOST:
             return (f"run {self.name!r} is lost: nothing of it runs, and it neither finished nor was stopped "
                     f"(last iteration {status.get('iteration')}, last checkpoint {status.get('last_checkpoint')}); "
                     "nothing signalled")
@@ -228,6 +229,7 @@ class LocalRun(Run):
         """state: running / running — supervisor lost / lost / stopped / finished / failed; phase: what it does or
         how it ended (setting up: ..., training, saving, stopped before its first step, failed: <error>, ...)."""
         layout = self.layout
+        check_own_folders(layout)
         if not layout.state.is_dir():
             raise RunStateError(f"{self.run_dir}: no run state (was it started with `kaiyuan start`?)")
         command = read_command(layout)
@@ -241,20 +243,20 @@ class LocalRun(Run):
         # supervisor is alive and the recorded exit is the truth.
         ending = exit_info is not None and set(alive.processes) <= {alive.supervisor}
         if alive.state is not None and not ending:
-            state, shown = alive.state, phase or f"{SETTING_UP}: starting"
+            state, shown = alive.state, phase or f"{Phase.SETTING_UP}: starting"
         elif stop is not None:  # by `kaiyuan stop` (also one that found the supervisor gone) or a SIGTERM to it
-            state = "stopped"
-            shown = BEFORE_FIRST_STEP if phase is None or phase.startswith(SETTING_UP) else "stopped"
+            state = RunState.STOPPED
+            shown = Phase.STOPPED_BEFORE_FIRST_STEP if phase is None or Phase.is_setting_up(phase) else state
         elif exit_info is None:
-            state = shown = "lost"
+            state = shown = RunState.LOST
         elif exit_info["exit_code"] == 0:
-            state = shown = "finished"
+            state = shown = RunState.FINISHED
         else:
-            state = "failed"
+            state = RunState.FAILED
             out["error"] = self._error(command)
-            shown = f"failed: {out['error']}" if out["error"] else "failed"
+            shown = f"{state}: {out['error']}" if out["error"] else state
         out.update(state=state, phase=shown, exit=exit_info)
-        if state == "running — supervisor lost":
+        if state == RunState.SUPERVISOR_LOST:
             out["alive"] = list(alive.processes)
         steps = [r for r in metrics if r.get("event") == "step" and type(r.get("iteration")) is int]
         if steps:
@@ -265,7 +267,7 @@ class LocalRun(Run):
             out.update(iteration=last["iteration"], loss=last.get("loss"), lr=last.get("lr"),
                        tokens_per_s_per_gpu=sum(rates) / len(rates) if rates else None, train_iters=total,
                        eta_s=(total - last["iteration"]) * sum(times) / len(times)
-                       if total and times and state == "running" else None)
+                       if total and times and state == RunState.RUNNING else None)
         out["last_checkpoint"] = last_checkpoint(layout, metrics)
         evals = [r for r in metrics if r.get("event") == "heldout_eval" and type(r.get("iteration")) is int
                  and isinstance(r.get("overall"), dict)]

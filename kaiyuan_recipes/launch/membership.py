@@ -1,4 +1,5 @@
-"""Which processes are one run, and the lock that keeps a run directory to one run at a time.
+"""Which processes are one run, the lock that keeps a run directory to one run at a time, and the one that keeps a
+run to one stop at a time (sole_stop).
 
 A run claims its state folder (run_state/, or run_state/nodes/<rank>/ on each node of a multi-node run) before it
 starts anything: a shared flock on run_state/run.lock, taken while nothing else holds it and nothing of the run
@@ -16,6 +17,7 @@ Light on purpose: the training ranks import it (no torch)."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import os
@@ -24,10 +26,12 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from kaiyuan_recipes.atomic import write_text_atomic
+from kaiyuan_recipes.config.run_layout import RunLayout
 from kaiyuan_recipes.launch.run import RunError
-from kaiyuan_recipes.launch.run_records import RunStateError
+from kaiyuan_recipes.launch.run_records import RunStateError, finite, read_stop
 
 LOCK_FILE = "run.lock"
 START_MUTEX_FILE = "start.lock"  # held only while a start checks and takes run.lock
@@ -103,6 +107,42 @@ def claim(state_dir: Path, busy_message: str) -> Claim:
         return Claim(fd, token, state_dir)
     finally:
         os.close(mutex)  # releases it
+
+
+class StopUnderWay(RunStateError):
+    """Another stop of the run is under way."""
+
+
+@contextlib.contextmanager
+def sole_stop(layout: RunLayout, name: str) -> Iterator[None]:
+    """Held by a stop of run `name` (any back-end) from its SIGTERM to its result. A second stop (a save under way, a
+    shorter grace) would SIGKILL the save at its own deadline: it is refused (StopUnderWay), signalling nothing,
+    saying when the one under way gives up waiting. The kernel drops the lock with its holder, however that dies."""
+    layout.state.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(layout.stop_lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as err:
+        raise RunStateError(f"{layout.stop_lock}: cannot open the stop lock ({err.strerror})") from None
+    try:
+        if not _try_flock(fd, fcntl.LOCK_EX, attempts=1):
+            raise StopUnderWay(_stop_under_way(layout, name))
+        yield
+    finally:
+        os.close(fd)
+
+
+def _stop_under_way(layout: RunLayout, name: str) -> str:
+    try:
+        asked = read_stop(layout) or {}
+    except RunStateError:
+        asked = {}
+    at, grace = asked.get("requested_at", asked.get("at")), asked.get("grace_s")
+    when = ""
+    if finite(at) and finite(grace):
+        clock = time.strftime("%H:%M:%S", time.localtime(at + grace))
+        when = f" (by pid {asked.get('by_pid')}; it sends SIGKILL only if the run is still alive at {clock})"
+    return (f"run {name!r}: a stop is already under way{when}; nothing signalled, its grace left as it is. "
+            f"`kaiyuan status {name}` says when it has stopped")
 
 
 def inherited_claim(state_dir: Path, fd: int) -> Claim:

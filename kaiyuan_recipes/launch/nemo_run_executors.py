@@ -24,6 +24,7 @@ from torchx.specs import AppDef, AppState, Role
 from kaiyuan_recipes.config.run_layout import RunLayout
 from kaiyuan_recipes.launch.ssh import MultiNodeRun, MultiNodeSpec
 from kaiyuan_recipes.launch.torchrun import ENTRY_MODULE
+from kaiyuan_recipes.run_states import RunState
 
 SCHEDULER = "kaiyuan_ssh"
 
@@ -95,8 +96,8 @@ def run_dir_of(app_id: str) -> Path:
     return Path(base64.urlsafe_b64decode(app_id + "=" * (-len(app_id) % 4)).decode())
 
 
-_STATES = {"running": AppState.RUNNING, "finished": AppState.SUCCEEDED, "stopped": AppState.CANCELLED,
-           "failed": AppState.FAILED}
+_STATES = {RunState.RUNNING: AppState.RUNNING, RunState.FINISHED: AppState.SUCCEEDED,
+           RunState.STOPPED: AppState.CANCELLED, RunState.FAILED: AppState.FAILED}
 
 
 def torchrun_target(role: Role) -> list[str]:

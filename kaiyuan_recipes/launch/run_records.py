@@ -19,6 +19,16 @@ class RunStateError(RunError):
     pass
 
 
+def check_own_folders(layout: RunLayout) -> None:
+    """A run's state and log folders are its own: one that is a symlink, or leads out of the run directory (planted by
+    whoever can write the run root, or a link to another run's), is refused before anything is read, written or
+    signalled through it; `status` and `stop` would otherwise act on whatever run it leads to."""
+    root = layout.run_dir.resolve()
+    for folder in (layout.state, layout.console_log.parent):
+        if folder.is_symlink() or (folder.exists() and not folder.resolve().is_relative_to(root)):
+            raise RunStateError(f"{folder}: a symlink or outside {root}, not this run's own folder; refused")
+
+
 def read_object(path: Path, fields: dict[str, tuple[type, ...]] | None = None) -> dict[str, Any] | None:
     """The JSON object in `path` (None when there is no file), its `fields` checked for their types (a missing
     field is an error unless None is among its types)."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shlex
 import shutil
 import sys
@@ -35,19 +36,21 @@ from typing import Any, TextIO
 from kaiyuan_recipes.atomic import redacted_env, write_text_atomic
 from kaiyuan_recipes.config.run_layout import LATEST_ITERATION_FILE, RunLayout
 from kaiyuan_recipes.launch.failure import TAIL_BYTES, last_exception
+from kaiyuan_recipes.launch.membership import sole_stop
 from kaiyuan_recipes.launch.run import Run, RunError
 from kaiyuan_recipes.launch.slurm_spec import SlurmSpec, job_name, time_limit_seconds
 from kaiyuan_recipes.launch.ssh import Node
 from kaiyuan_recipes.launch.supervise import running_pid
+from kaiyuan_recipes.run_states import ALIVE, RunState
 
 # sacct's states of a job that has not ended, as `kaiyuan status` words them; the ended ones: run_state().
-STATES = {"PENDING": "pending", "REQUEUED": "pending", "REQUEUE_HOLD": "pending", "REQUEUE_FED": "pending",
-          "RESV_DEL_HOLD": "pending", "RUNNING": "running", "COMPLETING": "running", "CONFIGURING": "running",
-          "SUSPENDED": "running", "STAGE_OUT": "running", "SIGNALING": "running", "RESIZING": "running"}
-ACTIVE = ("pending", "running")
+STATES = {**dict.fromkeys(("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"), RunState.PENDING),
+          **dict.fromkeys(("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STAGE_OUT", "SIGNALING", "RESIZING"),
+                          RunState.RUNNING)}
+ACTIVE = (RunState.PENDING, RunState.RUNNING)
 
 
-def run_state(slurm_state: str, stop_requested: bool) -> str:
+def run_state(slurm_state: str, stop_requested: bool) -> RunState:
     """A job's sacct State as the run's state. An ended job that `kaiyuan stop` asked to end is `stopped`
     (torchrun exits non-zero on that SIGTERM after the ranks saved; scancel after the grace gives CANCELLED).
     Otherwise COMPLETED is `finished` and FAILED (the job's own non-zero exit) `failed`; any other end came from
@@ -56,8 +59,8 @@ def run_state(slurm_state: str, stop_requested: bool) -> str:
     if slurm_state in STATES:
         return STATES[slurm_state]
     if stop_requested:
-        return "stopped"
-    return {"COMPLETED": "finished", "FAILED": "failed"}.get(slurm_state, "lost")
+        return RunState.STOPPED
+    return {"COMPLETED": RunState.FINISHED, "FAILED": RunState.FAILED}.get(slurm_state, RunState.LOST)
 
 
 def metrics_records(text: str) -> list[dict[str, Any]]:
@@ -202,7 +205,7 @@ class SlurmRun(Run):
         if (pid := running_pid(self.layout.state)) is not None:
             raise SlurmError(f"run {self.name!r} is running on this node (supervisor pid {pid}); "
                              f"`kaiyuan stop {self.name}` first")
-        if self.layout.multinode_state.is_file() and MultiNodeRun(self.run_dir).status()["state"] == "running":
+        if self.layout.multinode_state.is_file() and MultiNodeRun(self.run_dir).status()["state"] in ALIVE:
             raise SlurmError(f"run {self.name!r} is running on several nodes over SSH; `kaiyuan stop {self.name}` "
                              "first")
 
@@ -242,22 +245,22 @@ class SlurmRun(Run):
         row = self.sacct()
         base = {"run": self.name, "backend": "slurm", "job_id": self.job_id}
         if row is None:  # submitted, not yet in the accounting database
-            return base | {"state": "pending", "slurm_state": "SUBMITTED"}
+            return base | {"state": RunState.PENDING, "slurm_state": "SUBMITTED"}
         slurm_state = row["state"].split()[0]  # "CANCELLED by 0" -> CANCELLED
         state = run_state(slurm_state, self.layout.stop_request.is_file())
         info = base | {"state": state, "slurm_state": slurm_state, "exit_code": row["exit_code"],
                        "nodes": row["nodes"], "elapsed": row["elapsed"]}
-        if state == "pending":
+        if state == RunState.PENDING:
             info["reason"] = row["reason"]
-        if state == "failed":
+        if state == RunState.FAILED:
             tails = [self._on_cluster(["tail", "-c", str(TAIL_BYTES), str(self.cluster_layout.node_log(r))]).stdout
                      for r in range(self.spec.nodes)]
             info["error"] = next((e for e in map(last_exception, tails) if e), None) or \
                 f"Slurm: {slurm_state} (exit {row['exit_code']})"
-        if state == "lost":
+        if state == RunState.LOST:
             info["error"] = (f"Slurm ended the job ({row['state']}, exit {row['exit_code']}) without a `kaiyuan "
                              "stop`; nothing of the run is alive")
-        if state != "pending":
+        if state != RunState.PENDING:
             info |= {"train_iters": self.record.get("train_iters"), **self.progress()}
         return info
 
@@ -265,18 +268,23 @@ class SlurmRun(Run):
     def stop(self, grace: float = 300.0, poll: float = 2.0) -> dict[str, Any]:
         """SIGTERM to the job's step (its ranks save a checkpoint), then scancel after `grace` seconds if it is
         still running (or was requeued meanwhile). A pending job is cancelled at once; a job that has ended is
-        refused (nothing is cancelled or recorded)."""
+        refused (nothing is cancelled or recorded), and so is a stop while another is under way."""
+        with sole_stop(self.layout, self.name):
+            return self._stop(grace, poll)
+
+    def _stop(self, grace: float, poll: float) -> dict[str, Any]:
         before = self.status()
         if before["state"] not in ACTIVE:  # nothing to signal, and no stop request to change what status says
             raise SlurmError(f"run {self.name!r} is not running: Slurm job {self.job_id} is {before['slurm_state']} "
                              f"({before['state']}); nothing cancelled")
         self.layout.state.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(self.layout.stop_request, json.dumps({"reason": "requested", "at": time.time()}))
+        write_text_atomic(self.layout.stop_request, json.dumps({"reason": "requested", "at": time.time(),
+                                                                "grace_s": grace, "by_pid": os.getpid()}))
         state = before["state"]
-        if state == "running":
+        if state == RunState.RUNNING:
             self._on_cluster(["scancel", "--signal=TERM", self.job_id])
             deadline = time.monotonic() + grace
-            while time.monotonic() < deadline and (state := self.status()["state"]) == "running":
+            while time.monotonic() < deadline and (state := self.status()["state"]) == RunState.RUNNING:
                 time.sleep(poll)
         cancelled = state in ACTIVE
         if cancelled:
@@ -286,7 +294,7 @@ class SlurmRun(Run):
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and self.status()["state"] in ACTIVE:
                 time.sleep(poll)
-        return {"run": self.name, "sigkill_after_grace": cancelled and state == "running", "grace_s": grace,
+        return {"run": self.name, "sigkill_after_grace": cancelled and state == RunState.RUNNING, "grace_s": grace,
                 **self.status()}
 
     def stop_problems(self, result: dict[str, Any]) -> list[str]:

@@ -25,8 +25,10 @@ from typing import Any, TextIO
 from kaiyuan_recipes.atomic import redacted_env, write_text_atomic
 from kaiyuan_recipes.config.run_layout import EXIT_FILE, IDENTITY_FILE, RunLayout
 from kaiyuan_recipes.launch.failure import TAIL_BYTES, last_exception
+from kaiyuan_recipes.launch.membership import StopUnderWay, sole_stop
 from kaiyuan_recipes.launch.run import Run, RunError
 from kaiyuan_recipes.launch.torchrun import TorchrunSpec
+from kaiyuan_recipes.run_states import ALIVE, RunState
 
 # Passed from the launching environment to every node (never secrets).
 PASS_THROUGH_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_DEBUG", "NCCL_IB_HCA", "NCCL_IB_DISABLE",
@@ -215,7 +217,7 @@ class MultiNodeRun(Run):
         not recorded: multinode.json holds exactly what the nodes run, and status asks the nodes.)"""
         if self.state_file.is_file():
             previous = MultiNodeRun(self.run_dir)
-            if previous.status()["state"].startswith("running"):
+            if previous.status()["state"] in ALIVE:
                 raise MultiNodeError(f"run {self.run_dir.name!r} is already running on "
                                      f"{', '.join(n.host for n in previous.spec.nodes)}; stop it first")
         self.pids = {}
@@ -240,41 +242,42 @@ class MultiNodeRun(Run):
         try:
             out = self._run(rank, in_node(self.spec, probe)).stdout.strip()
         except Exception as err:  # noqa: BLE001  (an unreachable node is a state, reported)
-            return {"rank": rank, "host": self.spec.nodes[rank].host, "state": "unreachable", "error": str(err)[:200]}
+            return {"rank": rank, "host": self.spec.nodes[rank].host, "state": RunState.UNREACHABLE,
+                    "error": str(err)[:200]}
         info: dict[str, Any] = {"rank": rank, "host": self.spec.nodes[rank].host, "pid": pid}
         try:
             seen = json.loads(out.splitlines()[-1])
             alive, supervisor, exit_info = seen["alive"], seen["supervisor"], seen["exit"]
         except (ValueError, KeyError, IndexError, TypeError):
-            return info | {"state": "unreadable", "error": f"node answered {out[-200:]!r}"}
+            return info | {"state": RunState.UNREADABLE, "error": f"node answered {out[-200:]!r}"}
         if supervisor:
-            return info | {"state": "running", **({"phase": seen["phase"]} if seen.get("phase") else {})}
+            return info | {"state": RunState.RUNNING, **({"phase": seen["phase"]} if seen.get("phase") else {})}
         if alive:  # the node's supervisor is gone, processes of its run are not
-            return info | {"state": "running — supervisor lost", "alive": alive}
+            return info | {"state": RunState.SUPERVISOR_LOST, "alive": alive}
         if exit_info is None:
-            return info | {"state": "lost"}
+            return info | {"state": RunState.LOST}
         if exit_info["exit_code"] == 0:
-            return info | {"state": "finished", "exit": exit_info}
+            return info | {"state": RunState.FINISHED, "exit": exit_info}
         tail = self._run(rank, in_node(self.spec, f"tail -c {TAIL_BYTES} {shlex.quote(log)} 2>/dev/null || true"),
                          warn=True).stdout
-        return info | {"state": "failed", "exit": exit_info, "error": last_exception(tail)}
+        return info | {"state": RunState.FAILED, "exit": exit_info, "error": last_exception(tail)}
 
     def status(self) -> dict[str, Any]:
         nodes = [self.node_status(r) for r in range(len(self.spec.nodes))]
         states = {n["state"] for n in nodes}
         stopped = self.layout.stop_request.is_file()
-        if "running" in states:
-            overall = "running"
-        elif "running — supervisor lost" in states:
-            overall = "running — supervisor lost"
-        elif states == {"finished"}:
-            overall = "finished"
+        if RunState.RUNNING in states:
+            overall = RunState.RUNNING
+        elif RunState.SUPERVISOR_LOST in states:
+            overall = RunState.SUPERVISOR_LOST
+        elif states == {RunState.FINISHED}:
+            overall = RunState.FINISHED
         elif stopped:
-            overall = "stopped"
-        elif states == {"lost"}:
-            overall = "lost"  # nothing of it runs anywhere, and it neither finished nor was stopped
+            overall = RunState.STOPPED
+        elif states == {RunState.LOST}:
+            overall = RunState.LOST  # nothing of it runs anywhere, and it neither finished nor was stopped
         else:
-            overall = "failed"
+            overall = RunState.FAILED
         return {"run": self.name, "state": overall, "nodes": nodes}
 
     def signal_all(self, sig: str) -> list[dict[str, Any]]:
@@ -294,19 +297,25 @@ class MultiNodeRun(Run):
 
     def stop(self, grace: float = 300.0, poll: float = 1.0, reason: str = "requested") -> dict[str, Any]:
         """SIGTERM every node's supervisor (it stops the ranks); wait for all to exit; SIGKILL the rest after `grace`.
-        A node that cannot be reached does not keep the others from being stopped; it is reported."""
+        A node that cannot be reached does not keep the others from being stopped; it is reported. Refused while
+        another stop is under way (membership.sole_stop)."""
+        with sole_stop(self.layout, self.name):
+            return self._stop(grace, poll, reason)
+
+    def _stop(self, grace: float, poll: float, reason: str) -> dict[str, Any]:
         before = self.status()
-        if not before["state"].startswith("running") and "unreachable" not in {n["state"] for n in before["nodes"]}:
+        if before["state"] not in ALIVE and RunState.UNREACHABLE not in {n["state"] for n in before["nodes"]}:
             raise NothingAlive(f"run {self.name!r} is not running on any node (state {before['state']}: "
                                  + ", ".join(f"node {n['rank']} {n['state']}" for n in before["nodes"])
                                  + "); nothing signalled")
         self.layout.state.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(self.layout.stop_request, json.dumps({"reason": reason, "at": time.time()}))
+        write_text_atomic(self.layout.stop_request, json.dumps({"reason": reason, "at": time.time(), "grace_s": grace,
+                                                                "by_pid": os.getpid()}))
         unreachable = self.signal_all("TERM")
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and self.status()["state"].startswith("running"):
+        while time.monotonic() < deadline and self.status()["state"] in ALIVE:
             time.sleep(poll)
-        killed = self.status()["state"].startswith("running")
+        killed = self.status()["state"] in ALIVE
         if killed:
             unreachable += [u for u in self.signal_all("KILL") if u["rank"] not in {v["rank"] for v in unreachable}]
         return {"run": self.name, "sigkill_after_grace": killed, "grace_s": grace,
@@ -322,16 +331,20 @@ class MultiNodeRun(Run):
         """Wait for the job; when one node fails or disappears while others run, stop the others."""
         while True:
             status = self.status()
-            bad = [n for n in status["nodes"] if n["state"] in ("failed", "lost", "running — supervisor lost")]
-            if bad and status["state"].startswith("running"):
+            bad = [n for n in status["nodes"]
+                   if n["state"] in (RunState.FAILED, RunState.LOST, RunState.SUPERVISOR_LOST)]
+            if bad and status["state"] in ALIVE:
                 hosts = ", ".join(f"{n['host']} (rank {n['rank']}: {n['state']})" for n in bad)
                 try:
                     result = self.stop(grace, reason=f"node failure: {hosts}")
+                except StopUnderWay:  # a `kaiyuan stop` is ending the run already: it is left to finish
+                    time.sleep(poll)
+                    continue
                 except NothingAlive:  # the others ended by themselves meanwhile
                     result = {"run": self.name, "sigkill_after_grace": False, "grace_s": grace, "unreachable": [],
                               **self.status()}
-                return result | {"state": "failed", "failed_nodes": [n["rank"] for n in bad]}
-            if not status["state"].startswith("running"):
+                return result | {"state": RunState.FAILED, "failed_nodes": [n["rank"] for n in bad]}
+            if status["state"] not in ALIVE:
                 return status
             time.sleep(poll)
 

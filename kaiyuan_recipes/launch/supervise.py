@@ -25,7 +25,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from kaiyuan_recipes.atomic import write_text_atomic
 from kaiyuan_recipes.config.run_layout import CHILD_PID_FILE, EXIT_FILE, IDENTITY_FILE, PHASE_FILE, STOP_FILE
@@ -35,6 +35,7 @@ from kaiyuan_recipes.launch.identity import IdentityError, ProcessIdentity
 from kaiyuan_recipes.launch.run import RunError
 from kaiyuan_recipes.launch.run_records import RunStateError, read_exit, read_object
 from kaiyuan_recipes.processes import processes
+from kaiyuan_recipes.run_states import Phase, RunState
 
 SUPERVISED_ENV = "KAIYUAN_SUPERVISED"  # set for the command a supervisor runs: it records nothing itself
 
@@ -118,16 +119,19 @@ def run_foreground(argv: list[str], log_path: Path, on_stop: Callable[[], None] 
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)  # where a failure's cause is
     held: list[str] | None = None  # console lines after a stop during set-up, until the run's end says what they are
     previous = signal.signal(signal.SIGTERM, stop)  # before the child exists: an early SIGTERM still stops it
-    with open(log_path, "w", encoding="utf-8") as log:
+    # torchrun and the ranks write to the log file itself, never to a pipe to this process: a rank's output must not
+    # depend on a reader staying alive. With this process gone (its process group killed) a rank's first print on
+    # its way to the save would otherwise die of EPIPE: Megatron-Bridge prints "saving checkpoint at iteration"
+    # before it writes. This process follows the file to the console.
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o666)
+    with open(fd, "a", encoding="utf-8") as log, open(log_path, "rb", buffering=0) as written:
         # torchrun gets SIGTERM when this process dies, however it dies: it then ends its ranks (launch/membership.py)
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                 preexec_fn=membership.dies_with_this_process(signal.SIGTERM))
         if pending:
             forward_stop(proc.pid)
         try:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                log.write(line)
+            for line in follow(written, proc):
                 tail.append(line)
                 if held is None and stopped_in_set_up():  # what follows is torchrun reporting the ranks it lost
                     held = []
@@ -158,6 +162,24 @@ def run_foreground(argv: list[str], log_path: Path, on_stop: Callable[[], None] 
         return code
 
 
+def follow(written: Any, proc: subprocess.Popen, poll: float = 0.05) -> Iterator[str]:
+    """The lines of the file `written` (opened unbuffered for reading) as `proc` writes them, until it has ended and
+    every line it wrote is read."""
+    partial = b""
+    while True:
+        ended = proc.poll() is not None  # asked before the read: everything it wrote before it ended is read next
+        chunk = written.read(1 << 16)
+        if chunk:
+            *lines, partial = (partial + chunk).split(b"\n")
+            yield from (line.decode("utf-8", "replace") + "\n" for line in lines)
+        elif ended:
+            break
+        else:
+            time.sleep(poll)
+    if partial:
+        yield partial.decode("utf-8", "replace")
+
+
 def failure_line(code: int, output: str, log_path: Path) -> str:
     """The last words of a failed run: its cause, and where its whole output and every upstream record are."""
     how = f"ended by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() else \
@@ -172,7 +194,7 @@ def _still_setting_up(state_dir: Path) -> bool:
         record = read_object(Path(state_dir) / PHASE_FILE, {"phase": (str,)})
     except RunError:
         return False
-    return record is None or record["phase"].startswith("setting up")
+    return record is None or Phase.is_setting_up(record["phase"])
 
 
 @dataclass(frozen=True)
@@ -188,11 +210,11 @@ class Alive:
         return (self.supervisor,) if self.supervisor else ()
 
     @property
-    def state(self) -> str | None:
-        """running / running — supervisor lost, or None when nothing of the run is alive."""
+    def state(self) -> RunState | None:
+        """RUNNING / SUPERVISOR_LOST, or None when nothing of the run is alive."""
         if self.supervisor:
-            return "running"
-        return "running — supervisor lost" if self.processes else None
+            return RunState.RUNNING
+        return RunState.SUPERVISOR_LOST if self.processes else None
 
 
 def run_alive(state_dir: Path) -> Alive:

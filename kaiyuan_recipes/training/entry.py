@@ -15,9 +15,10 @@ from typing import Any
 from kaiyuan_recipes import compat, fastpath
 from kaiyuan_recipes.launch.membership import join_run_from_env
 from kaiyuan_recipes.launch.stacks import enable_stack_dumps
+from kaiyuan_recipes.run_states import Phase
 from kaiyuan_recipes.training import run_logging
 from kaiyuan_recipes.training.config import RunSettings, deterministic_env
-from kaiyuan_recipes.training.phase_file import SETTING_UP, supervised_state_dir, write_phase
+from kaiyuan_recipes.training.phase_file import supervised_state_dir, write_phase
 from kaiyuan_recipes.training.plan import plan_line, resolve_for_rank
 from kaiyuan_recipes.training.validate import validate
 
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     join_run_from_env()
     phase_dir = supervised_state_dir()
     if phase_dir is not None:
-        write_phase(phase_dir, f"{SETTING_UP}: building the config")
+        write_phase(phase_dir, f"{Phase.SETTING_UP}: building the config")
     compat.apply()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     # Rank 0 resolves (every `auto` decided here, on the training node), checks, and writes run_state/plan.json;
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
 
     phase = RunPhaseCallback(phase_dir, hold_stop_handler_until_training(cfg))
     watch_model_build(cfg, phase_dir)
-    write_phase(phase_dir, f"{SETTING_UP}: initializing and building the model")
+    write_phase(phase_dir, f"{Phase.SETTING_UP}: initializing and building the model")
     run_logging.start_console(cfg, run)  # the full log in logs/, the decided block
 
     require_cuda()

@@ -11,8 +11,7 @@ from pathlib import Path
 from kaiyuan_recipes.atomic import write_text_atomic
 from kaiyuan_recipes.config.run_layout import PHASE_FILE
 from kaiyuan_recipes.launch.membership import STATE_ENV
-
-SETTING_UP = "setting up"
+from kaiyuan_recipes.run_states import Phase
 
 
 def is_phase_writer() -> bool:
@@ -30,5 +29,5 @@ def supervised_state_dir() -> Path | None:
 def write_phase(state_dir: Path, phase: str) -> None:
     if is_phase_writer():
         write_text_atomic(Path(state_dir) / PHASE_FILE, json.dumps({"phase": phase, "at": time.time()}))
-        if phase.startswith(SETTING_UP):
+        if Phase.is_setting_up(phase):
             print(f"kaiyuan: {phase}", flush=True)

@@ -18,7 +18,8 @@ from typing import Any
 
 from kaiyuan_recipes import compat
 from kaiyuan_recipes.config.run_layout import RunLayout
-from kaiyuan_recipes.training.phase_file import SETTING_UP, write_phase
+from kaiyuan_recipes.run_states import Phase
+from kaiyuan_recipes.training.phase_file import write_phase
 
 compat.apply()
 from megatron.bridge.training.callbacks import Callback  # noqa: E402
@@ -41,7 +42,7 @@ def checkpoint_will_load(cfg: Any) -> bool:
 
 def watch_model_build(cfg: Any, state_dir: Path) -> None:
     """The set-up phase after the model is built (a pre-wrap hook, which Bridge runs right after construction)."""
-    after = f"{SETTING_UP}: {'loading checkpoint' if checkpoint_will_load(cfg) else 'building the optimizer'}"
+    after = f"{Phase.SETTING_UP}: {'loading checkpoint' if checkpoint_will_load(cfg) else 'building the optimizer'}"
 
     def model_built(model: list[Any]) -> list[Any]:
         write_phase(state_dir, after)
@@ -63,7 +64,7 @@ class RunPhaseCallback(Callback):
             write_phase(self.state_dir, phase)
 
     def on_data_init_start(self, context: Any) -> None:
-        self._set(f"{SETTING_UP}: building dataset indices")
+        self._set(f"{Phase.SETTING_UP}: building dataset indices")
 
     def on_train_start(self, context: Any) -> None:
         if self.exit_signal_handler:
@@ -76,20 +77,20 @@ class RunPhaseCallback(Callback):
                     bridge(signum, frame)
 
                 signal.signal(signal.SIGTERM, stop)
-        self._set("training")
+        self._set(Phase.TRAINING)
 
     def on_train_step_start(self, context: Any) -> None:
-        self._set("training")
+        self._set(Phase.TRAINING)
 
     def on_train_step_end(self, context: Any) -> None:
         cfg, step = context.state.cfg, context.state.train_state.step + 1  # the iteration this step completes
         interval = cfg.checkpoint.save_interval
         due = self.stop_requested or (interval and step % interval == 0) or step >= cfg.train.train_iters
         if cfg.checkpoint.save and due:
-            self._set("saving")
+            self._set(Phase.SAVING)
 
     def on_checkpoint_save(self, context: Any) -> None:
-        self._set("training")
+        self._set(Phase.TRAINING)
 
     def on_train_end(self, context: Any) -> None:
-        self._set("finishing")
+        self._set(Phase.FINISHING)
