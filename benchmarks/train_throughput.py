@@ -14,7 +14,7 @@ usage (GPU host): python benchmarks/train_throughput.py --models qwen3_1p7b gpt_
       (CPU smoke of the HF loop: --impls hf_eager --device cpu --tiny)
       peer rows: --impls ours torchtitan olmo_core --peer-pythonpath DIR... (where the peers' wheels are installed;
       prepended to the PYTHONPATH of the peers' processes only)
-      --profile: the Megatron and torchtitan rows each keep a PyTorch profiler trace of one step after their timed
+      --profile: the Megatron and peer rows each keep a PyTorch profiler trace of one step after their timed
       steps (peer_profile_report.py compares them)"""
 
 from __future__ import annotations
@@ -91,7 +91,8 @@ PROFILE_AFTER = 2
 # A profiled row's time box grows by this much (its tail's steps, the trace's export and compression), so that
 # profiling never costs a row its timed figures: a peer's row reports only when its training ends.
 PROFILE_EXTRA_S = 150
-PROFILED_PEERS = ("torchtitan", "torchtitan_untied")  # peer_torchtitan.py --profile-step: torchtitan's own profiler
+# --profile-step: each peer's own profiler (torchtitan's [profiling] job section, OLMo-core's ProfilerCallback)
+PROFILED_PEERS = ("torchtitan", "torchtitan_untied", "olmo_core")
 TINY = dict(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,
             kv_channels=16)
 
@@ -344,7 +345,7 @@ def main() -> None:
     ap.add_argument("--peer-pythonpath", type=Path, nargs="+",
                     help="folders of the peer rows' packages, in front of their processes' PYTHONPATH")
     ap.add_argument("--profile", action="store_true",
-                    help=f"the Megatron and torchtitan rows go on past --steps to one step under the PyTorch "
+                    help=f"the Megatron and peer rows go on past --steps to one step under the PyTorch "
                          f"profiler (step --steps + {PROFILE_AFTER}; their --impl-timeout {PROFILE_EXTRA_S} s "
                          f"longer); its trace lands beside --out")
     ap.add_argument("--out", type=Path, required=True)

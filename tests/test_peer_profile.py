@@ -1,8 +1,9 @@
 """train_throughput.py --profile and benchmarks/peer_profile_report.py on the CPU: the step breakdown of Chrome
 traces built here in Kineto's shape (kernel, gpu_memcpy, cuda_runtime, ProfilerStep# events; real kernel names),
 the report's JSON, gap table and chart, the `ours` row's profiled tail (the recipe's profiler config, the timed
-window and learning-rate ramp left as without it), and torchtitan's job, profiler and data loader where its
-pinned version imports (a folder of lab/titan-wheels.txt on PYTHONPATH; skipped otherwise)."""
+window and learning-rate ramp left as without it), torchtitan's job, profiler and data loader and OLMo-core's
+profiler where their pinned versions import (a folder of lab/titan-wheels.txt or lab/olmo-wheels.txt on
+PYTHONPATH; skipped otherwise)."""
 
 import copy
 import gzip
@@ -369,10 +370,39 @@ def test_torchtitan_stream_loader_feeds_the_trainer_the_stream_in_order(tmp_path
         pt.titan_spec().build_dataloader_fn(dp_world_size=1, dp_rank=0, tokenizer=None, job_config=config)
 
 
+def test_olmo_core_profiler_traces_the_profiled_step_where_the_row_looks(tmp_path):
+    """peer_olmo_core's --profile-step: OLMo-core's own ProfilerCallback, called as its Trainer calls it (before
+    each batch loads; training runs one step past the profiled one), writes one trace, of step 17 alone, at the
+    path the row names; a profiled step within the timed ones, or without a warm-up step, is refused."""
+    pytest.importorskip("olmo_core", reason="OLMo-core (lab/olmo-wheels.txt) is not on this PYTHONPATH")
+    from types import SimpleNamespace
+
+    import peer_olmo_core as po
+    import torch
+
+    callback = po.profiler_callback(17)
+    callback.trainer = SimpleNamespace(device=torch.device("cpu"), work_dir=tmp_path,
+                                       persist_working_file=lambda path: path)
+    callback.pre_train()
+    for step in range(1, 19):  # Trainer._iter_batches: pre_load_batch, then the step
+        callback.pre_load_batch()
+        with torch.profiler.record_function(f"train step {step}"):
+            torch.ones(4).add_(1)
+    trace = po.trace_path(str(tmp_path), 17)
+    assert [p.name for p in trace.parent.iterdir()] == [trace.name]
+    with gzip.open(trace, "rt") as fh:
+        names = {e.get("name") for e in json.load(fh)["traceEvents"]}
+    assert {n for n in names if n and n.startswith("train step ")} == {"train step 17"}
+    with pytest.raises(ValueError, match="--profile-step 16: past the timed steps and a warm-up step"):
+        po.train(str(tmp_path / "unused.npy"), 8, 15, tiny=True, gpu=False, profile_step=16)
+    with pytest.raises(ValueError, match="needs a warm-up step"):
+        po.profiler_callback(2)
+
+
 def test_peer_rows_profile_after_the_stream_ours_reads(tmp_path, monkeypatch):
-    """--profile --steps 15: the token stream is drawn for ours' 18 iterations (its shuffle depends on them), the
-    torchtitan row is asked for --profile-step 17 with its time box 150 s longer and its trace is kept beside the
-    results; OLMo-core's row runs as without --profile."""
+    """--profile --steps 15: the token stream is drawn for ours' 18 iterations (its shuffle depends on them), each
+    peer row (torchtitan, OLMo-core) is asked for --profile-step 17 with its time box 150 s longer and its trace is
+    kept beside the results under the row's name."""
     import argparse
 
     import numpy as np
@@ -403,7 +433,8 @@ def test_peer_rows_profile_after_the_stream_ours_reads(tmp_path, monkeypatch):
     assert drawn == [(18, ["train.train_iters=18"])]  # once per model, for the profiled run's length
     (titan_command, titan_timeout), (olmo_command, olmo_timeout) = calls
     assert titan_command[-2:] == ["--profile-step", "17"] and titan_timeout == 390.0
-    assert "--profile-step" not in olmo_command and olmo_timeout == 240.0
-    train_throughput.keep_trace(args, "qwen3_1p7b", "torchtitan", titan)
-    assert titan["profile"]["trace"] == "pt_qwen3_1p7b_torchtitan_trace.json.gz"
-    assert (tmp_path / titan["profile"]["trace"]).exists() and "profile" not in olmo
+    assert olmo_command[-2:] == ["--profile-step", "17"] and olmo_timeout == 390.0
+    for impl, row in (("torchtitan", titan), ("olmo_core", olmo)):
+        train_throughput.keep_trace(args, "qwen3_1p7b", impl, row)
+        assert row["profile"]["trace"] == f"pt_qwen3_1p7b_{impl}_trace.json.gz"
+        assert (tmp_path / row["profile"]["trace"]).exists()
