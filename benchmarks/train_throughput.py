@@ -1,7 +1,8 @@
 """Training throughput side by side in one GPU run, same batch and sequence length:
 our fast spec (`kaiyuan.layer_spec=fast`), Megatron's local spec, a plain transformers loop (eager SDPA, random
 tokens) and the same loop under torch.compile; the peers' own qwen3 1.7B trainers (peer_torchtitan.py:
-`torchtitan` with its tied embeddings, `torchtitan_untied` with ours' untied ones; peer_olmo_core.py: `olmo_core`)
+`torchtitan` with its tied embeddings, `torchtitan_untied` with ours' untied ones, `torchtitan_selective_ac` with its
+toml's activation checkpointing, for a GPU that does not hold the step without; peer_olmo_core.py: `olmo_core`)
 on the token stream `ours` reads (token_stream.py), so their losses compare with ours'; on a host with Transformer
 Engine also TE's spec (recipe_te, megatron_te, bridge_te, megatron_te_graph, megatron_te_chunked_loss) and
 ours_without_te (the fast spec, TE hidden from it). tokens/s/GPU, model TFLOP/s, peak memory. Megatron's runs
@@ -14,7 +15,7 @@ usage (GPU host): python benchmarks/train_throughput.py --models qwen3_1p7b gpt_
       (CPU smoke of the HF loop: --impls hf_eager --device cpu --tiny)
       peer rows: --impls ours torchtitan olmo_core --peer-pythonpath DIR... (where the peers' wheels are installed;
       prepended to the PYTHONPATH of the peers' processes only)
-      --profile: the Megatron and torchtitan rows each keep a PyTorch profiler trace of one step after their timed
+      --profile: the Megatron and peer rows each keep a PyTorch profiler trace of one step after their timed
       steps (peer_profile_report.py compares them)"""
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ MEGATRON_IMPLS = {"ours": ("fast", ()), "megatron_local": ("local", ()),
 WITHOUT_TE = {"ours_without_te": "ours", "megatron_local_without_te": "megatron_local"}
 # A peer framework's own trainer, each row in its own process: the script under benchmarks/ and its arguments.
 PEERS = {"torchtitan": ("peer_torchtitan.py", ()), "torchtitan_untied": ("peer_torchtitan.py", ("--untied",)),
+         "torchtitan_selective_ac": ("peer_torchtitan.py", ("--ac", "selective")),
          "olmo_core": ("peer_olmo_core.py", ())}
 PEER_MODELS = ("qwen3_1p7b",)  # the peers' configs are their qwen3 1.7B
 TIMED_OUT = "timed out after"
@@ -91,7 +93,8 @@ PROFILE_AFTER = 2
 # A profiled row's time box grows by this much (its tail's steps, the trace's export and compression), so that
 # profiling never costs a row its timed figures: a peer's row reports only when its training ends.
 PROFILE_EXTRA_S = 150
-PROFILED_PEERS = ("torchtitan", "torchtitan_untied")  # peer_torchtitan.py --profile-step: torchtitan's own profiler
+# --profile-step: each peer's own profiler (torchtitan's [profiling] job section, OLMo-core's ProfilerCallback)
+PROFILED_PEERS = ("torchtitan", "torchtitan_untied", "torchtitan_selective_ac", "olmo_core")
 TINY = dict(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,
             kv_channels=16)
 
@@ -344,7 +347,7 @@ def main() -> None:
     ap.add_argument("--peer-pythonpath", type=Path, nargs="+",
                     help="folders of the peer rows' packages, in front of their processes' PYTHONPATH")
     ap.add_argument("--profile", action="store_true",
-                    help=f"the Megatron and torchtitan rows go on past --steps to one step under the PyTorch "
+                    help=f"the Megatron and peer rows go on past --steps to one step under the PyTorch "
                          f"profiler (step --steps + {PROFILE_AFTER}; their --impl-timeout {PROFILE_EXTRA_S} s "
                          f"longer); its trace lands beside --out")
     ap.add_argument("--out", type=Path, required=True)

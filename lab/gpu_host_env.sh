@@ -33,14 +33,21 @@ export PYTHONPATH="$PWD:$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 kaiyuan() { "${opt_python:-python3}" -m kaiyuan_recipes.cli.main "$@"; }
 
 # lab_peer_sites PEER...: peer_throughput.sh's peer sets (`make -C lab titan-wheels olmo-wheels`): .whl-PEER installed
-# into /tmp/site-PEER (too large to travel beside .whl, so in a run of their own: --install-only), appended to sites.
+# into /tmp/site-PEER (lab_peer_root instead of /tmp where set; .whl-olmo is too large to travel beside .whl, so it
+# is installed in a run of its own: --install-only) and appended to sites. A set neither carried nor installed is
+# named and the others still go on; the return is then 2.
 lab_peer_sites() {
-  local peer wheels site
+  local peer wheels site missing=0
   for peer in "$@"; do
-    wheels=.whl-$peer site=/tmp/site-$peer
+    wheels=.whl-$peer site=${lab_peer_root:-/tmp}/site-$peer
     lab_install_wheels "$wheels" "$site"
-    [ -f "$site/.kaiyuan-wheels" ] || { echo "no $site: carry $wheels (make -C lab $peer-wheels)"; return 2; }
-    echo "$site: $(wc -l < "$site/.kaiyuan-wheels") wheels"
-    sites+=("$site")
+    if [ -f "$site/.kaiyuan-wheels" ]; then
+      echo "$site: $(wc -l < "$site/.kaiyuan-wheels") wheels"
+      sites+=("$site")
+    else
+      echo "no $site: carry $wheels (make -C lab $peer-wheels)"
+      missing=1
+    fi
   done
+  return $((2 * missing))
 }

@@ -1,8 +1,9 @@
 """train_throughput.py --profile and benchmarks/peer_profile_report.py on the CPU: the step breakdown of Chrome
 traces built here in Kineto's shape (kernel, gpu_memcpy, cuda_runtime, ProfilerStep# events; real kernel names),
 the report's JSON, gap table and chart, the `ours` row's profiled tail (the recipe's profiler config, the timed
-window and learning-rate ramp left as without it), and torchtitan's own profiler settings where its pinned
-version imports (a folder of it on PYTHONPATH; skipped otherwise)."""
+window and learning-rate ramp left as without it), torchtitan's job, profiler and data loader and OLMo-core's
+profiler where their pinned versions import (a folder of lab/titan-wheels.txt or lab/olmo-wheels.txt on
+PYTHONPATH; skipped otherwise)."""
 
 import copy
 import gzip
@@ -297,47 +298,47 @@ def test_ours_profiled_run_is_a_config_upstream_accepts_with_the_same_lr_ramp(tm
     assert unpinned != pytest.approx(base)
 
 
-def test_torchtitan_profiler_settings_trace_one_step(tmp_path, monkeypatch):
-    """peer_torchtitan's --profile-step: the Profiler.Config fields are the ones torchtitan's own CLI parses from
-    its --profiler.* options; its Profiler, driven as Trainer.train drives it, writes one trace, of step 17, at
-    the path the row names; the learning rate of steps 1..15 is the 15-step run's."""
+def test_torchtitan_job_traces_one_step_where_the_row_looks(tmp_path):
+    """peer_torchtitan's --profile-step: the job file it writes passes torchtitan's own ConfigManager with the
+    toml's values where the row keeps them; torchtitan's profiler, driven by that job's [profiling] section as
+    Trainer.train drives it, writes one trace, of step 17, at the path the row names; the learning rate of steps
+    1..15 is the 15-step run's (the qwen3 spec's own schedule builder)."""
     pytest.importorskip("torchtitan", reason="torchtitan (lab/titan-wheels.txt) is not on this PYTHONPATH")
     import numpy as np
     import peer_torchtitan as pt
     import torch
     import torch.distributed as dist
-    from torchtitan.config.manager import ConfigManager
+    from torchtitan.tools.profiling import maybe_enable_profiling
 
     stream = tmp_path / "stream.npy"
     np.save(stream, np.zeros((8, 129), dtype=np.int32))
-    config = pt.titan_config(str(stream), 128, 15, False, "none", str(tmp_path), profile_step=17)
-    flags = [a for k, v in pt.profiler_settings(17).items()
-             for a in ([f"--profiler.{k}"] if v is True else [f"--profiler.{k}", str(v)])]
-    monkeypatch.chdir(tmp_path)
-    parsed = ConfigManager().parse_args(["--module", "qwen3", "--config", "qwen3_1_7b", *flags])
-    assert config.profiler == parsed.profiler and config.profiler.enable_profiling
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    config = pt.job_config(pt.row_job(str(stream), 128, 15, False, "none", str(dump), profile_step=17), str(dump))
     assert config.training.steps == 17 and config.lr_scheduler.warmup_steps == 15
+    assert (config.model.name, config.model.flavor, config.training.global_batch_size) == (pt.TITAN_SPEC, "1.7B", 8)
+    assert (config.parallelism.data_parallel_shard_degree, config.optimizer.eps) == (-1, 1e-8)  # the toml's
+    assert {k: getattr(config.profiling, k) for k in pt.profiler_settings(17)} == pt.profiler_settings(17)
     with pytest.raises(ValueError, match="--profile-step 16: past the timed steps and a warm-up step"):
-        pt.titan_config(str(stream), 128, 15, False, "none", str(tmp_path), profile_step=16)
+        pt.row_job(str(stream), 128, 15, False, "none", str(dump), profile_step=16)
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     try:
-        with config.profiler.build(global_step=0, base_folder=str(tmp_path / "dump")) as profiler:
+        with maybe_enable_profiling(config.profiling, global_step=0, base_folder=str(dump)) as profiler:
             for step in range(1, config.training.steps + 1):  # Trainer.train: step, then profiler.step()
                 with torch.profiler.record_function(f"train step {step}"):
                     torch.ones(4).add_(1)
                 profiler.step()
     finally:
         dist.destroy_process_group()
-    trace = pt.trace_path(str(tmp_path / "dump"), 17)
+    trace = pt.trace_path(str(dump), 17)
     assert [p.name for p in trace.parents[1].iterdir()] == ["iteration_17"]
-    with gzip.open(trace, "rt") as fh:
-        names = {e.get("name") for e in json.load(fh)["traceEvents"]}
+    names = {e.get("name") for e in json.loads(trace.read_text())["traceEvents"]}
     assert {n for n in names if n and n.startswith("train step ")} == {"train step 17"}
 
     def titan_lrs(training_steps: int) -> list[float]:
         opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=3e-4)
-        sched = config.lr_scheduler.build(optimizers=[opt], training_steps=training_steps)
+        sched = pt.titan_spec().build_lr_schedulers_fn([opt], config.lr_scheduler, training_steps)
         out = []
         for _ in range(15):
             out.append(opt.param_groups[0]["lr"])
@@ -348,10 +349,60 @@ def test_torchtitan_profiler_settings_trace_one_step(tmp_path, monkeypatch):
     assert titan_lrs(17) == pytest.approx(titan_lrs(15))
 
 
+def test_torchtitan_stream_loader_feeds_the_trainer_the_stream_in_order(tmp_path):
+    """The spec's data loader, built as the Trainer builds it, yields the stream's windows in order, `local_batch_size`
+    rows a batch, inputs and labels one token apart and no positions (the flavour's plain causal attention); a
+    stream of another window length is refused by name."""
+    pytest.importorskip("torchtitan", reason="torchtitan (lab/titan-wheels.txt) is not on this PYTHONPATH")
+    import numpy as np
+    import peer_torchtitan as pt
+
+    stream = tmp_path / "stream.npy"
+    np.save(stream, np.arange(6 * 9, dtype=np.int32).reshape(6, 9))
+    config = pt.job_config(pt.row_job(str(stream), 8, 3, False, "none", str(tmp_path)), str(tmp_path))
+    loader = pt.titan_spec().build_dataloader_fn(dp_world_size=1, dp_rank=0, tokenizer=None, job_config=config)
+    batches = list(loader)
+    assert len(batches) == 3 and all(list(b) == ["input"] for b, _ in batches)
+    assert [b["input"][:, 0].tolist() for b, _ in batches] == [[0, 9], [18, 27], [36, 45]]
+    assert all((labels - b["input"] == 1).all() for b, labels in batches)
+    np.save(stream, np.zeros((6, 10), dtype=np.int32))
+    with pytest.raises(ValueError, match="windows of 10 tokens, the run needs 9"):
+        pt.titan_spec().build_dataloader_fn(dp_world_size=1, dp_rank=0, tokenizer=None, job_config=config)
+
+
+def test_olmo_core_profiler_traces_the_profiled_step_where_the_row_looks(tmp_path):
+    """peer_olmo_core's --profile-step: OLMo-core's own ProfilerCallback, called as its Trainer calls it (before
+    each batch loads; training runs one step past the profiled one), writes one trace, of step 17 alone, at the
+    path the row names; a profiled step within the timed ones, or without a warm-up step, is refused."""
+    pytest.importorskip("olmo_core", reason="OLMo-core (lab/olmo-wheels.txt) is not on this PYTHONPATH")
+    from types import SimpleNamespace
+
+    import peer_olmo_core as po
+    import torch
+
+    callback = po.profiler_callback(17)
+    callback.trainer = SimpleNamespace(device=torch.device("cpu"), work_dir=tmp_path,
+                                       persist_working_file=lambda path: path)
+    callback.pre_train()
+    for step in range(1, 19):  # Trainer._iter_batches: pre_load_batch, then the step
+        callback.pre_load_batch()
+        with torch.profiler.record_function(f"train step {step}"):
+            torch.ones(4).add_(1)
+    trace = po.trace_path(str(tmp_path), 17)
+    assert [p.name for p in trace.parent.iterdir()] == [trace.name]
+    with gzip.open(trace, "rt") as fh:
+        names = {e.get("name") for e in json.load(fh)["traceEvents"]}
+    assert {n for n in names if n and n.startswith("train step ")} == {"train step 17"}
+    with pytest.raises(ValueError, match="--profile-step 16: past the timed steps and a warm-up step"):
+        po.train(str(tmp_path / "unused.npy"), 8, 15, tiny=True, gpu=False, profile_step=16)
+    with pytest.raises(ValueError, match="needs a warm-up step"):
+        po.profiler_callback(2)
+
+
 def test_peer_rows_profile_after_the_stream_ours_reads(tmp_path, monkeypatch):
-    """--profile --steps 15: the token stream is drawn for ours' 18 iterations (its shuffle depends on them), the
-    torchtitan row is asked for --profile-step 17 with its time box 150 s longer and its trace is kept beside the
-    results; OLMo-core's row runs as without --profile."""
+    """--profile --steps 15: the token stream is drawn for ours' 18 iterations (its shuffle depends on them), each
+    peer row (torchtitan, OLMo-core) is asked for --profile-step 17 with its time box 150 s longer and its trace is
+    kept beside the results under the row's name."""
     import argparse
 
     import numpy as np
@@ -382,7 +433,8 @@ def test_peer_rows_profile_after_the_stream_ours_reads(tmp_path, monkeypatch):
     assert drawn == [(18, ["train.train_iters=18"])]  # once per model, for the profiled run's length
     (titan_command, titan_timeout), (olmo_command, olmo_timeout) = calls
     assert titan_command[-2:] == ["--profile-step", "17"] and titan_timeout == 390.0
-    assert "--profile-step" not in olmo_command and olmo_timeout == 240.0
-    train_throughput.keep_trace(args, "qwen3_1p7b", "torchtitan", titan)
-    assert titan["profile"]["trace"] == "pt_qwen3_1p7b_torchtitan_trace.json.gz"
-    assert (tmp_path / titan["profile"]["trace"]).exists() and "profile" not in olmo
+    assert olmo_command[-2:] == ["--profile-step", "17"] and olmo_timeout == 390.0
+    for impl, row in (("torchtitan", titan), ("olmo_core", olmo)):
+        train_throughput.keep_trace(args, "qwen3_1p7b", impl, row)
+        assert row["profile"]["trace"] == f"pt_qwen3_1p7b_{impl}_trace.json.gz"
+        assert (tmp_path / row["profile"]["trace"]).exists()
