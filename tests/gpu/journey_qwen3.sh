@@ -14,6 +14,7 @@ source tests/gpu/flags.sh
 flag rev unknown "the git revision the tree was at, recorded in the results"
 flag iters 40 "train.train_iters of the run (the run is stopped before it ends)"
 flag port 5000 "the port kaiyuan serve listens on"
+flag part all "all: the whole journey; start: only start -> first step -> stop -> restart -> next step -> stop"
 parse_flags "$@"
 source tests/gpu/env.sh
 source tests/gpu/serve_lifecycle.sh  # wait_until, port_open, start_server, stop_server
@@ -78,6 +79,9 @@ step stop_2 0 kaiyuan stop $run --run-root $runs --grace 300
 step status_stopped_2 0 expect_state $run stopped
 cp $runs/$run/run_state/metrics.jsonl "$logs/q1_metrics.jsonl" 2>/dev/null
 cp $runs/$run/logs/console.log "$logs/q1_console.log" 2>/dev/null
+# what the console showed before the first iteration line of the first start
+awk '/kaiyuan: iteration/ {print NR - 1; exit}' "$logs/q1_console.log" > "$logs/console_lines_before_first_iteration.txt"
+if [ "$opt_part" = start ]; then rm -rf "$runs"; exit 0; fi  # two checkpoints: the disk holds no third
 step keep_newest 0 keep_newest_checkpoint
 step ckpt_ls 0 kaiyuan ckpt ls $runs/$run
 step ckpt_verify 0 kaiyuan ckpt verify $runs/$run
