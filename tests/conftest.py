@@ -1,5 +1,6 @@
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -16,6 +17,23 @@ os.environ.setdefault("KAIYUAN_CACHE", tempfile.mkdtemp(prefix="kaiyuan-test-cac
 os.environ.setdefault("KAIYUAN_ALLOW_NO_GPU", "1")
 # NeMo-Run reads its home once, at import: experiments of this session go to a temporary one.
 os.environ["NEMORUN_HOME"] = tempfile.mkdtemp(prefix="kaiyuan-test-nemo-run-")
+
+# Signal dispositions and the blocked-signal mask are inherited by every process a test starts: an ignored or
+# blocked SIGINT left behind by one test (in-process library code may set either) makes a later test's Ctrl-C do
+# nothing to its child (a served export ran on for minutes). Each test starts from the session's own.
+_SESSION_SIGNALS = (signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, set()))
+
+
+@pytest.fixture(autouse=True)
+def signals_as_the_session_had_them(request):
+    yield
+    handler, blocked = signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    if (handler, blocked) != _SESSION_SIGNALS:
+        signal.signal(signal.SIGINT, _SESSION_SIGNALS[0])
+        signal.pthread_sigmask(signal.SIG_SETMASK, _SESSION_SIGNALS[1])
+        import warnings
+
+        warnings.warn(f"{request.node.nodeid} left SIGINT {handler!r} with {sorted(blocked)} blocked; restored")
 
 
 def megatron_forward_on_cpu(setattr=setattr) -> None:
