@@ -32,8 +32,9 @@ def test_one_shipped_config_per_laoyao_category_and_each_loads():
 
 @pytest.mark.parametrize("raw, message", [
     ({"steps": {"minhash": {}, "dedup": True}}, "unknown step(s) ['dedup']"),
-    ({"steps": {"gopher_quality": {"min_doc_word": 10}}}, "unknown parameter(s) ['min_doc_word'] for datatrove's "
-                                                          "GopherQualityFilter"),
+    ({"steps": {"gopher_quality": {"min_doc_word": 10}}}, "unknown parameter(s) ['min_doc_word'] for GopherQuality"),
+    ({"steps": {"gopher_quality": {"words": "spacy"}}}, "gopher_quality.words: expected one of ['whitespace', "),
+    ({"steps": {"c4": {"rewrite_lines": 1}}}, "c4.rewrite_lines: expected one of [True, False], got 1"),
     ({"steps": {"gopher_quality": {"exclusion_writer": None}}}, "unknown parameter(s) ['exclusion_writer']"),
     ({"steps": {"length": {"min_chars": "100"}}}, "steps.length.min_chars: expected int/float"),
     ({"steps": {"length": {"min_char": 1}}}, "steps.length: unknown key(s) ['min_char']"),

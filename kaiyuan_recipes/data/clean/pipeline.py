@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kaiyuan_recipes.data.clean.config import HEURISTICS, CleanConfig, heuristic_class
+from kaiyuan_recipes.data.clean.config import HEURISTICS, TEXT_REWRITING, CleanConfig, heuristic_class
 from kaiyuan_recipes.data.clean.manifest import RunPlan, StepStats
 
 # Documents per tokenizer call of the token counts: datatrove's default of 10,000 holds every Encoding of the batch
@@ -58,6 +58,29 @@ def minhash_config(cfg: CleanConfig) -> Any:
                          hash_config=hash_config())
 
 
+def document_filters(cfg: CleanConfig, lang: Any, sample: Any = lambda step: None) -> list[tuple[str, Any]]:
+    """The per-document steps of the filter stage after exact dedup, in order, as (step name, datatrove filter);
+    `sample(step)` gives the step's exclusion writer."""
+    from kaiyuan_recipes.data.clean.steps import LengthCharFilter, LocalLanguageFilter
+
+    out: list[tuple[str, Any]] = []
+    if cfg.length.enabled:
+        lc = cfg.length
+        out.append(("length", LengthCharFilter(lc.min_chars, lc.max_chars, lc.max_non_printable_ratio,
+                                               lc.max_replacement_char_ratio, lc.min_cjk_ratio,
+                                               exclusion_writer=sample("length"))))
+    if cfg.language_filter.enabled:
+        lf = cfg.language_filter
+        out.append(("language", LocalLanguageFilter(lf.model_path, lf.languages, lf.threshold,
+                                                    exclusion_writer=sample("language"))))
+    for name in HEURISTICS:
+        h = cfg.heuristics.get(name)
+        if h is not None and h.enabled:
+            params = {k: tuple(v) if isinstance(v, list) else v for k, v in h.params.items()}  # YAML lists: tuples
+            out.append((name, heuristic_class(name)(**params, language=lang, exclusion_writer=sample(name))))
+    return out
+
+
 def build_stages(plan: RunPlan, cfg: CleanConfig, schema: Any, tokenizer_file: str | None,
                  finder_workers: int = 1, bucket_workers: int = 1) -> list[Stage]:
     """The stages of this run; fills plan.steps / plan.input_stats with where each step's counts are read."""
@@ -74,8 +97,6 @@ def build_stages(plan: RunPlan, cfg: CleanConfig, schema: Any, tokenizer_file: s
 
     from kaiyuan_recipes.data.clean.steps import (
         ColumnsParquetWriter,
-        LengthCharFilter,
-        LocalLanguageFilter,
         SampleWriter,
         TaskFileReader,
         make_reader,
@@ -115,22 +136,9 @@ def build_stages(plan: RunPlan, cfg: CleanConfig, schema: Any, tokenizer_file: s
     if cfg.exact_dedup:
         add("exact_dedup", ExactDedupFilter(plan.folder("exact", "dups"), exact_config(),
                                             exclusion_writer=sample("exact_dedup")))
-    if cfg.length.enabled:
-        lc = cfg.length
-        add("length", LengthCharFilter(lc.min_chars, lc.max_chars, lc.max_non_printable_ratio,
-                                       lc.max_replacement_char_ratio, lc.min_cjk_ratio,
-                                       exclusion_writer=sample("length")))
-    if cfg.language_filter.enabled:
-        lf = cfg.language_filter
-        add("language", LocalLanguageFilter(lf.model_path, lf.languages, lf.threshold,
-                                            exclusion_writer=sample("language")))
-    for name in HEURISTICS:
-        h = cfg.heuristics.get(name)
-        if h is None or not h.enabled:
-            continue
-        params = {k: tuple(v) if isinstance(v, list) else v for k, v in h.params.items()}  # YAML lists: tuples
-        add(name, heuristic_class(name)(**params, language=lang, exclusion_writer=sample(name)))
-        if name == "c4" and cfg.count_tokens:
+    for name, step in document_filters(cfg, lang, sample):
+        add(name, step)
+        if name in TEXT_REWRITING and cfg.count_tokens:
             # C4 drops lines from the documents it keeps: their token counts are taken again
             pipe.append(TokensCounter(tokenizer_file, batch_size=TOKEN_COUNT_BATCH))
             labels.append("recount")
