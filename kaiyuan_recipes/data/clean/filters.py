@@ -19,9 +19,9 @@ from datatrove.data import Document
 from datatrove.pipeline.filters import C4QualityFilter, GopherQualityFilter
 from datatrove.utils.word_tokenizers import WordTokenizer
 
+from kaiyuan_recipes.data.clean.stat_keys import CHARS_REMOVED, REWRITTEN
+
 WORDS = ("whitespace", "tokenizer")
-REWRITTEN = "rewritten_documents"         # stats keys the manifest reads
-CHARS_REMOVED = "rewrite_removed_chars"
 
 
 class WhitespaceWords(WordTokenizer):

@@ -12,7 +12,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kaiyuan_recipes.data.clean.config import TEXT_REWRITING
 from kaiyuan_recipes.data.clean.inputs import MANIFEST_NAME, SAMPLES_DIR
+from kaiyuan_recipes.data.clean.stat_keys import BAD_ROW_STAT, CHARS_REMOVED, REWRITTEN, TOO_LONG_TO_COUNT
 
 MANIFEST_KIND = "kaiyuan-clean"
 
@@ -45,6 +47,8 @@ class RunPlan:
     executor: str
     tasks: int
     datatrove_version: str
+    on_bad_row: str = "error"
+    max_document_bytes: int = 0
     steps: list[StepStats] = field(default_factory=list)
     input_stats: StepStats | None = None    # the reader and the first token count of the filter stage
     stage_names: list[str] = field(default_factory=list)
@@ -55,7 +59,8 @@ class RunPlan:
     def fingerprint(self) -> dict[str, Any]:
         """What a rerun must match to resume this staging directory."""
         return {"config_hash": self.config_hash, "text_key": self.text_key, "inputs": self.inputs,
-                "sample_removed": self.sample_removed}
+                "sample_removed": self.sample_removed, "on_bad_row": self.on_bad_row,
+                "max_document_bytes": self.max_document_bytes}
 
 
 def _merged_stats(plan: RunPlan, stage: str) -> list[Any]:
@@ -97,18 +102,30 @@ def step_records(plan: RunPlan) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     documents = int(_metric(read, src.index, "documents"))
     tokens = int(_metric(stats_of(src.tokens_stage), src.tokens_index, "tokens")) if counting else None
     rows = sum(f["rows"] for f in plan.inputs)
-    head = {"rows": rows, "documents": documents, "empty_text_rows": rows - documents, "tokens": tokens}
+    reader = read[src.index].stats if src.index < len(read) else {}
+    bad = {k.removeprefix(BAD_ROW_STAT): int(_total(v)) for k, v in sorted(reader.items())
+           if k.startswith(BAD_ROW_STAT)}
+    uncounted = int(_metric(stats_of(src.tokens_stage), src.tokens_index, TOO_LONG_TO_COUNT)) \
+        if counting else 0
+    head = {"rows": rows, "documents": documents, "bad_rows_skipped": bad,
+            "empty_text_rows": rows - documents - sum(bad.values()), "tokens": tokens,
+            "documents_too_long_to_count": uncounted}
     records = []
     for step in plan.steps:
         stats = stats_of(step.stage)
         docs_in, docs_out = int(_metric(stats, step.index, "total")), int(_metric(stats, step.index, "forwarded"))
-        reasons = {k.removeprefix("dropped_"): int(_total(v)) for k, v in sorted(stats[step.index].stats.items())
-                   if k.startswith("dropped_")} if step.index < len(stats) else {}
+        own = stats[step.index].stats if step.index < len(stats) else {}
+        reasons = {k.removeprefix("dropped_"): int(_total(v)) for k, v in sorted(own.items())
+                   if k.startswith("dropped_")}
         out_tokens = int(_metric(stats_of(step.tokens_stage), step.tokens_index, step.tokens_metric)) \
             if counting else None
-        records.append({"step": step.name, "documents_in": docs_in, "documents_out": docs_out,
-                        "removed": docs_in - docs_out, "tokens_in": tokens, "tokens_out": out_tokens,
-                        "removed_by_reason": reasons})
+        record = {"step": step.name, "documents_in": docs_in, "documents_out": docs_out,
+                  "removed": docs_in - docs_out, "tokens_in": tokens, "tokens_out": out_tokens,
+                  "removed_by_reason": reasons}
+        if REWRITTEN in own or step.name in TEXT_REWRITING:
+            record["rewritten"] = {"documents": int(_total(own.get(REWRITTEN))),
+                                   "characters_removed": int(_total(own.get(CHARS_REMOVED)))}
+        records.append(record)
         tokens = out_tokens
     return head, records
 
@@ -154,6 +171,9 @@ def build_manifest(plan: RunPlan, out: Path) -> dict[str, Any]:
         "documents_in": head["documents"], "documents_out": last["documents_out"],
         "tokens_in": head["tokens"], "tokens_out": last["tokens_out"],
         "rows_in": head["rows"], "empty_text_rows": head["empty_text_rows"],
+        "bad_rows_skipped": head["bad_rows_skipped"], "on_bad_row": plan.on_bad_row,
+        "max_document_bytes": plan.max_document_bytes,
+        "documents_too_long_to_count": head["documents_too_long_to_count"],
         "steps": records,
         "config": plan.config, "config_hash": plan.config_hash, "config_source": plan.config_source,
         "minhash": plan.minhash,

@@ -96,6 +96,7 @@ def build_stages(plan: RunPlan, cfg: CleanConfig, schema: Any, tokenizer_file: s
     from datatrove.pipeline.tokens import TokensCounter
 
     from kaiyuan_recipes.data.clean.steps import (
+        BoundedTokensCounter,
         ColumnsParquetWriter,
         SampleWriter,
         TaskFileReader,
@@ -109,7 +110,7 @@ def build_stages(plan: RunPlan, cfg: CleanConfig, schema: Any, tokenizer_file: s
     paths_file = plan.folder("inputs.txt")
 
     def reader():
-        return make_reader(plan.input_dir, paths_file, text_key)
+        return make_reader(plan.input_dir, paths_file, text_key, plan.on_bad_row, plan.max_document_bytes)
 
     def sample(step: str):
         return SampleWriter(plan.folder("removed", step), plan.sample_removed) if plan.sample_removed > 0 else None
@@ -125,7 +126,8 @@ def build_stages(plan: RunPlan, cfg: CleanConfig, schema: Any, tokenizer_file: s
     pipe: list[Any] = [reader()]
     labels = ["read"]
     if cfg.count_tokens:
-        pipe.append(TokensCounter(tokenizer_file, batch_size=TOKEN_COUNT_BATCH))
+        longest = cfg.length.max_chars if cfg.length.enabled else None
+        pipe.append(BoundedTokensCounter(tokenizer_file, TOKEN_COUNT_BATCH, longest))
         labels.append("tokens")
 
     def add(name: str, step: Any) -> None:

@@ -15,8 +15,12 @@ from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.filters.base_filter import BaseFilter
 from datatrove.pipeline.filters.language_filter import LanguageFilter
 from datatrove.pipeline.readers import ParquetReader
+from datatrove.pipeline.tokens import TokensCounter
 from datatrove.pipeline.writers import JsonlWriter, ParquetWriter
+from datatrove.utils.batching import batched
 from datatrove.utils.lid import FT176LID
+
+from kaiyuan_recipes.data.clean.stat_keys import TOO_LONG_TO_COUNT
 
 SOURCE = "_kaiyuan_source"   # the input file (relative path) a document came from; names its output file
 TOKENS = "_kaiyuan_tokens"   # token_count carried through the intermediate files between stages
@@ -48,10 +52,40 @@ def read_row(self: Any, data: dict, path: str, id_in_file: int) -> dict:
     return {"text": text, "id": f"{data[SOURCE]}#{id_in_file}", "metadata": data}
 
 
-def make_reader(folder: str, paths_file: str, text_key: str) -> ParquetReader:
+def make_reader(folder: str, paths_file: str, text_key: str, on_bad_row: str, max_document_bytes: int) -> Any:
     """The input files listed one per line in `paths_file` (inputs.check_inputs' order): with one task per file,
     task i reads file i whichever executor runs it."""
-    return ParquetReader(folder, paths_file=paths_file, text_key=text_key, adapter=read_row)
+    from kaiyuan_recipes.data.clean.reader import CheckedParquetReader
+
+    return CheckedParquetReader(folder, paths_file=paths_file, text_key=text_key, adapter=read_row,
+                                on_bad_row=on_bad_row, max_document_bytes=max_document_bytes)
+
+
+class BoundedTokensCounter(TokensCounter):
+    """datatrove's TokensCounter for the documents of at most `max_chars` characters; a longer one (the length step
+    after it removes it) passes uncounted: a fast tokenizer's encoding of a text holds its ids, offsets and token
+    strings, gigabytes for a text of tens of megabytes, and the count of a removed document is worth nothing."""
+
+    def __init__(self, tokenizer_file: str | None, batch_size: int, max_chars: int | None):
+        super().__init__(tokenizer_file, batch_size=batch_size)
+        self.max_chars = max_chars
+
+    def run(self, data, rank: int = 0, world_size: int = 1):
+        if self.max_chars is None:
+            yield from super().run(data, rank, world_size)
+            return
+        for batch in batched(data, self.batch_size):
+            countable = [doc for doc in batch if len(doc.text) <= self.max_chars]
+            with self.track_time(unit="batch"):
+                encoded = self.tokenizer.encode_batch([doc.text for doc in countable]) if countable else []
+            counts = {id(doc): len(enc.ids) for doc, enc in zip(countable, encoded)}
+            for doc in batch:
+                if id(doc) in counts:
+                    doc.metadata["token_count"] = counts[id(doc)]
+                    self.stat_update("tokens", value=counts[id(doc)])
+                else:
+                    self.stat_update(TOO_LONG_TO_COUNT)
+                yield doc
 
 
 class ColumnsParquetWriter(ParquetWriter):
