@@ -217,3 +217,22 @@ def test_length_filter_character_classes_are_unicodedata_s():
                                             and not c.isspace()]
     assert WHITESPACE.findall(chars) == [c for c in chars if c.isspace()]
     assert CJK.findall(chars) == [c for c in chars if "\u4e00" <= c <= "\u9fff" or "\u3400" <= c <= "\u4dbf"]
+
+
+def test_minhash_digit_normalization_is_a_switch():
+    """datatrove's MinHash normalises every number to 0 before shingling: exercises that differ only in their numbers
+    are then one document. `normalize_digits: false` keeps them apart."""
+    from datatrove.pipeline.dedup.minhash import MinhashDedupSignature
+
+    from kaiyuan_recipes.data.clean.pipeline import minhash_config
+
+    a = "Solve 3x + 7 = 22 for x, then check the answer by putting it back into the equation above. " * 3
+    b = a.replace("3x + 7 = 22", "5x + 2 = 47")
+    shingles = {}
+    for normalize in (True, False):
+        cfg = config_from_dict({"steps": {"minhash": {"normalize_digits": normalize}}})
+        sig = MinhashDedupSignature("/nonexistent-unused", minhash_config(cfg), language="en")
+        shingles[normalize] = [set(sig.get_shingles(t).ravel().tolist()) for t in (a, b)]
+    assert shingles[True][0] == shingles[True][1]
+    assert shingles[False][0] != shingles[False][1]
+    assert config_from_dict({"steps": {"minhash": {}}}).minhash_expectation()["normalize_digits"] is True

@@ -55,6 +55,9 @@ class MinhashConfig:
     bands: int = 14
     rows: int = 8
     seed: int = 1
+    # datatrove's text normalisation before shingling turns every number into 0: texts differing only in their
+    # numbers (templated exercises, tables) are then duplicates. False keeps the digits.
+    normalize_digits: bool = True
 
     def detection_probability(self, jaccard: float) -> float:
         return 1.0 - (1.0 - jaccard ** self.rows) ** self.bands
@@ -101,6 +104,7 @@ class CleanConfig:
     def minhash_expectation(self) -> dict[str, Any]:
         m = self.minhash
         return {"ngrams": m.ngrams, "bands": m.bands, "rows": m.rows, "seed": m.seed,
+                "normalize_digits": m.normalize_digits,
                 "threshold": round(m.threshold, 4),
                 "detection_probability": {f"{s:g}": round(m.detection_probability(s), 4) for s in JACCARD_POINTS}}
 

@@ -52,10 +52,11 @@ def exact_config() -> Any:
 
 def minhash_config(cfg: CleanConfig) -> Any:
     from datatrove.pipeline.dedup.minhash import MinhashConfig
+    from datatrove.utils.text import TextNormConfig
 
     m = cfg.minhash
     return MinhashConfig(n_grams=m.ngrams, num_buckets=m.bands, hashes_per_bucket=m.rows, seed=m.seed,
-                         hash_config=hash_config())
+                         norm_config=TextNormConfig(norm_numbers=m.normalize_digits), hash_config=hash_config())
 
 
 def document_filters(cfg: CleanConfig, lang: Any, sample: Any = lambda step: None) -> list[tuple[str, Any]]:
