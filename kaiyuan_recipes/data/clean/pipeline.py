@@ -98,6 +98,7 @@ def build_stages(plan: RunPlan, cfg: CleanConfig, schema: Any, tokenizer_file: s
 
     from kaiyuan_recipes.data.clean.steps import (
         BoundedTokensCounter,
+        ClusterRepresentatives,
         ColumnsParquetWriter,
         SampleWriter,
         TaskFileReader,
@@ -157,14 +158,21 @@ def build_stages(plan: RunPlan, cfg: CleanConfig, schema: Any, tokenizer_file: s
         stages.append(Stage("minhash_buckets", [MinhashDedupBuckets(
             plan.folder("minhash", "sigs"), plan.folder("minhash", "buckets"), config=mh)],
             cfg.minhash.bands * bucket_workers, ["buckets"]))
+        linked = plan.sample_removed > 0  # cluster ids and kept copies, for the removed sample
         stages.append(Stage("minhash_cluster", [MinhashDedupCluster(
-            plan.folder("minhash", "buckets"), plan.folder("minhash", "remove"), config=mh)], 1, ["cluster"]))
-        final = [TaskFileReader(plan.folder("filtered"), text_key=text_key, adapter=read_row),
-                 MinhashDedupFilter(plan.folder("minhash", "remove"), exclusion_writer=sample("minhash")),
-                 ColumnsParquetWriter(plan.folder("output"), schema, text_key, intermediate=False)]
-        stages.append(Stage("minhash_filter", final, tasks, ["read_filtered", "minhash", "write"]))
+            plan.folder("minhash", "buckets"), plan.folder("minhash", "remove"), config=mh,
+            save_cluster_id=linked)], 1, ["cluster"]))
+        final = [TaskFileReader(plan.folder("filtered"), text_key=text_key, adapter=read_row)]
+        labels = ["read_filtered"]
+        if linked:
+            final.append(ClusterRepresentatives(plan.folder("minhash", "remove"), plan.folder("minhash", "kept")))
+            labels.append("kept_copies")
+        final += [MinhashDedupFilter(plan.folder("minhash", "remove"), exclusion_writer=sample("minhash"),
+                                     load_cluster_ids=linked),
+                  ColumnsParquetWriter(plan.folder("output"), schema, text_key, intermediate=False)]
+        stages.append(Stage("minhash_filter", final, tasks, labels + ["minhash", "write"]))
         # MinhashDedupFilter records no token stats: the writer after it sees exactly what it kept
-        steps.append(StepStats("minhash", "minhash_filter", 1, "minhash_filter", 2))
+        steps.append(StepStats("minhash", "minhash_filter", len(final) - 2, "minhash_filter", len(final) - 1))
     else:
         pipe.append(ColumnsParquetWriter(plan.folder("output"), schema, text_key, intermediate=False))
         labels.append("write")

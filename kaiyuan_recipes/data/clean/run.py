@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
+import subprocess
+import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from kaiyuan_recipes import __version__
 from kaiyuan_recipes.data.clean.config import load_config
 from kaiyuan_recipes.data.clean.executors import (
     SlurmOptions,
@@ -63,6 +68,19 @@ def _tokenizer_file(cfg_tokenizer: str | None, staging: Path) -> str:
     return str(target)
 
 
+def _source_revision() -> str | None:
+    """The git commit of the checkout this package runs from, if it is one (an installed wheel: None)."""
+    root = Path(__file__).resolve().parents[3]
+    if not (root / ".git").exists():
+        return None
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
 def _same_run(manifest: dict[str, Any], cfg_hash: str, inputs: list[dict[str, Any]]) -> bool:
     return manifest.get("config_hash") == cfg_hash and manifest.get("inputs") == inputs
 
@@ -99,7 +117,9 @@ def clean_directory(opts: CleanOptions, log: Any = print) -> dict[str, Any]:
         inputs=inputs, config=cfg.to_dict(), config_hash=cfg.config_hash(), config_source=cfg.source,
         minhash=cfg.minhash_expectation() if cfg.minhash.enabled else None, sample_removed=opts.sample_removed,
         executor="slurm" if opts.slurm else "local", tasks=len(files), datatrove_version=version("datatrove"),
-        on_bad_row=opts.on_bad_row, max_document_bytes=opts.max_document_bytes)
+        on_bad_row=opts.on_bad_row, max_document_bytes=opts.max_document_bytes, host=socket.gethostname(),
+        started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), started_s=time.time(),
+        kaiyuan_version=__version__, source_revision=_source_revision())
     run_file = staging / "run.json"
     if run_file.is_file():
         before = json.loads(run_file.read_text(encoding="utf-8"))
