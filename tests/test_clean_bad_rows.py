@@ -1,7 +1,8 @@
-"""Bad rows in a cleaning run's input (a null text, invalid UTF-8, a text over --max-document-bytes) are handled per
-row by the reader, before Python or a tokenizer sees the text: refused naming the file and row (`--on-bad-row
-error`, nothing left behind), or skipped and counted in the manifest (`skip`). A document longer than the length
-step's max_chars is never tokenized. A run that removes every document exits non-zero with the per-step counts."""
+"""Input checks of a cleaning run. Bad rows (a null text, invalid UTF-8, a text over --max-document-bytes) are
+handled per row by the reader, before Python or a tokenizer sees the text: refused naming the file and row
+(`--on-bad-row error`, nothing left behind), or skipped and counted in the manifest (`skip`). A document longer than
+the length step's max_chars is never tokenized. A run that removes every document exits non-zero with the per-step
+counts. An output is "already cleaned" only for inputs of the same content."""
 
 from __future__ import annotations
 
@@ -126,3 +127,26 @@ def test_a_run_that_removes_everything_exits_non_zero_with_the_counts(tmp_path, 
     assert code == 1
     assert "length             documents 40 -> 0" in captured.out and "(too_short 40)" in captured.out
     assert "every document was removed" in captured.err
+
+
+def test_already_cleaned_is_decided_by_content_not_size_and_rows(tmp_path):
+    """An input edited in place (same path, size and row count, another text) is not "already cleaned"."""
+    from kaiyuan_recipes.data.clean.inputs import CleanInputError
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+
+    def write(word: str) -> None:
+        texts = [f"{word} {i:03d} " + PROSE * 2 for i in range(20)]
+        pq.write_table(pa.table({"text": texts}), raw / "a.parquet", compression="none", use_dictionary=False,
+                       write_statistics=False)
+
+    write("alpha")
+    config, out = length_only(tmp_path), tmp_path / "out"
+    clean_directory(CleanOptions(raw, out, config, workers=1), log=quiet)
+    before = (raw / "a.parquet").stat().st_size
+    assert clean_directory(CleanOptions(raw, out, config, workers=1), log=quiet)["up_to_date"]
+    write("gamma")
+    assert (raw / "a.parquet").stat().st_size == before and pq.ParquetFile(raw / "a.parquet").metadata.num_rows == 20
+    with pytest.raises(CleanInputError, match="holds the cleaning of another input or config"):
+        clean_directory(CleanOptions(raw, out, config, workers=1), log=quiet)

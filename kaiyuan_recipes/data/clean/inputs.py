@@ -4,6 +4,7 @@ directory that is free for this run. Each error names the file (and the row, for
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ class InputFile:
     relative: str       # to the input directory: the output file of the same name holds what it kept
     bytes: int
     rows: int
+    sha256: str         # the content: "already cleaned" and resuming compare it, not the size and row count
 
 
 def _first_null_row(pf: Any, column: str) -> int | None:
@@ -103,7 +105,9 @@ def check_inputs(input_dir: Path, text_key: str, nulls_refused: bool = True) -> 
             row = _first_null_row(pf, text_key)
             if row is not None:
                 raise CleanInputError(f"{path}: row {row} (0-based): column '{text_key}' is null")
-        files.append(InputFile(path.resolve(), path.relative_to(input_dir).as_posix(), size, rows))
+        with open(path, "rb") as fh:
+            digest = hashlib.file_digest(fh, "sha256").hexdigest()
+        files.append(InputFile(path.resolve(), path.relative_to(input_dir).as_posix(), size, rows, digest))
     return files, schema
 
 

@@ -101,7 +101,7 @@ def clean_directory(opts: CleanOptions, log: Any = print) -> dict[str, Any]:
     input_dir, output_dir = Path(opts.input_dir).resolve(), Path(opts.output_dir).resolve()
     existing = check_output_dir(output_dir, input_dir)
     files, schema = check_inputs(input_dir, opts.text_key, nulls_refused=opts.on_bad_row == "error")
-    inputs = [{"path": f.relative, "bytes": f.bytes, "rows": f.rows} for f in files]
+    inputs = [{"path": f.relative, "bytes": f.bytes, "rows": f.rows, "sha256": f.sha256} for f in files]
     staging = staging_dir_for(output_dir)
     if existing is not None:
         manifest = read_manifest(output_dir)
