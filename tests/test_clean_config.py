@@ -202,7 +202,8 @@ def test_step_counts_from_a_single_task(tmp_path):
                    input_stats=StepStats("input", "filter", 0))
     head, records = step_records(plan)
     assert records == [{"step": "length", "documents_in": 3, "documents_out": 2, "removed": 1, "tokens_in": None,
-                        "tokens_out": None, "removed_by_reason": {"too_short": 1}}]
+                        "tokens_out": None, "removed_by_reason": {"too_short": 1},
+                        "characters_in": 20, "characters_out": len("long enough") + len("also long")}]
 
 
 def test_length_filter_character_classes_are_unicodedata_s():

@@ -5,7 +5,7 @@ markers, stats) under the staging directory:
   filter (one task per input file): read, count tokens, drop exact duplicates, length, language, Gopher, C4, FineWeb,
          write (the final output, or an intermediate file per task when MinHash follows) and MinHash signatures
   minhash_buckets (bands x workers) -> minhash_cluster (1) -> minhash_filter (one task per input file): write
-  finalize (1): manifest, then the rename into place
+  finalize (1): manifest, report, samples, then the rename into place
 
 One task per input file is what makes the output independent of the machine: datatrove's exact and MinHash dedup
 keep, out of a group of duplicates, the copy with the lowest (task, position in task), so the partition of documents

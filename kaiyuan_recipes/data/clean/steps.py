@@ -1,8 +1,9 @@
 """The thin adapters between our parquet files and datatrove's components, each the extension point datatrove offers
-for it: a reader adapter (rows -> Documents, refusing null text), a parquet writer that writes the input's own columns
-back (not datatrove's text/id/metadata layout), a length / character filter on datatrove's BaseFilter, a reader of one
-task's intermediate file, a capped writer for the removed-document samples, and a language filter that loads a local
-fastText model instead of downloading one.
+for it: a reader adapter (rows -> Documents, refusing null text), a token counter that skips what the length step
+removes for size, a parquet writer that writes the input's own columns back (not datatrove's text/id/metadata layout),
+a length / character filter on datatrove's BaseFilter, a reader of one task's intermediate file, a sampling writer for
+the removed documents, the ids MinHash keeps per cluster, and a language filter that loads a local fastText model
+instead of downloading one.
 
 No `from __future__ import annotations` here: datatrove's exact dedup reads `document_text`'s return annotation to
 choose its hash function, and needs the type, not a string."""
