@@ -32,8 +32,9 @@ def test_one_shipped_config_per_laoyao_category_and_each_loads():
 
 @pytest.mark.parametrize("raw, message", [
     ({"steps": {"minhash": {}, "dedup": True}}, "unknown step(s) ['dedup']"),
-    ({"steps": {"gopher_quality": {"min_doc_word": 10}}}, "unknown parameter(s) ['min_doc_word'] for datatrove's "
-                                                          "GopherQualityFilter"),
+    ({"steps": {"gopher_quality": {"min_doc_word": 10}}}, "unknown parameter(s) ['min_doc_word'] for GopherQuality"),
+    ({"steps": {"gopher_quality": {"words": "spacy"}}}, "gopher_quality.words: expected one of ['whitespace', "),
+    ({"steps": {"c4": {"rewrite_lines": 1}}}, "c4.rewrite_lines: expected one of [True, False], got 1"),
     ({"steps": {"gopher_quality": {"exclusion_writer": None}}}, "unknown parameter(s) ['exclusion_writer']"),
     ({"steps": {"length": {"min_chars": "100"}}}, "steps.length.min_chars: expected int/float"),
     ({"steps": {"length": {"min_char": 1}}}, "steps.length: unknown key(s) ['min_char']"),
@@ -157,7 +158,7 @@ def test_language_step_refuses_at_start_without_a_local_model(tmp_path):
 def test_reader_adapter_refuses_a_null_text_the_footer_missed(tmp_path):
     from kaiyuan_recipes.data.clean.steps import CleanDataError, make_reader, read_row
 
-    reader = make_reader(str(tmp_path), str(tmp_path / "paths.txt"), "text")
+    reader = make_reader(str(tmp_path), str(tmp_path / "paths.txt"), "text", "error", 1 << 20)
     with pytest.raises(CleanDataError, match=r"a\.parquet: document 7 .*column 'text' is null"):
         read_row(reader, {"text": None, "rank": 1.0}, "a.parquet", 7)
     doc = read_row(reader, {"text": "hello", "rank": 1.0}, "a.parquet", 7)
@@ -201,7 +202,8 @@ def test_step_counts_from_a_single_task(tmp_path):
                    input_stats=StepStats("input", "filter", 0))
     head, records = step_records(plan)
     assert records == [{"step": "length", "documents_in": 3, "documents_out": 2, "removed": 1, "tokens_in": None,
-                        "tokens_out": None, "removed_by_reason": {"too_short": 1}}]
+                        "tokens_out": None, "removed_by_reason": {"too_short": 1},
+                        "characters_in": 20, "characters_out": len("long enough") + len("also long")}]
 
 
 def test_length_filter_character_classes_are_unicodedata_s():
@@ -216,3 +218,22 @@ def test_length_filter_character_classes_are_unicodedata_s():
                                             and not c.isspace()]
     assert WHITESPACE.findall(chars) == [c for c in chars if c.isspace()]
     assert CJK.findall(chars) == [c for c in chars if "\u4e00" <= c <= "\u9fff" or "\u3400" <= c <= "\u4dbf"]
+
+
+def test_minhash_digit_normalization_is_a_switch():
+    """datatrove's MinHash normalises every number to 0 before shingling: exercises that differ only in their numbers
+    are then one document. `normalize_digits: false` keeps them apart."""
+    from datatrove.pipeline.dedup.minhash import MinhashDedupSignature
+
+    from kaiyuan_recipes.data.clean.pipeline import minhash_config
+
+    a = "Solve 3x + 7 = 22 for x, then check the answer by putting it back into the equation above. " * 3
+    b = a.replace("3x + 7 = 22", "5x + 2 = 47")
+    shingles = {}
+    for normalize in (True, False):
+        cfg = config_from_dict({"steps": {"minhash": {"normalize_digits": normalize}}})
+        sig = MinhashDedupSignature("/nonexistent-unused", minhash_config(cfg), language="en")
+        shingles[normalize] = [set(sig.get_shingles(t).ravel().tolist()) for t in (a, b)]
+    assert shingles[True][0] == shingles[True][1]
+    assert shingles[False][0] != shingles[False][1]
+    assert config_from_dict({"steps": {"minhash": {}}}).minhash_expectation()["normalize_digits"] is True

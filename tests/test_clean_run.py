@@ -232,3 +232,46 @@ def test_a_killed_run_resumes_the_missing_tasks_to_the_same_bytes(corpus, refere
     for step in ref_manifest["removed_samples"]:  # the same removed documents, in the same order
         assert (out / "removed_samples" / f"{step}.jsonl").read_text() == \
             (ref_out / "removed_samples" / f"{step}.jsonl").read_text()
+
+
+def planted_ids(raw: Path) -> dict[str, str]:
+    """datatrove's document id (FILE#n, n counting non-empty texts) -> the planted id column."""
+    ids = {}
+    for path in sorted(raw.glob("*.parquet")):
+        rows = [r for r in pq.read_table(path).to_pylist() if r["text"]]
+        ids.update({f"{path.name}#{n}": r["id"] for n, r in enumerate(rows)})
+    return ids
+
+
+def test_the_output_holds_a_removal_report_datatroves_stats_and_the_run(corpus, reference):
+    root, plant = corpus
+    out, manifest = reference
+    steps = manifest["steps"]
+    assert [s["characters_in"] for s in steps[1:]] == [s["characters_out"] for s in steps[:-1]]
+    assert steps[0]["characters_in"] == sum(len(t) for t in plant.texts.values())
+    report = (out / manifest["report"]["table"]).read_text()
+    for s in steps:
+        removed = s["characters_in"] - s["characters_out"]
+        assert f"| {s['step']} | {s['documents_in']:,} | {s['removed']:,} |" in report
+        assert f"{removed:,} (" in report
+    assert (out / manifest["report"]["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert set(manifest["datatrove_stats"]) >= {"filter", "minhash_filter", "minhash_cluster"}
+    filter_stats = json.loads((out / manifest["datatrove_stats"]["filter"]).read_text())
+    assert filter_stats[0]["stats"]["documents"]["total"] == manifest["documents_in"]
+    run = manifest["run"]
+    assert run["host"] and run["seconds"] > 0 and run["started_at"] < run["finished_at"] and run["kaiyuan_recipes"]
+
+
+def test_a_removed_near_duplicate_names_its_cluster_and_the_copy_kept(corpus, reference):
+    root, plant = corpus
+    out, _ = reference
+    ids = planted_ids(root / "raw")
+    pairs = {frozenset((p["base"], p["variant"])) for p in plant.near_pairs}
+    lines = [json.loads(line) for line in (out / "removed_samples" / "minhash.jsonl").read_text().splitlines()]
+    assert lines
+    kept_ids = {row["id"] for row in read_output(out)}
+    for doc in lines:
+        meta = doc["metadata"]
+        assert meta["minhash_cluster_id"] >= 0
+        kept = ids[meta["kept_copy"]]
+        assert kept in kept_ids and frozenset((meta["id"], kept)) in pairs, (meta["id"], kept)

@@ -63,6 +63,11 @@ def add_parser(sub: Any) -> None:
     cl.add_argument("--workers", type=int, default=0, help="tasks run at once, locally (0: one per core)")
     cl.add_argument("--sample-removed", type=int, default=0, metavar="N",
                     help="write N removed documents per step to OUTPUT/removed_samples/STEP.jsonl")
+    cl.add_argument("--on-bad-row", choices=("error", "skip"), default="error",
+                    help="a text that is null, not valid UTF-8 or over --max-document-bytes: stop naming its file "
+                         "and row (default), or skip it and count it in the manifest")
+    cl.add_argument("--max-document-bytes", type=int, default=64 * 1024 * 1024, metavar="N",
+                    help="the largest text read, in UTF-8 bytes (default 64 MiB): a larger one is a bad row")
     cl.add_argument("--slurm", action="store_true", help="submit the stages as Slurm job arrays")
     cl.add_argument("--partition", help="Slurm partition (with --slurm)")
     cl.add_argument("--time", default="24:00:00", help="Slurm time limit per job")
@@ -191,15 +196,27 @@ def clean(args: Any) -> int:
         slurm = SlurmOptions(partition=args.partition, time=args.time, cpus_per_task=args.cpus_per_task,
                              mem_per_cpu_gb=args.mem_per_cpu_gb, wait=args.wait)
     result = clean_directory(CleanOptions(args.input_dir, args.output_dir, args.config, args.text_key, args.workers,
-                                          args.sample_removed, slurm))
+                                          args.sample_removed, slurm, on_bad_row=args.on_bad_row,
+                                          max_document_bytes=args.max_document_bytes))
     if "submitted" in result:
         print(json.dumps(result, indent=2))
         return 0
     for step in result["steps"]:
         tokens = f", tokens {step['tokens_in']:,} -> {step['tokens_out']:,}" if step["tokens_in"] is not None else ""
-        print(f"{step['step']:<18} documents {step['documents_in']:,} -> {step['documents_out']:,}{tokens}")
+        why = ", ".join(f"{k} {v:,}" for k, v in step["removed_by_reason"].items())
+        print(f"{step['step']:<18} documents {step['documents_in']:,} -> {step['documents_out']:,}{tokens}"
+              + (f" ({why})" if why else ""))
+    skipped = result.get("bad_rows_skipped") or {}
+    if skipped:
+        print(f"skipped bad rows (--on-bad-row skip): {', '.join(f'{k} {v:,}' for k, v in skipped.items())}")
     print(f"{result['documents_in']:,} documents -> {result['documents_out']:,} in {args.output_dir} "
           f"(manifest: clean_manifest.json)")
+    if result["documents_out"] == 0:
+        import sys
+
+        print(f"kaiyuan: every document was removed; nothing in {args.output_dir} to convert. The counts per step "
+              "above say which step took them: check --config and --text-key", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -55,6 +55,9 @@ class MinhashConfig:
     bands: int = 14
     rows: int = 8
     seed: int = 1
+    # datatrove's text normalisation before shingling turns every number into 0: texts differing only in their
+    # numbers (templated exercises, tables) are then duplicates. False keeps the digits.
+    normalize_digits: bool = True
 
     def detection_probability(self, jaccard: float) -> float:
         return 1.0 - (1.0 - jaccard ** self.rows) ** self.bands
@@ -101,20 +104,30 @@ class CleanConfig:
     def minhash_expectation(self) -> dict[str, Any]:
         m = self.minhash
         return {"ngrams": m.ngrams, "bands": m.bands, "rows": m.rows, "seed": m.seed,
+                "normalize_digits": m.normalize_digits,
                 "threshold": round(m.threshold, 4),
                 "detection_probability": {f"{s:g}": round(m.detection_probability(s), 4) for s in JACCARD_POINTS}}
 
 
 def heuristic_class(name: str) -> type:
-    from datatrove.pipeline.filters import (
-        C4QualityFilter,
-        FineWebQualityFilter,
-        GopherQualityFilter,
-        GopherRepetitionFilter,
-    )
+    """The filter a heuristic step runs: datatrove's, or our subclass of it (filters.py) adding OWN_PARAMS."""
+    from datatrove.pipeline.filters import FineWebQualityFilter, GopherRepetitionFilter
 
-    return {"gopher_repetition": GopherRepetitionFilter, "gopher_quality": GopherQualityFilter,
-            "c4": C4QualityFilter, "fineweb": FineWebQualityFilter}[name]
+    from kaiyuan_recipes.data.clean.filters import C4Lines, GopherQuality
+
+    return {"gopher_repetition": GopherRepetitionFilter, "gopher_quality": GopherQuality,
+            "c4": C4Lines, "fineweb": FineWebQualityFilter}[name]
+
+
+def heuristic_params(name: str) -> dict[str, tuple | None]:
+    """The parameters a heuristic step takes: the datatrove filter's keyword arguments (any value), and ours with
+    their allowed values."""
+    cls = heuristic_class(name)
+    own: dict[str, tuple] = getattr(cls, "OWN_PARAMS", {})
+    datatrove_cls = next(c for c in cls.__mro__ if c.__module__.startswith("datatrove."))
+    allowed: dict[str, tuple | None] = {k: None for k in inspect.signature(datatrove_cls.__init__).parameters
+                                        if k not in RESERVED_PARAMS}
+    return allowed | own
 
 
 # set by the pipeline, never by the YAML
@@ -165,11 +178,15 @@ def _heuristic_from(where: str, name: str, raw: Any) -> HeuristicConfig:
         raise CleanConfigError(f"{where}: expected a mapping or true/false, got {raw!r}")
     raw = dict(raw)
     enabled = _typed(f"{where}.enabled", raw.pop("enabled", True), bool)
-    allowed = set(inspect.signature(heuristic_class(name).__init__).parameters) - RESERVED_PARAMS
-    unknown = sorted(set(raw) - allowed)
+    allowed = heuristic_params(name)
+    unknown = sorted(set(raw) - set(allowed))
     if unknown:
-        raise CleanConfigError(f"{where}: unknown parameter(s) {unknown} for datatrove's "
-                               f"{heuristic_class(name).__name__}; known: {sorted(allowed)}")
+        raise CleanConfigError(f"{where}: unknown parameter(s) {unknown} for {heuristic_class(name).__name__}; "
+                               f"known: {sorted(allowed)}")
+    for key, value in raw.items():
+        choices = allowed[key]
+        if choices is not None and (value not in choices or type(value) is not type(choices[0])):
+            raise CleanConfigError(f"{where}.{key}: expected one of {list(choices)}, got {value!r}")
     return HeuristicConfig(enabled=enabled, params=raw)
 
 

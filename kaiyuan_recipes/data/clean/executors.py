@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from kaiyuan_recipes.data.clean.manifest import RunPlan
 from kaiyuan_recipes.data.clean.pipeline import Stage
@@ -40,6 +42,41 @@ def finalize_stage(plan: RunPlan) -> Stage:
     return Stage("finalize", [FinalizeStep(plan)], 1, ["finalize"])
 
 
+_FORKS_DIE_WITH_US = False   # read in each forked child, as it was at the fork
+_AT_FORK_REGISTERED = False
+
+
+def _die_with_parent() -> None:
+    """In a forked child: SIGKILL from the kernel when the thread that forked it dies (Linux; elsewhere nothing)."""
+    if not _FORKS_DIE_WITH_US:
+        return
+    import ctypes
+
+    parent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the driver died before the prctl
+        os._exit(1)
+
+
+@contextmanager
+def forks_die_with_this_process() -> Iterator[None]:
+    """datatrove's LocalPipelineExecutor forks a multiprocess Manager, a server that runs until it is told to shut
+    down, and a Pool. A driver killed outright (SIGKILL, the OOM killer) tells nobody: the Manager, holding a copy
+    of the driver's memory, would stay behind. Processes forked while this is active die with the driver."""
+    global _FORKS_DIE_WITH_US, _AT_FORK_REGISTERED
+    if not _AT_FORK_REGISTERED:
+        os.register_at_fork(after_in_child=_die_with_parent)
+        _AT_FORK_REGISTERED = True
+    _FORKS_DIE_WITH_US = True
+    try:
+        yield
+    finally:
+        _FORKS_DIE_WITH_US = False
+
+
 def run_local(stages: list[Stage], plan: RunPlan, workers: int, log: Any = print) -> None:
     """Each stage with min(workers, its tasks) processes; a failed task stops the run with its error (completed
     tasks stay completed for the rerun)."""
@@ -51,7 +88,8 @@ def run_local(stages: list[Stage], plan: RunPlan, workers: int, log: Any = print
         log(f"stage {number}/{len(all_stages)}: {stage.name} ({stage.tasks} task(s), {n} at once)")
         executor = LocalPipelineExecutor(pipeline=stage.pipeline, tasks=stage.tasks, workers=n,
                                          logging_dir=plan.folder("logs", stage.name))
-        executor.run()
+        with forks_die_with_this_process():
+            executor.run()
         missing = executor.get_incomplete_ranks()
         if missing:
             raise CleanRunError(f"stage {stage.name}: task(s) {missing[:10]} did not complete; see "

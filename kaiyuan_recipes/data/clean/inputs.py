@@ -4,6 +4,7 @@ directory that is free for this run. Each error names the file (and the row, for
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,17 @@ MANIFEST_NAME = "clean_manifest.json"
 SAMPLES_DIR = "removed_samples"
 
 
+# 64 MiB: far over any document a shipped config keeps (max_chars at most 2,000,000 characters) and far under what
+# a worker holds comfortably; over it a "document" is a dump or a binary blob stored as text.
+DEFAULT_MAX_DOCUMENT_BYTES = 64 * 1024 * 1024
+
+
 class CleanInputError(ValueError):
     pass
+
+
+class BadRowError(CleanInputError):
+    """A bad row met by the reader under `--on-bad-row error`: the message names the file and row."""
 
 
 @dataclass
@@ -24,6 +34,7 @@ class InputFile:
     relative: str       # to the input directory: the output file of the same name holds what it kept
     bytes: int
     rows: int
+    sha256: str         # the content: "already cleaned" and resuming compare it, not the size and row count
 
 
 def _first_null_row(pf: Any, column: str) -> int | None:
@@ -48,8 +59,9 @@ def _text_nulls_from_footer(pf: Any, index: int) -> int | None:
     return total
 
 
-def check_inputs(input_dir: Path, text_key: str) -> tuple[list[InputFile], Any]:
-    """The parquet files under input_dir (recursive, sorted) and their common arrow schema."""
+def check_inputs(input_dir: Path, text_key: str, nulls_refused: bool = True) -> tuple[list[InputFile], Any]:
+    """The parquet files under input_dir (recursive, sorted) and their common arrow schema. A null text is refused
+    here, from the footers, unless bad rows are skipped (the reader then counts them)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -88,12 +100,14 @@ def check_inputs(input_dir: Path, text_key: str) -> tuple[list[InputFile], Any]:
         rows = pf.metadata.num_rows
         if rows == 0:
             raise CleanInputError(f"{path}: no rows")
-        nulls = _text_nulls_from_footer(pf, here.get_field_index(text_key))
+        nulls = _text_nulls_from_footer(pf, here.get_field_index(text_key)) if nulls_refused else 0
         if nulls is None or nulls:  # footer without statistics: read the column once to be sure
             row = _first_null_row(pf, text_key)
             if row is not None:
                 raise CleanInputError(f"{path}: row {row} (0-based): column '{text_key}' is null")
-        files.append(InputFile(path.resolve(), path.relative_to(input_dir).as_posix(), size, rows))
+        with open(path, "rb") as fh:
+            digest = hashlib.file_digest(fh, "sha256").hexdigest()
+        files.append(InputFile(path.resolve(), path.relative_to(input_dir).as_posix(), size, rows, digest))
     return files, schema
 
 

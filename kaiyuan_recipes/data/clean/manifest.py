@@ -8,13 +8,21 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
+import time
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from kaiyuan_recipes.data.clean.inputs import MANIFEST_NAME, SAMPLES_DIR
+from kaiyuan_recipes.data.clean.config import TEXT_REWRITING
+from kaiyuan_recipes.data.clean.inputs import MANIFEST_NAME
+from kaiyuan_recipes.data.clean.report import write_report
+from kaiyuan_recipes.data.clean.samples import collect_samples
+from kaiyuan_recipes.data.clean.stat_keys import BAD_ROW_STAT, CHARS_REMOVED, REWRITTEN, TOO_LONG_TO_COUNT
 
 MANIFEST_KIND = "kaiyuan-clean"
+STATS_DIR = "datatrove_stats"
 
 
 @dataclass
@@ -45,6 +53,13 @@ class RunPlan:
     executor: str
     tasks: int
     datatrove_version: str
+    host: str = ""                  # the driver's
+    started_at: str = ""
+    started_s: float = 0.0
+    kaiyuan_version: str = ""
+    source_revision: str | None = None   # the git commit of a source checkout
+    on_bad_row: str = "error"
+    max_document_bytes: int = 0
     steps: list[StepStats] = field(default_factory=list)
     input_stats: StepStats | None = None    # the reader and the first token count of the filter stage
     stage_names: list[str] = field(default_factory=list)
@@ -55,7 +70,8 @@ class RunPlan:
     def fingerprint(self) -> dict[str, Any]:
         """What a rerun must match to resume this staging directory."""
         return {"config_hash": self.config_hash, "text_key": self.text_key, "inputs": self.inputs,
-                "sample_removed": self.sample_removed}
+                "sample_removed": self.sample_removed, "on_bad_row": self.on_bad_row,
+                "max_document_bytes": self.max_document_bytes}
 
 
 def _merged_stats(plan: RunPlan, stage: str) -> list[Any]:
@@ -97,41 +113,37 @@ def step_records(plan: RunPlan) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     documents = int(_metric(read, src.index, "documents"))
     tokens = int(_metric(stats_of(src.tokens_stage), src.tokens_index, "tokens")) if counting else None
     rows = sum(f["rows"] for f in plan.inputs)
-    head = {"rows": rows, "documents": documents, "empty_text_rows": rows - documents, "tokens": tokens}
+    reader = read[src.index].stats if src.index < len(read) else {}
+    bad = {k.removeprefix(BAD_ROW_STAT): int(_total(v)) for k, v in sorted(reader.items())
+           if k.startswith(BAD_ROW_STAT)}
+    uncounted = int(_metric(stats_of(src.tokens_stage), src.tokens_index, TOO_LONG_TO_COUNT)) \
+        if counting else 0
+    chars = int(_metric(read, src.index, "doc_len"))
+    head = {"rows": rows, "documents": documents, "characters": chars, "bad_rows_skipped": bad,
+            "empty_text_rows": rows - documents - sum(bad.values()), "tokens": tokens,
+            "documents_too_long_to_count": uncounted}
     records = []
     for step in plan.steps:
         stats = stats_of(step.stage)
         docs_in, docs_out = int(_metric(stats, step.index, "total")), int(_metric(stats, step.index, "forwarded"))
-        reasons = {k.removeprefix("dropped_"): int(_total(v)) for k, v in sorted(stats[step.index].stats.items())
-                   if k.startswith("dropped_")} if step.index < len(stats) else {}
+        own = stats[step.index].stats if step.index < len(stats) else {}
+        reasons = {k.removeprefix("dropped_"): int(_total(v)) for k, v in sorted(own.items())
+                   if k.startswith("dropped_")}
         out_tokens = int(_metric(stats_of(step.tokens_stage), step.tokens_index, step.tokens_metric)) \
             if counting else None
-        records.append({"step": step.name, "documents_in": docs_in, "documents_out": docs_out,
-                        "removed": docs_in - docs_out, "tokens_in": tokens, "tokens_out": out_tokens,
-                        "removed_by_reason": reasons})
+        # a filter records the characters of what it forwards; MinHash's filter does not: its writer then
+        out_chars = int(_metric(stats, step.index, "doc_len")) if "doc_len" in own else \
+            int(_metric(stats_of(step.tokens_stage), step.tokens_index, "doc_len"))
+        record = {"step": step.name, "documents_in": docs_in, "documents_out": docs_out,
+                  "removed": docs_in - docs_out, "characters_in": chars, "characters_out": out_chars,
+                  "tokens_in": tokens, "tokens_out": out_tokens, "removed_by_reason": reasons}
+        chars = out_chars
+        if REWRITTEN in own or step.name in TEXT_REWRITING:
+            record["rewritten"] = {"documents": int(_total(own.get(REWRITTEN))),
+                                   "characters_removed": int(_total(own.get(CHARS_REMOVED)))}
+        records.append(record)
         tokens = out_tokens
     return head, records
-
-
-def _collect_samples(plan: RunPlan, out: Path) -> dict[str, str]:
-    samples = {}
-    if plan.sample_removed <= 0:
-        return samples
-    for step in plan.steps:
-        parts = sorted(Path(plan.folder("removed", step.name)).glob("*.jsonl"))
-        lines: list[str] = []
-        for part in parts:  # in task order: the first N over the whole corpus, whatever ran them
-            with open(part, encoding="utf-8") as fh:
-                for line in fh:
-                    if len(lines) >= plan.sample_removed:
-                        break
-                    lines.append(line if line.endswith("\n") else line + "\n")
-        if lines:
-            target = out / SAMPLES_DIR / f"{step.name}.jsonl"
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text("".join(lines), encoding="utf-8")
-            samples[step.name] = f"{SAMPLES_DIR}/{step.name}.jsonl"
-    return samples
 
 
 def _outputs(out: Path) -> list[dict[str, Any]]:
@@ -154,12 +166,41 @@ def build_manifest(plan: RunPlan, out: Path) -> dict[str, Any]:
         "documents_in": head["documents"], "documents_out": last["documents_out"],
         "tokens_in": head["tokens"], "tokens_out": last["tokens_out"],
         "rows_in": head["rows"], "empty_text_rows": head["empty_text_rows"],
+        "bad_rows_skipped": head["bad_rows_skipped"], "on_bad_row": plan.on_bad_row,
+        "max_document_bytes": plan.max_document_bytes,
+        "documents_too_long_to_count": head["documents_too_long_to_count"],
         "steps": records,
         "config": plan.config, "config_hash": plan.config_hash, "config_source": plan.config_source,
         "minhash": plan.minhash,
         "datatrove_version": plan.datatrove_version, "executor": plan.executor, "tasks": plan.tasks,
-        "removed_samples": _collect_samples(plan, out),
+        "run": {"host": plan.host, "finalized_on": socket.gethostname(), "started_at": plan.started_at,
+                "finished_at": _utc(time.time()), "seconds": round(time.time() - plan.started_s, 1),
+                "kaiyuan_recipes": plan.kaiyuan_version, "source_revision": plan.source_revision},
+        "removed_samples": collect_samples(plan, out),
+        "datatrove_stats": _keep_stats(plan, out),
     }
+
+
+def _utc(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, timezone.utc).isoformat(timespec="seconds")
+
+
+def _keep_stats(plan: RunPlan, out: Path) -> dict[str, str]:
+    """datatrove's own stats of each stage, merged over its tasks, kept in the output (the staging directory, where
+    datatrove writes them, is deleted at the end)."""
+    from datatrove.utils.stats import PipelineStats
+
+    kept = {}
+    for stage in plan.stage_names:
+        parts = sorted(Path(plan.folder("logs", stage, "stats")).glob("*.json"))
+        if not parts:
+            continue
+        total = sum((PipelineStats.from_json(json.loads(p.read_text())) for p in parts), start=PipelineStats())
+        target = out / STATS_DIR / f"{stage}.json"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(total.to_json() + "\n", encoding="utf-8")
+        kept[stage] = f"{STATS_DIR}/{stage}.json"
+    return kept
 
 
 def finalize(plan: RunPlan) -> dict[str, Any]:
@@ -168,6 +209,7 @@ def finalize(plan: RunPlan) -> dict[str, Any]:
     staged, target = Path(plan.folder("output")), Path(plan.output_dir)
     staged.mkdir(parents=True, exist_ok=True)
     manifest = build_manifest(plan, staged)
+    manifest["report"] = write_report(manifest, staged)
     tmp = staged / f".{MANIFEST_NAME}.tmp"
     tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     os.replace(tmp, staged / MANIFEST_NAME)

@@ -5,7 +5,7 @@ markers, stats) under the staging directory:
   filter (one task per input file): read, count tokens, drop exact duplicates, length, language, Gopher, C4, FineWeb,
          write (the final output, or an intermediate file per task when MinHash follows) and MinHash signatures
   minhash_buckets (bands x workers) -> minhash_cluster (1) -> minhash_filter (one task per input file): write
-  finalize (1): manifest, then the rename into place
+  finalize (1): manifest, report, samples, then the rename into place
 
 One task per input file is what makes the output independent of the machine: datatrove's exact and MinHash dedup
 keep, out of a group of duplicates, the copy with the lowest (task, position in task), so the partition of documents
@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kaiyuan_recipes.data.clean.config import HEURISTICS, CleanConfig, heuristic_class
+from kaiyuan_recipes.data.clean.config import HEURISTICS, TEXT_REWRITING, CleanConfig, heuristic_class
 from kaiyuan_recipes.data.clean.manifest import RunPlan, StepStats
 
 # Documents per tokenizer call of the token counts: datatrove's default of 10,000 holds every Encoding of the batch
@@ -52,10 +52,34 @@ def exact_config() -> Any:
 
 def minhash_config(cfg: CleanConfig) -> Any:
     from datatrove.pipeline.dedup.minhash import MinhashConfig
+    from datatrove.utils.text import TextNormConfig
 
     m = cfg.minhash
     return MinhashConfig(n_grams=m.ngrams, num_buckets=m.bands, hashes_per_bucket=m.rows, seed=m.seed,
-                         hash_config=hash_config())
+                         norm_config=TextNormConfig(norm_numbers=m.normalize_digits), hash_config=hash_config())
+
+
+def document_filters(cfg: CleanConfig, lang: Any, sample: Any = lambda step: None) -> list[tuple[str, Any]]:
+    """The per-document steps of the filter stage after exact dedup, in order, as (step name, datatrove filter);
+    `sample(step)` gives the step's exclusion writer."""
+    from kaiyuan_recipes.data.clean.steps import LengthCharFilter, LocalLanguageFilter
+
+    out: list[tuple[str, Any]] = []
+    if cfg.length.enabled:
+        lc = cfg.length
+        out.append(("length", LengthCharFilter(lc.min_chars, lc.max_chars, lc.max_non_printable_ratio,
+                                               lc.max_replacement_char_ratio, lc.min_cjk_ratio,
+                                               exclusion_writer=sample("length"))))
+    if cfg.language_filter.enabled:
+        lf = cfg.language_filter
+        out.append(("language", LocalLanguageFilter(lf.model_path, lf.languages, lf.threshold,
+                                                    exclusion_writer=sample("language"))))
+    for name in HEURISTICS:
+        h = cfg.heuristics.get(name)
+        if h is not None and h.enabled:
+            params = {k: tuple(v) if isinstance(v, list) else v for k, v in h.params.items()}  # YAML lists: tuples
+            out.append((name, heuristic_class(name)(**params, language=lang, exclusion_writer=sample(name))))
+    return out
 
 
 def build_stages(plan: RunPlan, cfg: CleanConfig, schema: Any, tokenizer_file: str | None,
@@ -73,9 +97,9 @@ def build_stages(plan: RunPlan, cfg: CleanConfig, schema: Any, tokenizer_file: s
     from datatrove.pipeline.tokens import TokensCounter
 
     from kaiyuan_recipes.data.clean.steps import (
+        BoundedTokensCounter,
+        ClusterRepresentatives,
         ColumnsParquetWriter,
-        LengthCharFilter,
-        LocalLanguageFilter,
         SampleWriter,
         TaskFileReader,
         make_reader,
@@ -88,7 +112,7 @@ def build_stages(plan: RunPlan, cfg: CleanConfig, schema: Any, tokenizer_file: s
     paths_file = plan.folder("inputs.txt")
 
     def reader():
-        return make_reader(plan.input_dir, paths_file, text_key)
+        return make_reader(plan.input_dir, paths_file, text_key, plan.on_bad_row, plan.max_document_bytes)
 
     def sample(step: str):
         return SampleWriter(plan.folder("removed", step), plan.sample_removed) if plan.sample_removed > 0 else None
@@ -104,7 +128,8 @@ def build_stages(plan: RunPlan, cfg: CleanConfig, schema: Any, tokenizer_file: s
     pipe: list[Any] = [reader()]
     labels = ["read"]
     if cfg.count_tokens:
-        pipe.append(TokensCounter(tokenizer_file, batch_size=TOKEN_COUNT_BATCH))
+        longest = cfg.length.max_chars if cfg.length.enabled else None
+        pipe.append(BoundedTokensCounter(tokenizer_file, TOKEN_COUNT_BATCH, longest))
         labels.append("tokens")
 
     def add(name: str, step: Any) -> None:
@@ -115,22 +140,9 @@ def build_stages(plan: RunPlan, cfg: CleanConfig, schema: Any, tokenizer_file: s
     if cfg.exact_dedup:
         add("exact_dedup", ExactDedupFilter(plan.folder("exact", "dups"), exact_config(),
                                             exclusion_writer=sample("exact_dedup")))
-    if cfg.length.enabled:
-        lc = cfg.length
-        add("length", LengthCharFilter(lc.min_chars, lc.max_chars, lc.max_non_printable_ratio,
-                                       lc.max_replacement_char_ratio, lc.min_cjk_ratio,
-                                       exclusion_writer=sample("length")))
-    if cfg.language_filter.enabled:
-        lf = cfg.language_filter
-        add("language", LocalLanguageFilter(lf.model_path, lf.languages, lf.threshold,
-                                            exclusion_writer=sample("language")))
-    for name in HEURISTICS:
-        h = cfg.heuristics.get(name)
-        if h is None or not h.enabled:
-            continue
-        params = {k: tuple(v) if isinstance(v, list) else v for k, v in h.params.items()}  # YAML lists: tuples
-        add(name, heuristic_class(name)(**params, language=lang, exclusion_writer=sample(name)))
-        if name == "c4" and cfg.count_tokens:
+    for name, step in document_filters(cfg, lang, sample):
+        add(name, step)
+        if name in TEXT_REWRITING and cfg.count_tokens:
             # C4 drops lines from the documents it keeps: their token counts are taken again
             pipe.append(TokensCounter(tokenizer_file, batch_size=TOKEN_COUNT_BATCH))
             labels.append("recount")
@@ -146,14 +158,21 @@ def build_stages(plan: RunPlan, cfg: CleanConfig, schema: Any, tokenizer_file: s
         stages.append(Stage("minhash_buckets", [MinhashDedupBuckets(
             plan.folder("minhash", "sigs"), plan.folder("minhash", "buckets"), config=mh)],
             cfg.minhash.bands * bucket_workers, ["buckets"]))
+        linked = plan.sample_removed > 0  # cluster ids and kept copies, for the removed sample
         stages.append(Stage("minhash_cluster", [MinhashDedupCluster(
-            plan.folder("minhash", "buckets"), plan.folder("minhash", "remove"), config=mh)], 1, ["cluster"]))
-        final = [TaskFileReader(plan.folder("filtered"), text_key=text_key, adapter=read_row),
-                 MinhashDedupFilter(plan.folder("minhash", "remove"), exclusion_writer=sample("minhash")),
-                 ColumnsParquetWriter(plan.folder("output"), schema, text_key, intermediate=False)]
-        stages.append(Stage("minhash_filter", final, tasks, ["read_filtered", "minhash", "write"]))
+            plan.folder("minhash", "buckets"), plan.folder("minhash", "remove"), config=mh,
+            save_cluster_id=linked)], 1, ["cluster"]))
+        final = [TaskFileReader(plan.folder("filtered"), text_key=text_key, adapter=read_row)]
+        labels = ["read_filtered"]
+        if linked:
+            final.append(ClusterRepresentatives(plan.folder("minhash", "remove"), plan.folder("minhash", "kept")))
+            labels.append("kept_copies")
+        final += [MinhashDedupFilter(plan.folder("minhash", "remove"), exclusion_writer=sample("minhash"),
+                                     load_cluster_ids=linked),
+                  ColumnsParquetWriter(plan.folder("output"), schema, text_key, intermediate=False)]
+        stages.append(Stage("minhash_filter", final, tasks, labels + ["minhash", "write"]))
         # MinhashDedupFilter records no token stats: the writer after it sees exactly what it kept
-        steps.append(StepStats("minhash", "minhash_filter", 1, "minhash_filter", 2))
+        steps.append(StepStats("minhash", "minhash_filter", len(final) - 2, "minhash_filter", len(final) - 1))
     else:
         pipe.append(ColumnsParquetWriter(plan.folder("output"), schema, text_key, intermediate=False))
         labels.append("write")

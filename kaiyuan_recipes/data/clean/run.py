@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
+import subprocess
+import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from kaiyuan_recipes import __version__
 from kaiyuan_recipes.data.clean.config import load_config
 from kaiyuan_recipes.data.clean.executors import (
     SlurmOptions,
@@ -18,6 +23,8 @@ from kaiyuan_recipes.data.clean.executors import (
     wait_slurm,
 )
 from kaiyuan_recipes.data.clean.inputs import (
+    DEFAULT_MAX_DOCUMENT_BYTES,
+    BadRowError,
     CleanInputError,
     check_inputs,
     check_language_model,
@@ -25,6 +32,7 @@ from kaiyuan_recipes.data.clean.inputs import (
     staging_dir_for,
 )
 from kaiyuan_recipes.data.clean.manifest import RunPlan, plan_to_json, read_manifest
+from kaiyuan_recipes.data.convert_worker import BAD_ROW_POLICIES
 
 
 @dataclass
@@ -38,6 +46,8 @@ class CleanOptions:
     slurm: SlurmOptions | None = None
     finder_workers: int = 0         # exact-dedup hash ranges (0: sized to the cores); never changes the output
     bucket_workers: int = 1         # tasks per MinHash bucket; never changes the output
+    on_bad_row: str = "error"       # a null, non-UTF-8 or oversized text: stop naming it, or skip and count it
+    max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES
 
 
 def _tokenizer_file(cfg_tokenizer: str | None, staging: Path) -> str:
@@ -58,6 +68,19 @@ def _tokenizer_file(cfg_tokenizer: str | None, staging: Path) -> str:
     return str(target)
 
 
+def _source_revision() -> str | None:
+    """The git commit of the checkout this package runs from, if it is one (an installed wheel: None)."""
+    root = Path(__file__).resolve().parents[3]
+    if not (root / ".git").exists():
+        return None
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
 def _same_run(manifest: dict[str, Any], cfg_hash: str, inputs: list[dict[str, Any]]) -> bool:
     return manifest.get("config_hash") == cfg_hash and manifest.get("inputs") == inputs
 
@@ -70,10 +93,15 @@ def clean_directory(opts: CleanOptions, log: Any = print) -> dict[str, Any]:
     check_language_model(cfg.language_filter.model_path if cfg.language_filter.enabled else None)
     if opts.sample_removed < 0:
         raise CleanInputError(f"--sample-removed: expected 0 or more, got {opts.sample_removed}")
+    if opts.on_bad_row not in BAD_ROW_POLICIES:
+        raise CleanInputError(f"--on-bad-row: expected one of {BAD_ROW_POLICIES}, got {opts.on_bad_row!r}")
+    if isinstance(opts.max_document_bytes, bool) or not isinstance(opts.max_document_bytes, int) \
+            or opts.max_document_bytes < 1:
+        raise CleanInputError(f"--max-document-bytes: expected a positive integer, got {opts.max_document_bytes!r}")
     input_dir, output_dir = Path(opts.input_dir).resolve(), Path(opts.output_dir).resolve()
     existing = check_output_dir(output_dir, input_dir)
-    files, schema = check_inputs(input_dir, opts.text_key)
-    inputs = [{"path": f.relative, "bytes": f.bytes, "rows": f.rows} for f in files]
+    files, schema = check_inputs(input_dir, opts.text_key, nulls_refused=opts.on_bad_row == "error")
+    inputs = [{"path": f.relative, "bytes": f.bytes, "rows": f.rows, "sha256": f.sha256} for f in files]
     staging = staging_dir_for(output_dir)
     if existing is not None:
         manifest = read_manifest(output_dir)
@@ -88,7 +116,10 @@ def clean_directory(opts: CleanOptions, log: Any = print) -> dict[str, Any]:
         input_dir=str(input_dir), output_dir=str(output_dir), staging_dir=str(staging), text_key=opts.text_key,
         inputs=inputs, config=cfg.to_dict(), config_hash=cfg.config_hash(), config_source=cfg.source,
         minhash=cfg.minhash_expectation() if cfg.minhash.enabled else None, sample_removed=opts.sample_removed,
-        executor="slurm" if opts.slurm else "local", tasks=len(files), datatrove_version=version("datatrove"))
+        executor="slurm" if opts.slurm else "local", tasks=len(files), datatrove_version=version("datatrove"),
+        on_bad_row=opts.on_bad_row, max_document_bytes=opts.max_document_bytes, host=socket.gethostname(),
+        started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), started_s=time.time(),
+        kaiyuan_version=__version__, source_revision=_source_revision())
     run_file = staging / "run.json"
     if run_file.is_file():
         before = json.loads(run_file.read_text(encoding="utf-8"))
@@ -114,7 +145,12 @@ def clean_directory(opts: CleanOptions, log: Any = print) -> dict[str, Any]:
             return {"submitted": ids, "staging_dir": str(staging), "output_dir": str(output_dir)}
         wait_slurm(ids, plan, opts.slurm)
     else:
-        run_local(stages, plan, workers, log)
+        try:
+            run_local(stages, plan, workers, log)
+        except BadRowError:
+            # the input must change (or the policy, which is part of the run): nothing here can be resumed
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
     manifest = read_manifest(output_dir)
     if manifest is None:
         raise CleanInputError(f"{output_dir}: no manifest after the run; see {staging / 'logs'}")

@@ -1,12 +1,14 @@
 """The thin adapters between our parquet files and datatrove's components, each the extension point datatrove offers
-for it: a reader adapter (rows -> Documents, refusing null text), a parquet writer that writes the input's own columns
-back (not datatrove's text/id/metadata layout), a length / character filter on datatrove's BaseFilter, a reader of one
-task's intermediate file, a capped writer for the removed-document samples, and a language filter that loads a local
-fastText model instead of downloading one.
+for it: a reader adapter (rows -> Documents, refusing null text), a token counter that skips what the length step
+removes for size, a parquet writer that writes the input's own columns back (not datatrove's text/id/metadata layout),
+a length / character filter on datatrove's BaseFilter, a reader of one task's intermediate file, a sampling writer for
+the removed documents, the ids MinHash keeps per cluster, and a language filter that loads a local fastText model
+instead of downloading one.
 
 No `from __future__ import annotations` here: datatrove's exact dedup reads `document_text`'s return annotation to
 choose its hash function, and needs the type, not a string."""
 
+import random
 import re
 from typing import Any
 
@@ -15,11 +17,16 @@ from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.filters.base_filter import BaseFilter
 from datatrove.pipeline.filters.language_filter import LanguageFilter
 from datatrove.pipeline.readers import ParquetReader
+from datatrove.pipeline.tokens import TokensCounter
 from datatrove.pipeline.writers import JsonlWriter, ParquetWriter
+from datatrove.utils.batching import batched
 from datatrove.utils.lid import FT176LID
+
+from kaiyuan_recipes.data.clean.stat_keys import TOO_LONG_TO_COUNT
 
 SOURCE = "_kaiyuan_source"   # the input file (relative path) a document came from; names its output file
 TOKENS = "_kaiyuan_tokens"   # token_count carried through the intermediate files between stages
+DOC_ID = "_kaiyuan_id"       # the document's id (input file#n) carried through them: samples name input documents
 
 
 class CleanDataError(ValueError):
@@ -45,13 +52,44 @@ def read_row(self: Any, data: dict, path: str, id_in_file: int) -> dict:
         if tokens is not None:
             data["token_count"] = tokens
     data.setdefault(SOURCE, path)
-    return {"text": text, "id": f"{data[SOURCE]}#{id_in_file}", "metadata": data}
+    doc_id = data.pop(DOC_ID, None) or f"{data[SOURCE]}#{id_in_file}"
+    return {"text": text, "id": doc_id, "metadata": data}
 
 
-def make_reader(folder: str, paths_file: str, text_key: str) -> ParquetReader:
+def make_reader(folder: str, paths_file: str, text_key: str, on_bad_row: str, max_document_bytes: int) -> Any:
     """The input files listed one per line in `paths_file` (inputs.check_inputs' order): with one task per file,
     task i reads file i whichever executor runs it."""
-    return ParquetReader(folder, paths_file=paths_file, text_key=text_key, adapter=read_row)
+    from kaiyuan_recipes.data.clean.reader import CheckedParquetReader
+
+    return CheckedParquetReader(folder, paths_file=paths_file, text_key=text_key, adapter=read_row,
+                                on_bad_row=on_bad_row, max_document_bytes=max_document_bytes)
+
+
+class BoundedTokensCounter(TokensCounter):
+    """datatrove's TokensCounter for the documents of at most `max_chars` characters; a longer one (the length step
+    after it removes it) passes uncounted: a fast tokenizer's encoding of a text holds its ids, offsets and token
+    strings, gigabytes for a text of tens of megabytes, and the count of a removed document is worth nothing."""
+
+    def __init__(self, tokenizer_file: str | None, batch_size: int, max_chars: int | None):
+        super().__init__(tokenizer_file, batch_size=batch_size)
+        self.max_chars = max_chars
+
+    def run(self, data, rank: int = 0, world_size: int = 1):
+        if self.max_chars is None:
+            yield from super().run(data, rank, world_size)
+            return
+        for batch in batched(data, self.batch_size):
+            countable = [doc for doc in batch if len(doc.text) <= self.max_chars]
+            with self.track_time(unit="batch"):
+                encoded = self.tokenizer.encode_batch([doc.text for doc in countable]) if countable else []
+            counts = {id(doc): len(enc.ids) for doc, enc in zip(countable, encoded)}
+            for doc in batch:
+                if id(doc) in counts:
+                    doc.metadata["token_count"] = counts[id(doc)]
+                    self.stat_update("tokens", value=counts[id(doc)])
+                else:
+                    self.stat_update(TOO_LONG_TO_COUNT)
+                yield doc
 
 
 class ColumnsParquetWriter(ParquetWriter):
@@ -66,7 +104,8 @@ class ColumnsParquetWriter(ParquetWriter):
         self.text_key = text_key
         self.intermediate = intermediate
         if intermediate:
-            schema = schema.append(pa.field(SOURCE, pa.string())).append(pa.field(TOKENS, pa.int64()))
+            schema = schema.append(pa.field(SOURCE, pa.string())).append(pa.field(TOKENS, pa.int64())) \
+                .append(pa.field(DOC_ID, pa.string()))
         # max_file_size=-1: one output file per input file; zstd like the corpora we read
         super().__init__(output_folder, output_filename="${rank}.parquet" if intermediate else "${" + SOURCE + "}",
                          compression="zstd", schema=schema, max_file_size=-1)
@@ -81,6 +120,7 @@ class ColumnsParquetWriter(ParquetWriter):
         if self.intermediate:
             row[SOURCE] = document.metadata[SOURCE]
             row[TOKENS] = document.metadata.get("token_count")
+            row[DOC_ID] = document.id
         return row
 
 
@@ -143,13 +183,17 @@ class LengthCharFilter(BaseFilter):
 
 
 class SampleWriter(JsonlWriter):
-    """The removed-document sample of one step: the first `limit` documents a task removed, as plain JSONL for a
-    person to read (the finalize stage keeps the first `limit` over all tasks)."""
+    """The removed-document sample of one step and task: a uniform random sample of `limit` of the documents the
+    task removed (reservoir sampling seeded by the task's rank: a rerun keeps the same ones), written when the task
+    ends with the count it was drawn from (`{rank}.count`), as plain JSONL for a person to read. Finalize merges the
+    tasks' samples into one uniform sample of the whole step (samples.merge_samples)."""
 
-    def __init__(self, output_folder: str, limit: int):
+    def __init__(self, output_folder: str, limit: int, seed: int = 0):
         super().__init__(output_folder, output_filename="${rank}.jsonl", compression=None)
-        self.limit = limit
-        self.written = 0
+        self.limit, self.seed = limit, seed
+        self.seen, self.rank = 0, 0
+        self.reservoir: list[Document] = []
+        self._rng: random.Random | None = None
 
     def _get_output_filename(self, document: Document, rank: int | str = 0, **kwargs) -> str:
         return f"{str(rank).zfill(5)}.jsonl"  # never a metadata `rank` (see ColumnsParquetWriter)
@@ -162,9 +206,59 @@ class SampleWriter(JsonlWriter):
         return data
 
     def write(self, document: Document, rank: int = 0, **kwargs):
-        if self.written < self.limit:
-            self.written += 1
-            super().write(document, rank, **kwargs)
+        if self._rng is None:
+            self._rng, self.rank = random.Random(f"{self.seed}:{rank}"), rank
+        self.seen += 1
+        if len(self.reservoir) < self.limit:
+            self.reservoir.append(document)
+        else:
+            slot = self._rng.randrange(self.seen)
+            if slot < self.limit:
+                self.reservoir[slot] = document
+
+    def close(self):
+        for document in self.reservoir:
+            super().write(document, self.rank)
+        if self.seen:
+            with self.output_folder.open(f"{self.rank:05d}.count", "w") as fh:
+                fh.write(str(self.seen))
+        self.reservoir = []
+        super().close()
+
+
+class ClusterRepresentatives(PipelineStep):
+    """Before MinHash's filter, reading the same task file: the id of each document its near-duplicate cluster keeps
+    (in the cluster stage's `.clusters` file, not in `.remove`), one JSON line per cluster, so that a removed
+    duplicate in the sample can name the copy that stayed. Its own file: a kept copy may sit in a task that removes
+    nothing, where datatrove's filter loads no cluster ids."""
+
+    name = "🔗 MinHash kept copies"
+    type = "KAIYUAN"
+
+    def __init__(self, cluster_folder: str, output_folder: str):
+        super().__init__()
+        self.cluster_folder, self.output_folder = cluster_folder, output_folder
+
+    def _read(self, name: str, fmt: str) -> list[tuple[int, ...]]:
+        import struct
+        from pathlib import Path
+
+        path = Path(self.cluster_folder, name)
+        return list(struct.iter_unpack(fmt, path.read_bytes())) if path.is_file() else []
+
+    def run(self, data=None, rank: int = 0, world_size: int = 1):
+        import json
+        from pathlib import Path
+
+        clusters = dict(self._read(f"{rank:06d}.clusters", "<2I"))
+        removed = {doc for (doc,) in self._read(f"{rank:06d}.remove", "<I")}
+        path = Path(self.output_folder, f"{rank:05d}.jsonl")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w", encoding="utf-8") as fh:
+            for index, doc in enumerate(data):
+                if index in clusters and index not in removed:
+                    fh.write(json.dumps({"cluster": clusters[index], "kept": doc.id}) + "\n")
+                yield doc
 
 
 class LocalFastTextLID(FT176LID):
