@@ -75,8 +75,7 @@ def dry_run(recipe: str, overrides: list[str], nproc_per_node: int, as_json: boo
     """The full resolution a rank does, here, without training: every check of the launch."""
     spec = TorchrunSpec(nproc_per_node=nproc_per_node)
     t0 = time.monotonic()
-    stage("checking the recipe and overrides")
-    check_launch_request(recipe, overrides)
+    check_launch_request(recipe, overrides)  # a typo: one error line, at once
     stage("building the config (imports Megatron-Bridge)")
     from kaiyuan_recipes.training.config import build_config
     from kaiyuan_recipes.training.summary import print_summary, summarize
