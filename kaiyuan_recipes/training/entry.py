@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     # Rank 0 resolves (every `auto` decided here, on the training node), checks, and writes run_state/plan.json;
     # the other ranks take its plan (training/plan.py). Upstream's own validation: pretrain runs it at start-up.
     cfg, run, record = resolve_for_rank(argv[0], argv[1:],
-                                        check=lambda c, r: validate(c, r, world_size, upstream=False))
+                                        check=lambda c, r: validate(c, r, world_size, upstream=False, data_here=None))
     os.environ.update(deterministic_env(cfg))  # before CUDA and NCCL read them
     prepare_run_dirs(run)
     print(plan_line(record, int(os.environ.get("RANK", "0"))), flush=True)
