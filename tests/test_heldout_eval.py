@@ -95,7 +95,8 @@ def test_bad_lines_reported_rest_scored_and_outputs(tiny_model, tmp_path):
     data = tmp_path / "h.jsonl"
     data.write_text("\n".join(lines) + "\n")
     # any unusable line is an error, before a model is loaded, unless that many are allowed
-    with pytest.raises(ValueError, match=r"3 of 5 lines unusable \(line 2: .*; score the rest with --allow-skipped 3"):
+    refused = r"3 of 5 lines unusable \(line 2: .*; fix them, or score the rest with --allow-skipped 3"
+    with pytest.raises(ValueError, match=refused):
         evaluate_models([tiny_model], data, tmp_path / "refused", max_length=64, progress=False, allow_skipped=2)
     assert not (tmp_path / "refused").exists()
     report = evaluate_models([tiny_model, tiny_model], data, tmp_path / "out", max_length=64, progress=False,

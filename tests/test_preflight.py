@@ -231,3 +231,22 @@ def test_the_checks_import_neither_megatron_nor_torch_nor_transformers():
             "print(sorted(m for m in ('megatron', 'torch', 'transformers', 'tokenizers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_export_serve_and_eval_of_a_run_take_the_tokenizer_it_trained_with(tmp_path):
+    """A run on converted data records its HuggingFaceTokenizer in each save's run_config.yaml; `kaiyuan export hf`,
+    and serve / eval of a run (as_hf_dir), ship that one without --tokenizer; a NullTokenizer run the bundled one."""
+    import yaml
+
+    from kaiyuan_recipes.export.megatron_to_hf import trained_tokenizer_dir
+
+    own = tmp_path / "own_tokenizer"
+    shutil.copytree(default_tokenizer_dir(), own)
+    save = tmp_path / "run" / "checkpoints" / "iter_0000004"
+    save.mkdir(parents=True)
+    (save / "run_config.yaml").write_text(yaml.safe_dump(
+        {"tokenizer": {"tokenizer_type": "HuggingFaceTokenizer", "tokenizer_model": str(own)}}))
+    assert trained_tokenizer_dir(tmp_path / "run") == own
+    (save / "run_config.yaml").write_text(yaml.safe_dump(
+        {"tokenizer": {"tokenizer_type": "NullTokenizer", "vocab_size": 151643}}))
+    assert trained_tokenizer_dir(tmp_path / "run") == default_tokenizer_dir()
