@@ -18,11 +18,13 @@ MARKUP_LOOKALIKE = "see [/usr/bin] and [bold red]alert[/bold red]"
 
 
 def test_dry_run_table_prints_a_blend_path_in_brackets_as_is():
-    # a dry run writes nothing and reads no data: the prefix need not exist
+    # data on another host (a cluster path): the dry run says so in one line and passes
     out = kaiyuan("train", "gpt_smoke", "--dry-run", "kaiyuan.data=blend",
                   "dataset.blend=[[/data/x/web_part-00000_text_document],null]")
     assert out.returncode == 0, out.stderr[-3000:]
     assert "prefixes: ['/data/x/web_part-00000_text_document']" in out.stdout
+    assert "note: the data (1 prefix(es), e.g. /data/x/web_part-00000_text_document) is not on this host" in " ".join(
+        out.stdout.replace("│", " ").split()), out.stdout
 
 
 def test_data_inspect_prints_a_document_with_markup_lookalikes_as_is(tmp_path):

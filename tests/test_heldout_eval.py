@@ -94,7 +94,13 @@ def test_bad_lines_reported_rest_scored_and_outputs(tiny_model, tmp_path):
     ]
     data = tmp_path / "h.jsonl"
     data.write_text("\n".join(lines) + "\n")
-    report = evaluate_models([tiny_model, tiny_model], data, tmp_path / "out", max_length=64, progress=False)
+    # any unusable line is an error, before a model is loaded, unless that many are allowed
+    refused = r"3 of 5 lines unusable \(line 2: .*; fix them, or score the rest with --allow-skipped 3"
+    with pytest.raises(ValueError, match=refused):
+        evaluate_models([tiny_model], data, tmp_path / "refused", max_length=64, progress=False, allow_skipped=2)
+    assert not (tmp_path / "refused").exists()
+    report = evaluate_models([tiny_model, tiny_model], data, tmp_path / "out", max_length=64, progress=False,
+                             allow_skipped=3)
     assert report["skipped"] == 3
     assert report["problems"] == ["line 2: 'completion' missing or empty",
                                   "line 3: 'choices' must be a list of 2 or more non-empty strings",
@@ -134,3 +140,18 @@ def test_a_bf16_models_logits_are_fp32_projections(tiny_model):
         n = len(e.ids)
         expected = [logprobs[row, n - e.n_scored - 1 + j, e.ids[n - e.n_scored + j]].item() for j in range(e.n_scored)]
         assert got[encoded.index(e)] == pytest.approx(expected, rel=1e-5, abs=1e-4)
+
+
+def test_eval_heldout_exits_non_zero_when_a_line_is_skipped(tmp_path, capsys):
+    """3 of 4 lines unusable: an error naming them (exit 2), not results over one line; --allow-skipped 3 scores it."""
+    from kaiyuan_recipes.cli.main import main
+
+    data = tmp_path / "h.jsonl"
+    data.write_text("\n".join([json.dumps({"dimension": "math", "prompt": "1+1=", "completion": " 2"}),
+                               "{oops", json.dumps({"dimension": "math"}), "[]"]) + "\n")
+    args = ["eval", "heldout", "--model", str(tmp_path / "no-model"), "--data", str(data), "--out", str(tmp_path / "o")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "3 of 4 lines unusable (line 2: not JSON" in err and "--allow-skipped 3" in err, err
+    assert main(args + ["--allow-skipped", "2"]) == 2
+    assert main(args + ["--allow-skipped", "-1"]) == 2 and "expected 0 or more" in capsys.readouterr().err

@@ -9,6 +9,7 @@
 A line of any other program fails: add its check here."""
 
 import dataclasses
+import os
 import re
 import shlex
 import subprocess
@@ -94,12 +95,37 @@ def check_command(argv: list[str], container_keys: set[str], tmp_path: Path) -> 
         for flag in (a for a in argv[2:] if a.startswith("--")):
             listed = re.search(rf"(?m)^\s*{re.escape(flag)}\b", run.stdout)
             assert listed, f"{shlex.join(argv)}: {argv[1]} has no {flag}"
+    elif Path(program).name.startswith("python3") and argv[1:3] == ["-m", "venv"]:
+        assert len(argv) == 4, f"{shlex.join(argv)}: expected python3.X -m venv DIR"
+    elif Path(program).name == "pip" and argv[1] == "install":
+        check_pip_install(argv)
     elif argv[:3] == ["python", "-m", "pytest"]:
         run = subprocess.run([sys.executable, "-m", "pytest", *argv[3:], "--collect-only", "-q", "-p",
                               "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert run.returncode == 0 and " collected" in run.stdout, f"{shlex.join(argv)}:\n{run.stdout[-2000:]}"
     else:
         raise AssertionError(f"README command {shlex.join(argv)}: no check for {program!r} in {__file__}")
+
+
+def check_pip_install(argv: list[str]) -> None:
+    """`pip install -c LOCK -e ".[extras]"` / `--no-deps PKG`: the lock file exists and pins each named package, each
+    extra is one pyproject.toml declares (what the Makefile's bridge_env installs)."""
+    import tomllib
+
+    line = shlex.join(argv)
+    assert "-c" in argv, f"{line}: install against a constraints file (-c constraints/...)"
+    lock = ROOT / argv[argv.index("-c") + 1]
+    assert lock.is_file(), f"{line}: no {lock}"
+    pinned = {ln.split("==")[0].strip().lower() for ln in lock.read_text().splitlines() if "==" in ln}
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    rest = [a for i, a in enumerate(argv[2:], start=2) if not a.startswith("-") and argv[i - 1] != "-c"]
+    for target in rest:
+        match = re.fullmatch(r"\.\[([\w,-]+)\]", target)
+        if match:
+            unknown = set(match.group(1).split(",")) - set(extras)
+            assert not unknown, f"{line}: no extra(s) {sorted(unknown)} in pyproject.toml"
+        else:
+            assert target.lower() in pinned, f"{line}: {target} is not pinned in {lock.name}"
 
 
 def test_readme_holds_commands_of_each_kind():
@@ -121,8 +147,22 @@ def test_every_readme_command_is_valid(container_keys, tmp_path):
     ("make no-such-target", "make -n fails"),
     ("bash tests/gpu/journey.sh --partt foreground", "has no --partt"),
     ("curl http://localhost:5000/v1/models", "no check for 'curl'"),
+    ('.venv/bin/pip install -c constraints/bridge.txt -e ".[bridge,sevre]"', "no extra(s) ['sevre']"),
+    (".venv/bin/pip install -c constraints/bridge.txt --no-deps megatron-bridgee", "megatron-bridgee is not pinned"),
 ])
 def test_a_wrong_command_fails(line, message, container_keys, tmp_path):
     (argv,) = readme_commands(f"```bash\n{line}\n```\n")
     with pytest.raises(AssertionError, match=re.escape(message)):
         check_command(argv, container_keys, tmp_path)
+
+
+def test_the_readme_python_quickstart_runs_to_its_dry_run(tmp_path):
+    """README's Python block, as written: the package exposes what it shows, and NeMo-Run's dry run of the experiment
+    names the training entry point with the recipe and overrides."""
+    (code,) = re.findall(r"^```python\n(.*?)^```", README.read_text(), re.M | re.S)
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "NEMORUN_HOME": str(tmp_path / "nemo_run"), "COLUMNS": "400",
+                               "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    shown = " ".join(done.stdout.split())
+    assert "kaiyuan_recipes.training.entry" in shown and "qwen3_1p7b" in shown and "torchrun" in shown, shown[-3000:]

@@ -274,7 +274,8 @@ def index(args: Any) -> int:
 
     compat.apply()
     cfg, settings = build_config(args.recipe, with_phase(args.phase, args.overrides))
-    validate(cfg, settings, args.world_size, upstream=False)  # upstream's own validation: the resolved copy below
+    # the data is read here (data_here); upstream's own validation: the resolved copy below
+    validate(cfg, settings, args.world_size, upstream=False, data_here=True)
     resolved = resolve_with_upstream(cfg, args.world_size)
     if settings.data == "mock" or not resolved.dataset.path_to_cache:
         print(f"{args.recipe}: kaiyuan.data={settings.data} has no dataset index to build")

@@ -20,6 +20,8 @@ def add_parser(sub: Any) -> None:
                    help="tokens per sample; a longer one loses its prompt's start (default 2048)")
     h.add_argument("--batch-size", type=int, default=8, help="samples scored at once (default 8)")
     h.add_argument("--device", default="cpu", help="torch device, e.g. cuda or cuda:1 (default cpu)")
+    h.add_argument("--allow-skipped", type=int, default=0, metavar="N",
+                   help="score the usable lines when at most N lines are unusable (default 0: any is an error)")
     h.set_defaults(func=heldout)
 
 
@@ -32,7 +34,10 @@ def heldout(args: Any) -> int:
         raise FileNotFoundError(f"--data {args.data}: no such file")
     from kaiyuan_recipes.eval.heldout_eval import evaluate_models, markdown_table
 
-    report = evaluate_models(args.model, args.data, args.out, args.max_length, args.device, args.batch_size)
+    if args.allow_skipped < 0:
+        raise ValueError(f"--allow-skipped {args.allow_skipped}: expected 0 or more lines")
+    report = evaluate_models(args.model, args.data, args.out, args.max_length, args.device, args.batch_size,
+                             allow_skipped=args.allow_skipped)
     print(markdown_table(report["results"]))
     if report["skipped"]:
         print(f"skipped {report['skipped']} line(s): " + "; ".join(report["problems"][:10]), file=sys.stderr)

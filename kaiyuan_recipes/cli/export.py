@@ -19,7 +19,8 @@ def add_parser(sub: Any) -> None:
     hf.add_argument("--recipe",
                     help="the recipe whose model.yaml the checkpoint has (default: the shape recorded in the "
                          "checkpoint; a recipe of another shape is refused)")
-    hf.add_argument("--tokenizer", type=Path, help="tokenizer directory to ship (default: the bundled one)")
+    hf.add_argument("--tokenizer", type=Path,
+                    help="tokenizer directory to ship (default: the run's, else the bundled one)")
     hf.set_defaults(func=export_hf)
     mg = esub.add_parser("megatron", help="Hugging Face directory -> Megatron torch_dist checkpoint "
                                           "(continue training with checkpoint.pretrained_checkpoint=OUT)")
@@ -40,11 +41,14 @@ def export_hf(args: Any) -> int:
         raise FileNotFoundError(f"{args.checkpoint}: no such file or directory")
     from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
     from kaiyuan_recipes.export.megatron_to_hf import export_hf as run_export
+    from kaiyuan_recipes.export.megatron_to_hf import trained_tokenizer_dir
     from kaiyuan_recipes.models.shape import ModelShape
 
     shape = ModelShape.for_recipe(args.recipe) if args.recipe else None
-    tokenizer = args.tokenizer or default_tokenizer_dir()
     checkpoint = Path(args.checkpoint)
+    # default: what the run trained with (its run_config.yaml), else the bundled one
+    tokenizer = args.tokenizer or (trained_tokenizer_dir(checkpoint) if checkpoint.is_dir()
+                                   else default_tokenizer_dir())
     from kaiyuan_recipes.nemo2.weights import is_nemo2_checkpoint
 
     if checkpoint.is_dir() and is_nemo2_checkpoint(checkpoint):

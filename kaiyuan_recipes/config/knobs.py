@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import sys
 from dataclasses import dataclass, field
@@ -66,10 +67,15 @@ class Knobs:
     average_last: int = knob(0, "Keep at least this many newest checkpoints for `kaiyuan average RUN --last N` "
                                 "(raises checkpoint.most_recent_k to it; 0 = keep-last-K as set).")
     # Data
-    data: str = knob("sample", "sample: the bundled corpus; mock: synthetic tokens; blend: dataset.blend; "
-                               "curriculum: a phase of kaiyuan.curriculum; plan: kaiyuan.plan.", DATA_SOURCES)
-    tokenizer: str | None = knob(None, "A Hugging Face tokenizer directory; null = the bundled Qwen2 one "
-                                       "(mock: NullTokenizer).")
+    data: str | list = knob("sample", "A directory `kaiyuan data convert` wrote, or a list `[DIR1,DIR2]` (weighed "
+                                      "by tokens; the tokenizer from its manifest); sample: the bundled corpus; mock: "
+                                      "synthetic tokens; blend: dataset.blend; curriculum: a phase of "
+                                      "kaiyuan.curriculum; plan: kaiyuan.plan.")
+    data_weights: list | None = knob(None, "data=DIRs: one weight per directory; null = by tokens.")
+    tokenizer: str | None = knob(None, "A Hugging Face tokenizer directory. null: data=DIR trains with the "
+                                       "tokenizer its manifest records, sample with the bundled Qwen2 one; blend, "
+                                       "curriculum, plan and mock with Megatron's NullTokenizer(151643) over the "
+                                       "converted ids (EOD 151643, Qwen2's), checked against the data's manifests.")
     tokenizer_sha256: str | None = knob(None, "Checked against the tokenizer's tokenizer.json when given.")
     plan: str | None = knob(None, "data=plan: a category blend plan (a name under recipes/plans or a YAML).")
     curriculum: str | None = knob(None, "data=curriculum: a name under recipes/curricula or a YAML.")
@@ -84,9 +90,12 @@ class Knobs:
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(Knobs):
+            if f.name in ("data", "data_weights"):
+                continue  # a source name or directories; weights: checked below
             value = _coerced(f, getattr(self, f.name))
             _check(f, value)
             setattr(self, f.name, value)
+        self._check_data()
         if self.average_last < 0:
             raise KnobError(f"kaiyuan.average_last: expected 0 or a positive number of checkpoints; got "
                             f"{self.average_last}")
@@ -106,6 +115,41 @@ class Knobs:
         if self.tokenizer_sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", self.tokenizer_sha256):
             raise KnobError("kaiyuan.tokenizer_sha256: expected 64 lowercase hex digits, "
                             f"got {self.tokenizer_sha256!r}")
+
+    @property
+    def data_dirs(self) -> list[str] | None:
+        """kaiyuan.data as converted directories (None: a named source)."""
+        if isinstance(self.data, str) and self.data in DATA_SOURCES:
+            return None
+        return [self.data] if isinstance(self.data, str) else list(self.data)
+
+    def _check_data(self) -> None:
+        data = self.data
+        if isinstance(data, (list, tuple)):
+            data = list(data)
+            if not data or not all(isinstance(d, str) and d for d in data):
+                raise KnobError(f"kaiyuan.data: a list must name converted directories; got {data!r}")
+            self.data = data[0] if len(data) == 1 else data
+        elif not isinstance(data, str) or not data:
+            raise KnobError(f"kaiyuan.data: expected one of {', '.join(DATA_SOURCES)}, a directory `kaiyuan data "
+                            f"convert` wrote or a list of them; got {data!r}")
+        weights = self.data_weights
+        if weights is None:
+            return
+        if self.data_dirs is None:
+            raise KnobError(f"kaiyuan.data_weights: weighs converted directories (kaiyuan.data=[DIR1,DIR2]), not "
+                            f"kaiyuan.data={self.data}")
+        if not isinstance(weights, (list, tuple)):
+            weights = [weights]
+        try:
+            self.data_weights = [float(w) for w in weights if not isinstance(w, bool)]
+        except (TypeError, ValueError):
+            raise KnobError(f"kaiyuan.data_weights: expected numbers, got {weights!r}") from None
+        if len(self.data_weights) != len(weights) or len(weights) != len(self.data_dirs):
+            raise KnobError(f"kaiyuan.data_weights: {weights!r} for {len(self.data_dirs)} director"
+                            f"{'y' if len(self.data_dirs) == 1 else 'ies'}; give one positive number per directory")
+        if not all(math.isfinite(w) and w > 0 for w in self.data_weights):
+            raise KnobError(f"kaiyuan.data_weights: {weights!r}: each must be a positive finite number")
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> "Knobs":

@@ -36,7 +36,7 @@ from kaiyuan_recipes.data.convert_worker import (
     output_prefix_for,
     rank_path,
 )
-from kaiyuan_recipes.data.tokenizer import tokenizer_fingerprint
+from kaiyuan_recipes.data.tokenizer import tokenizer_fingerprint, tokenizer_identity
 
 MANIFEST = "manifest.json"
 
@@ -147,7 +147,9 @@ def convert_directory(opts: ConvertOptions, show_progress: bool = True) -> dict[
     made_with = dict(tokenizer_sha256=tokenizer_sha, text_key=opts.text_key, append_eod=opts.append_eod)
     if any(manifest.get(k) not in (None, v) for k, v in made_with.items()):
         manifest["shards"] = {}  # another tokenizer, column or EOD setting makes every output stale
-    manifest.update(made_with, tokenizer_dir=str(opts.tokenizer_dir), input_dir=str(opts.input_dir))
+    vocab, eod = tokenizer_identity(opts.tokenizer_dir)  # what a run compares with its tokenizer (data/preflight.py)
+    manifest.update(made_with, tokenizer_dir=str(Path(opts.tokenizer_dir).resolve()), tokenizer_vocab_size=vocab,
+                    tokenizer_eod_id=eod, input_dir=str(opts.input_dir))
     cleaned = read_clean_manifest(opts.input_dir)  # `kaiyuan data clean` output: what was removed, and how
     if cleaned:
         manifest["cleaning"] = clean_summary(cleaned, opts.input_dir)

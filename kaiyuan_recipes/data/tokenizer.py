@@ -210,3 +210,13 @@ def special_token_ids(path: Path) -> dict[str, int | None]:
 def tokenizer_fingerprint(path: Path) -> str:
     """sha256 of tokenizer.json: recorded in converter manifests to detect stale outputs."""
     return sha256_of(Path(path) / "tokenizer.json")
+
+
+def tokenizer_identity(tokenizer_dir: str | Path) -> tuple[int, int | None]:
+    """(ids the tokenizer produces, its <|endoftext|> id) read from tokenizer.json as JSON."""
+    spec = json.loads((Path(tokenizer_dir) / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = (spec.get("model") or {}).get("vocab") or {}
+    ids = set(vocab.values()) if isinstance(vocab, dict) else set(range(len(vocab)))
+    added = {t["content"]: t["id"] for t in spec.get("added_tokens") or []}
+    eod = added.get("<|endoftext|>", vocab.get("<|endoftext|>") if isinstance(vocab, dict) else None)
+    return len(ids | set(added.values())), eod

@@ -137,8 +137,10 @@ def bar_chart(results: dict[str, dict[str, dict[str, Any]]], path: Path) -> Path
 
 
 def evaluate_models(models: list[Path], data: Path, out: Path, max_length: int = 2048, device: str = "cpu",
-                    batch_size: int = 8, progress: bool = True) -> dict[str, Any]:
-    """Score each HF model directory on `data`; write results.json, results.md and bits_per_byte.png."""
+                    batch_size: int = 8, progress: bool = True, allow_skipped: int = 0) -> dict[str, Any]:
+    """Score each HF model directory on `data`; write results.json, results.md and bits_per_byte.png. More than
+    `allow_skipped` unusable lines is an error before any model is loaded (results over part of a file would pass
+    for the whole)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -147,6 +149,11 @@ def evaluate_models(models: list[Path], data: Path, out: Path, max_length: int =
     loaded = load_samples(data)
     if not loaded.samples:
         raise ValueError(f"{data}: nothing to score ({'; '.join(loaded.problems[:5])})")
+    if len(loaded.problems) > allow_skipped:
+        shown = "; ".join(loaded.problems[:10]) + ("; …" if len(loaded.problems) > 10 else "")
+        raise ValueError(f"{data}: {len(loaded.problems)} of {len(loaded.problems) + len(loaded.samples)} lines "
+                         f"unusable ({shown}); fix them, or score the rest with --allow-skipped "
+                         f"{len(loaded.problems)}")
     results, per_sample = {}, {}
     for k, model_dir in enumerate(models):
         name = Path(model_dir).name

@@ -70,6 +70,23 @@ def run_config(checkpoint: Path) -> tuple[Path, dict[str, Any] | None]:
     return config_file, config
 
 
+def trained_tokenizer_dir(checkpoint: Path) -> Path:
+    """The tokenizer a run trained with, as its run_config.yaml records it (a run on converted data trains with the
+    tokenizer the data was converted with), when that directory is here; else the bundled one (a NullTokenizer run
+    over Qwen2 ids, or a checkpoint moved to another host)."""
+    from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
+
+    try:
+        _, config = run_config(checkpoint)
+    except (OSError, ValueError):
+        config = None
+    tokenizer = (config or {}).get("tokenizer") or {}
+    recorded = tokenizer.get("tokenizer_model") if tokenizer.get("tokenizer_type") == "HuggingFaceTokenizer" else None
+    if isinstance(recorded, str) and (Path(recorded) / "tokenizer.json").is_file():
+        return Path(recorded)
+    return default_tokenizer_dir()
+
+
 def checkpoint_shape(checkpoint: Path) -> ModelShape:
     """The model shape a Megatron-Bridge checkpoint was trained with (its run_config.yaml)."""
     config_file, config = run_config(checkpoint)
@@ -237,7 +254,5 @@ def as_hf_dir(model: Path, tokenizer_dir: Path | None = None) -> Iterator[Path]:
         check_hf_vocab(model)
         yield model
         return
-    from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
-
     with temporary_directory("kaiyuan-export-") as tmp:
-        yield export_hf(model, tmp / (model.name or "model"), None, tokenizer_dir or default_tokenizer_dir())
+        yield export_hf(model, tmp / (model.name or "model"), None, tokenizer_dir or trained_tokenizer_dir(model))

@@ -64,6 +64,8 @@ class RunSettings(Knobs):
     decided: str = "this host"
     layer_spec_knob: str = "auto"  # kaiyuan.layer_spec as given (layer_spec holds what it was decided to be)
     container_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)  # field -> value, as applied
+    tokenizer_source: str | None = None  # kaiyuan.data=DIR: why the run trains with its tokenizer
+    data_check: Any = None  # data/preflight.DataCheck, set by training/validate.py
 
     @property
     def decided_on_node(self) -> bool:
@@ -214,8 +216,28 @@ def _tokenizer_config(run: RunSettings) -> Any:
     return TokenizerConfig(tokenizer_type="NullTokenizer", vocab_size=QWEN2_BASE_VOCAB)
 
 
+def _apply_converted_dirs(cfg: Any, run: RunSettings) -> None:
+    """kaiyuan.data=DIR or [DIR1, DIR2]: every shard of the directories, weighed by tokens (or kaiyuan.data_weights),
+    trained with the tokenizer their manifest records (kaiyuan.tokenizer, when given, must be that one)."""
+    from megatron.bridge.training.config import TokenizerConfig
+
+    from kaiyuan_recipes.data.blend import to_megatron_blend
+    from kaiyuan_recipes.data.converted import choose_tokenizer, resolve_data_dirs
+    from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
+
+    data = resolve_data_dirs(run.data_dirs, run.data_weights)
+    tokenizer_dir, run.tokenizer_source = choose_tokenizer(data, run.tokenizer)
+    cfg.tokenizer = TokenizerConfig(tokenizer_type="HuggingFaceTokenizer",
+                                    tokenizer_model=str(tokenizer_dir or default_tokenizer_dir()))
+    for key, value in to_megatron_blend({"prefixes": data.prefixes, "weights": data.weights}, run.heldout).items():
+        setattr(cfg.dataset, key, value)
+    cfg.dataset.data_path = None
+
+
 def _apply_data_source(cfg: Any, run: RunSettings) -> None:
-    if run.data == "sample":
+    if run.data_dirs is not None:
+        _apply_converted_dirs(cfg, run)
+    elif run.data == "sample":
         from megatron.bridge.training.config import TokenizerConfig
 
         from kaiyuan_recipes.data.sample_corpus import prepare_sample_corpus

@@ -72,15 +72,20 @@ def main(argv: list[str] | None = None) -> None:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     # Rank 0 resolves (every `auto` decided here, on the training node), checks, and writes run_state/plan.json;
     # the other ranks take its plan (training/plan.py). Upstream's own validation: pretrain runs it at start-up.
-    # Upstream's validation too, on rank 0 (a copy; pretrain runs it again): the launching process checked only
-    # what it could without Megatron, so this is where a launch the config cannot train is refused.
-    upstream = os.environ.get("RANK", "0") == "0"
+    # Upstream's validation and the data's check too, on rank 0 (pretrain validates again; the ranks read the data
+    # here): the launching process checked only what it could without Megatron, so this is where a launch the config
+    # or the data cannot train is refused, before the model is built.
+    first = os.environ.get("RANK", "0") == "0"
     try:
-        cfg, run, record = resolve_for_rank(argv[0], argv[1:],
-                                            check=lambda c, r: validate(c, r, world_size, upstream=upstream))
-    except ValueError as err:  # the config's and the overrides' errors name the field
+        cfg, run, record = resolve_for_rank(
+            argv[0], argv[1:],
+            check=lambda c, r: validate(c, r, world_size, upstream=first, data_here=True if first else None))
+    except ValueError as err:  # the config's, the data's and the overrides' errors name the field
         print(f"kaiyuan: error: the run's plan was refused: {err}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
+    if first and getattr(run, "data_check", None) is not None:
+        for line in run.data_check.lines():
+            print(f"kaiyuan: {line}", flush=True)
     os.environ.update(deterministic_env(cfg))  # before CUDA and NCCL read them
     run.layout.make_dirs()
     print(plan_line(record, int(os.environ.get("RANK", "0"))), flush=True)

@@ -71,8 +71,10 @@ def summarize(cfg: Any, run: RunSettings, layout: dict[str, int], launch_argv: l
         },
         "data": {
             "source": run.data,
-            "tokenizer": cfg.tokenizer.tokenizer_model or f"NullTokenizer({cfg.tokenizer.vocab_size})",
-            "prefixes": list(cfg.dataset.blend[0]) if cfg.dataset.blend else None,
+            "tokenizer": (cfg.tokenizer.tokenizer_model or f"NullTokenizer({cfg.tokenizer.vocab_size})")
+            + (f" ({run.tokenizer_source})" if run.tokenizer_source else ""),
+            "prefixes": _prefixes_shown(cfg.dataset.blend),
+            **_data_check(run),
             "order": getattr(cfg.dataset, "order", "shuffled"),  # an ordered phase: data/ordered_dataset.py
             "plan": data_description(cfg, run),
         },
@@ -82,6 +84,30 @@ def summarize(cfg: Any, run: RunSettings, layout: dict[str, int], launch_argv: l
                       if cfg.profiling is not None and cfg.profiling.use_pytorch_profiler else "off"),
         "launch_command": shlex.join(launch_argv),
     }
+
+
+def _prefixes_shown(blend: Any, shown: int = 4) -> Any:
+    if not blend:
+        return None
+    prefixes = list(blend[0])
+    return prefixes if len(prefixes) <= shown else prefixes[:shown] + [f"... {len(prefixes) - shown} more"]
+
+
+def _data_check(run: RunSettings) -> dict[str, Any]:
+    """What data/preflight.py found: tokens per split, epochs, its warnings (its errors were refused)."""
+    check = run.data_check
+    if check is None:
+        return {}
+    shown: dict[str, Any] = {}
+    if check.tokens:
+        shown["tokens"] = ", ".join(f"{split} {tokens:,}" for split, tokens in check.tokens.items())
+    if check.epochs is not None and run.data != "sample":
+        shown["epochs"] = round(check.epochs, 2) if check.epochs < 100 else round(check.epochs)
+    if check.warnings or check.not_visible:
+        shown["check"] = "\n  ".join(check.lines())
+    else:
+        shown["check"] = "ok (prefixes, weights, splits, tokenizer)"
+    return shown
 
 
 def decided_where(run: RunSettings) -> dict[str, str]:
@@ -104,6 +130,9 @@ def data_description(cfg: Any, run: RunSettings) -> str:
         return describe_window(cfg) or "bundled sample corpus"
     if run.data == "mock":
         return "mock: Megatron's synthetic tokens"
+    if run.data_dirs is not None:
+        return f"{', '.join(run.data_dirs)}: {len(cfg.dataset.blend[0]) if cfg.dataset.blend else '?'} shard(s), " + (
+            "weighed by kaiyuan.data_weights" if run.data_weights else "weighed by tokens")
     order = getattr(cfg.dataset, "order", "shuffled")
     prefixes = len(cfg.dataset.blend[0]) if cfg.dataset.blend else None
     where = f"{prefixes} prefix(es)" if prefixes else "blend_per_split"

@@ -5,6 +5,7 @@ any GPU work, with messages that say which fields disagree and what was expected
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import os
 import signal
@@ -110,12 +111,65 @@ def check_counts(cfg: Any, world_size: int) -> None:
         raise ConfigError(f"{world_size} ranks: a run needs at least one (--nproc-per-node, --nodes)")
 
 
-def validate(cfg: Any, run: Any, world_size: int, upstream: bool = True) -> dict[str, int]:
+def run_tokenizer(cfg: Any) -> Any:
+    """The run's tokenizer as the data checks compare it (data/preflight.RunTokenizer)."""
+    from kaiyuan_recipes.data.preflight import RunTokenizer
+    from kaiyuan_recipes.data.tokenizer import sha256_of, tokenizer_identity
+
+    tok = cfg.tokenizer
+    if tok.tokenizer_type == "NullTokenizer":  # Megatron's appends EOD after the base vocabulary
+        return RunTokenizer(f"NullTokenizer({tok.vocab_size})", int(tok.vocab_size) + 1, int(tok.vocab_size))
+    if tok.tokenizer_type != "HuggingFaceTokenizer":
+        return None
+    path = Path(str(tok.tokenizer_model))
+    vocab, eod = tokenizer_identity(path)
+    return RunTokenizer(str(path), vocab, eod, sha256_of(path / "tokenizer.json"))
+
+
+def data_spec(cfg: Any) -> Any:
+    """What `cfg` asks of its data, as plain values (data/preflight.DataSpec)."""
+    from kaiyuan_recipes.data.preflight import DataSpec, run_samples
+
+    d, t, v = cfg.dataset, cfg.train, cfg.validation
+    blend = d.blend
+    if blend is None and d.blend_per_split is None and getattr(d, "data_path", None) is not None:
+        from megatron.core.datasets.utils import get_blend_from_list
+
+        blend = get_blend_from_list(d.data_path.split() if isinstance(d.data_path, str) else list(d.data_path))
+    window = getattr(d, "train_window_samples", None)  # the sample corpus: indexed for a window (sample_window.py)
+    samples = ((window, d.eval_window_samples, 0) if window is not None else
+               run_samples(t.train_iters, t.global_batch_size, v.eval_interval, v.eval_iters,
+                           getattr(v, "eval_global_batch_size", None), getattr(t, "train_samples", None)))
+    return DataSpec(blend, d.blend_per_split, d.split, d.seq_length, samples, cfg.model.vocab_size)
+
+
+def check_run_data(cfg: Any, run: Any, ranks_here: bool) -> Any:
+    """data/preflight.check_data on `cfg`'s data: its errors refused here (ConfigError), the check kept on `run` for
+    the dry run and the launch to show its warnings. An ordered curriculum phase blends whole directories (its own
+    dataset class reads them): its tokenizer is checked, the rest is left to `kaiyuan data index`."""
+    from kaiyuan_recipes.data.preflight import check_data
+
+    spec = data_spec(cfg)
+    if getattr(cfg.dataset, "order", "shuffled") != "shuffled":
+        spec = dataclasses.replace(spec, blend=None, blend_per_split=None)
+    check = check_data(spec, run_tokenizer(cfg), ranks_here=ranks_here)
+    if run.data == "sample":
+        check.warnings = []  # a pipeline check, cycled on purpose (data/sample_window.py)
+    run.data_check = check
+    if check.errors:
+        raise ConfigError("the data would fail the launch:\n  " + "\n  ".join(check.errors))
+    return check
+
+
+def validate(cfg: Any, run: Any, world_size: int, upstream: bool = True,
+             data_here: bool | None = False) -> dict[str, int]:
     """Every cross-check of `cfg` as build_config made it for `run` (its RunSettings), before any GPU work; the
     parallel layout. Ours first (they name the fields), then kaiyuan.heldout_eval's file and layout, then
     (`upstream`) Megatron-Bridge's own validation on a copy, as `pretrain` runs it at start-up; a rank leaves that to
     its `pretrain`. Built on a launch host with a stand-in layer spec (run.decided_on_node: the training node decides
-    it), the spec's own checks and upstream's wait for the node."""
+    it), the spec's own checks and upstream's wait for the node. `data_here`: the data checks (data/preflight.py), data
+    that is nowhere on this host refused (True: this process or its ranks read it here) or said in one line (False: a
+    dry run, a launch host); None skips them (a rank: its own dataset build says it)."""
     spec_decided = not run.decided_on_node
     check_counts(cfg, world_size)
     m, seq, max_positions = cfg.model, cfg.dataset.seq_length, run.max_positions
@@ -164,6 +218,8 @@ def validate(cfg: Any, run: Any, world_size: int, upstream: bool = True) -> dict
         padded = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, tp)
         raise ConfigError(f"model.vocab_size={m.vocab_size} is not divisible by tensor_model_parallel_size={tp}; "
                           f"use {padded}")
+    if data_here is not None:  # the data as the index builder will read it
+        check_run_data(cfg, run, ranks_here=data_here)
     if run.heldout_eval is not None:  # a bad file is refused here, before any training (its lines named)
         from kaiyuan_recipes.training.heldout_eval.check import check_heldout_eval
 
