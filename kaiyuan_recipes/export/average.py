@@ -27,6 +27,7 @@ from kaiyuan_recipes.ckpt.store import (
     checkpoint_root,
     iteration_dirs,
     iteration_of,
+    refuse_links,
 )
 from kaiyuan_recipes.config.run_layout import RUN_CONFIG_FILE, RunLayout
 
@@ -102,6 +103,7 @@ def choose_checkpoints(run: Path, last: int, weights: list[float] | None) -> tup
                               "oldest first")
     weights = normalised_weights(weights, chosen)
     for ckpt in chosen:
+        refuse_links(ckpt)  # upstream's loader would follow a link to a shard elsewhere
         if checkpoint_format(ckpt) != "torch_dist":
             raise CheckpointError(f"{ckpt}: format {checkpoint_format(ckpt)}; averaging reads torch_dist checkpoints")
     return chosen, weights
