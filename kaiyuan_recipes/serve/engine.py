@@ -235,10 +235,10 @@ class GenerationEngine:
         holding = {row.request.call for row in rows.values()}
         # with no row free, only the calls holding none join (rows are given up for them)
         heads = [(call, row) for call, row in self._waiting.heads() if free or call not in holding]
-        room = len(free) or len(heads)
-        if not room:
+        if not heads:
             return
-        enough = min(room, self.join.rows_for(self.envelope.max_batch))
+        enough = self.join.rows_for(self.envelope.max_batch)  # gathered as joins into free rows are
+        enough = min(enough, len(free)) if free else enough
         waiting = len(self._waiting) if free else len(heads)
         if rows and waiting < enough and \
                 time.monotonic() - min(r.request.submitted_at for _, r in heads) < self.join.max_wait_s:
