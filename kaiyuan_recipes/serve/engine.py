@@ -124,10 +124,9 @@ class GenerationEngine:
         self._scoring: RoundRobin[_Scoring] = RoundRobin()  # completed, their logprobs not yet computed, by call
         self._scored: _Scoring | None = None  # the one being scored (its cache: one sequence's keys and values)
         self._rng = random.Random()  # noise keys of unseeded sampled rows
-        # rows admitted, most rows in one step, new tokens, rows ended because their caller left (a client gone);
-        # seconds in decode steps (each until its tokens reach the host), in prefills and in scoring chunks: with
-        # the wall time, where a loaded server's time goes
-        # rows given up to a call holding none (each resumed later);
+        # rows admitted, most rows in one step, new tokens, rows ended because their caller left (a client gone),
+        # rows given up to a call holding none (each resumed later); seconds in decode steps (each until its tokens
+        # reach the host), in prefills and in scoring chunks: with the wall time, where a loaded server's time goes
         self.stats = {"requests": 0, "steps": 0, "max_batch": 0, "tokens": 0, "cancelled": 0, "rows": 0, "gave_way": 0,
                       "decode_s": 0.0, "prefills": 0, "prefill_s": 0.0, "score_chunks": 0, "score_s": 0.0}
         self._worker = threading.Thread(target=self._serve, name="generation", daemon=True)
