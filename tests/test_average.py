@@ -106,6 +106,28 @@ def test_weights_are_normalised_and_applied_oldest_first(run, tmp_path):
         assert torch.equal(value, (0.25 * b[key].float() + 0.75 * c[key].float()).to(value.dtype)), key
 
 
+def test_a_disk_that_refuses_the_write_is_one_line_naming_the_output(run, tmp_path):
+    """The kernel refuses the checkpoint's files past 64 KiB (a file-size limit: torch's writer then fails as on a
+    full disk, a file ending short): one line naming the output, the reason and the space left, not DCP's per-rank
+    traceback, and nothing left there."""
+    import resource
+    import signal
+
+    def limited() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing the process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, 64 << 10))
+
+    proc = subprocess.run([sys.executable, "-m", "kaiyuan_recipes.cli.main", "average", str(run),
+                           str(tmp_path / "avg"), "--last", "2", "--json"], capture_output=True, text=True,
+                          timeout=600, preexec_fn=limited)
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"kaiyuan: error: {tmp_path / 'avg'}: cannot write the average (") and \
+        last.endswith(" MiB free there); nothing was left there"), proc.stderr
+    assert "Traceback" not in proc.stderr and "[rank0]" not in proc.stderr, proc.stderr
+    assert list(tmp_path.iterdir()) == [] and proc.stdout == ""
+
+
 def test_bad_requests_are_named(run, tmp_path, capsys):
     rc, _, err = average(capsys, run, tmp_path / "x", "--last", "4")
     assert rc == 2 and "3 checkpoint(s)" in err and "--last 4 needs 4" in err and "kaiyuan.average_last=4" in err

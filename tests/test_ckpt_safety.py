@@ -257,3 +257,98 @@ def test_metadata_that_points_outside_the_checkpoint_is_refused(zero1_run, tmp_p
         rc, _, err = run_cli(capsys, *argv)
         assert rc == 2 and err.strip() == (f"kaiyuan: error: {ckpt / '.metadata'}: places data outside the checkpoint "
                                            "directory (../../../x); not read"), err
+
+
+def five_commands(run, ckpt, tmp_path):
+    """Every reader of a checkpoint that fails before building a model (average refuses before its process group)."""
+    return [["ckpt", "ls", run], ["ckpt", "inspect", ckpt], ["ckpt", "verify", ckpt], ["ckpt", "diff", ckpt, ckpt],
+            ["average", run, tmp_path / "averaged", "--last", "1"]]
+
+
+def write_metadata(ckpt, change):
+    """The checkpoint's .metadata with change(metadata) applied: DCP's own classes only, so it unpickles."""
+    metadata = trusted_metadata(ckpt)
+    change(metadata)
+    with open(ckpt / ".metadata", "wb") as fh:
+        pickle.dump(metadata, fh)
+
+
+def first_tensor(metadata):
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    return next(k for k, v in metadata.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata))
+
+
+def unstore_first_chunk(metadata):
+    fqn = first_tensor(metadata)
+    del metadata.storage_data[next(i for i in metadata.storage_data if i.fqn == fqn)]
+
+
+def chunk_past_its_tensor(metadata):
+    entry = metadata.state_dict_metadata[first_tensor(metadata)]
+    entry.chunks[0] = dataclasses.replace(entry.chunks[0], sizes=torch.Size(s + 1 for s in entry.chunks[0].sizes))
+
+
+@pytest.mark.parametrize("change, said", [
+    (lambda m: m.state_dict_metadata.__setitem__(first_tensor(m), "gone"), "{fqn}: a str, neither a tensor's nor "
+                                                                            "an object's entry"),
+    (unstore_first_chunk, "{fqn}: a chunk at (0, 0) stored nowhere"),
+    (chunk_past_its_tensor, "{fqn}: a chunk that is not a region of its"),
+])
+def test_metadata_entries_not_as_dcp_writes_them_are_refused_naming_the_file(zero1_run, tmp_path, capsys,  # noqa: F811
+                                                                             change, said):
+    """Made of DCP's classes (so they unpickle), but a tensor's entry a string (verify said ok, the tensor gone),
+    a chunk stored nowhere, a chunk past its tensor's end: every command refuses, naming .metadata and the entry."""
+    run, ckpt = copy_run(zero1_run, tmp_path)
+    write_metadata(ckpt, change)
+    fqn = first_tensor(trusted_metadata(zero1_run / "checkpoints" / ITER))
+    for argv in five_commands(run, ckpt, tmp_path):
+        rc, _, err = run_cli(capsys, *argv)
+        assert rc == 2 and err.startswith(f"kaiyuan: error: {ckpt / '.metadata'}: {said.format(fqn=fqn)}"), (argv, err)
+        assert err.strip().endswith("(a crafted or damaged file: not torch.distributed.checkpoint's metadata as it "
+                                    "writes it)") and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "averaged").exists()
+
+
+def test_a_link_inside_a_checkpoint_is_refused_not_followed(zero1_run, tmp_path, capsys):  # noqa: F811
+    """A shard moved elsewhere and linked back: each reader names the link (verify said ok, average read the file
+    outside)."""
+    run, ckpt = copy_run(zero1_run, tmp_path)
+    shard = sorted(ckpt.glob("*.distcp"))[0]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.move(shard, elsewhere / shard.name)
+    shard.symlink_to(elsewhere / shard.name)
+    for argv in five_commands(run, ckpt, tmp_path):
+        rc, _, err = run_cli(capsys, *argv)
+        assert rc == 2 and err.startswith(f"kaiyuan: error: {shard}: a symbolic link (to {elsewhere / shard.name}) "
+                                          "inside the checkpoint; its files are read only from the checkpoint "
+                                          "directory itself: not followed"), (argv, err)
+    assert not (tmp_path / "averaged").exists()
+
+
+def test_an_iter_link_is_not_a_save_of_the_run(zero1_run, tmp_path, capsys):  # noqa: F811
+    """An iter_* link to /etc is not walked (ckpt ls counted its 100+ MiB as an incomplete save)."""
+    run, _ = copy_run(zero1_run, tmp_path)
+    rc, before, _ = run_cli(capsys, "ckpt", "ls", run, "--json")
+    (run / "checkpoints" / "iter_0000009").symlink_to("/etc")
+    rc, after, err = run_cli(capsys, "ckpt", "ls", run, "--json")
+    assert rc == 0 and after == before, err
+
+
+def test_a_run_config_section_that_is_no_mapping_and_a_huge_tracker_are_named(zero1_run, tmp_path, capsys):  # noqa: F811
+    run, ckpt = copy_run(zero1_run, tmp_path)
+    config = ckpt / "run_config.yaml"
+    config.write_text(config.read_text().replace("\nmodel:\n", "\nmodel:\n- 1\nmodel_was:\n", 1))
+    for argv in (["ckpt", "ls", run], ["ckpt", "inspect", ckpt],
+                 ["average", run, tmp_path / "averaged", "--last", "1"]):
+        rc, _, err = run_cli(capsys, *argv)
+        assert rc == 2 and err == (f"kaiyuan: error: {config}: `model` is a list, not a section (a mapping) of "
+                                   "Megatron-Bridge's run config\n"), (argv, err)
+    shutil.copy2(zero1_run / "checkpoints" / ITER / "run_config.yaml", config)
+    tracker = run / "checkpoints" / "latest_checkpointed_iteration.txt"
+    tracker.write_text("9" * 5000)
+    for argv in (["ckpt", "ls", run], ["ckpt", "inspect", run], ["ckpt", "verify", run]):
+        rc, _, err = run_cli(capsys, *argv)
+        assert rc == 2 and err == (f"kaiyuan: error: {tracker}: a number of 5,000 digits, not an iteration (a damaged "
+                                   "tracker file: write the iteration to resume from, or remove it)\n"), (argv, err)

@@ -100,6 +100,50 @@ def test_joins_are_gathered_until_enough_requests_wait(tiny_model):  # noqa: F81
     engine.close()
 
 
+def test_a_small_call_behind_a_large_one_is_answered_at_the_next_step(tiny_model, reference):  # noqa: F811
+    """A call of 12 choices takes every row (4); a 1-token call sent at its first token is answered at the next
+    admission, one decode step later, while none of the large call's rows has ended (without giving way it waited
+    the whole 40-token wave). The row that gave way (the seeded one: the cheapest to prefill again) resumes where
+    it stopped: it draws the tokens it draws alone, and the greedy rows stay generate()'s."""
+    from kaiyuan_recipes.serve.batch_decoder import Envelope
+    from kaiyuan_recipes.serve.engine import GenerationEngine, JoinPolicy, Request, Sampling
+
+    engine = GenerationEngine(tiny_model, "cpu", Envelope(max_batch=4, max_seq_len=256, capture=False),
+                              join=JoinPolicy(min_rows=1))
+    prompt, short = engine.encode("Hello world, this is a test")[:5], engine.encode("The quick brown fox")[:3]
+    seeded = Request(short, 40, Sampling(1.1, top_k=50, seed=7), ignore_eos=True)
+    alone = engine.generate([seeded])[0].token_ids
+    large: list = []
+    small: dict = {}
+
+    def on_large(token: int) -> None:
+        if "future" not in small:  # the large call's first token: every row is taken
+            small["sent_at_step"] = engine.stats["steps"]
+            small["future"] = engine.submit(Request(short, 1))
+            small["future"].add_done_callback(lambda _: small.update(
+                answered_at_step=engine.stats["steps"], large_done=sum(f.done() for f in large)))
+
+    large += engine.submit_all([Request(short, 40, Sampling(1.1, top_k=50, seed=7), ignore_eos=True,
+                                        on_token=on_large)]
+                               + [Request(prompt, 40, ignore_eos=True, on_token=on_large) for _ in range(11)])
+    done = [f.result(120) for f in large]
+    assert small["future"].result(60).token_ids == reference(short, 1)
+    assert small["answered_at_step"] - small["sent_at_step"] <= 1 and small["large_done"] == 0, small
+    assert engine.stats["gave_way"] == 1
+    assert done[0].token_ids == alone
+    assert all(c.token_ids == reference(prompt, 40) for c in done[1:])
+    engine.close()
+
+
+def test_rows_give_way_from_the_call_holding_most_never_its_last():
+    from kaiyuan_recipes.serve.admission import rows_to_give_up
+
+    assert rows_to_give_up({1: [0, 1, 2], 2: [3]}, 1) == [0]
+    assert rows_to_give_up({1: [0, 1, 2], 2: [3, 4]}, 3) == [0, 1, 3]  # the largest each time, then no more
+    assert rows_to_give_up({1: [0], 2: [1]}, 2) == []  # a call's last row stays
+    assert rows_to_give_up({}, 1) == []
+
+
 def test_requests_submitted_together_join_at_the_same_step(engine, monkeypatch):
     """submit_all (one HTTP request's prompts, generate()): the worker admits them in one go, however slowly
     they are queued (each put here takes 50 ms, time enough for the worker to take the first alone), so the

@@ -153,6 +153,9 @@ def test_client_mistakes_are_400s_naming_the_field(client, extra, field):
     (b'{"prompt": "x",}', "body", "body: not valid JSON"),
     (b"", "body", "body: a JSON object is required"),
     (b"[1, 2]", "body", "body: a JSON object is required"),
+    (b'{"prompt": "\xff"}', "body", "body: not valid JSON (not UTF-8 at byte 12)"),
+    (b"[" * 100_000 + b"]" * 100_000, "body", "body: not valid JSON (nested too deeply)"),
+    (b'{"prompt": "x", "max_tokens": 1' + b"0" * 5000 + b"}", "body", "body: not valid JSON (an integer of more"),
 ])
 def test_every_400_names_its_field(url, content, param, message):
     """The field at fault by its name as sent (an unknown key whatever its characters, a list item by its index),
@@ -173,6 +176,16 @@ def test_unknown_model_path_and_token_are_the_same_error_body(url, client):
         assert r.status_code in (401, 404, 405) and set(r.json()["error"]) == {"message", "type", "param", "code"}
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0).models.list()
+
+
+def test_chat_completions_is_a_404_pointing_at_completions(url):
+    """A base model has no chat template: OpenAI's chat route is a JSON 404 that names the route to use, and
+    the openai client raises it as NotFoundError."""
+    with pytest.raises(openai.NotFoundError) as err:
+        openai.OpenAI(base_url=url + "/v1", api_key=TOKEN, max_retries=0).chat.completions.create(
+            model="kaiyuan", messages=[{"role": "user", "content": "hi"}])
+    assert err.value.body["code"] == "unknown_url", err.value.body
+    assert "serves a base model" in err.value.body["message"] and "POST /v1/completions" in err.value.body["message"]
 
 
 def test_megatron_api_keeps_its_shape_and_logprobs(url):

@@ -60,6 +60,7 @@ def _entry(ckpt: Path, latest: int | None) -> CheckpointEntry:
     complete = (ckpt / store.DCP_METADATA).is_file()
     fmt = has_optimizer = None
     if complete:
+        store.refuse_links(ckpt)
         fmt = store.checkpoint_format(ckpt)
         keys = store.read_dcp_metadata(ckpt).state_dict_metadata
         has_optimizer = any(k.startswith("optimizer.") for k in keys)

@@ -5,7 +5,9 @@ and train_state.pt). Reading these needs torch only; no tensor data is read here
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -42,16 +44,43 @@ def checkpoint_root(path: Path) -> Path:
 
 
 def iteration_dirs(root: Path) -> list[Path]:
-    """The iter_* directories under a checkpoints folder, oldest first (by iteration number, as Bridge sorts)."""
-    found = [p for p in Path(root).iterdir() if p.is_dir() and iteration_of(p) is not None]
+    """The iter_* directories under a checkpoints folder, oldest first (by iteration number, as Bridge sorts). A
+    symbolic link named iter_* is not one: what it points at is not this run's save."""
+    found = [p for p in Path(root).iterdir() if p.is_dir() and not p.is_symlink() and iteration_of(p) is not None]
     return sorted(found, key=iteration_of)
+
+
+MAX_ITERATION_DIGITS = 18  # an int64 iteration count (Bridge's) has at most 19 digits; 18 stays far from Python's limit
 
 
 def tracker_iteration(root: Path) -> int | None:
     """The iteration latest_checkpointed_iteration.txt names (None when absent; 'release' is not an iteration)."""
     tracker = Path(root) / TRACKER
-    text = tracker.read_text().strip() if tracker.is_file() else ""
-    return int(text) if text.isdigit() else None
+    text = tracker.read_text(errors="replace").strip() if tracker.is_file() else ""
+    if not (text.isascii() and text.isdigit()):
+        return None
+    if len(text) > MAX_ITERATION_DIGITS:
+        raise CheckpointError(f"{tracker}: a number of {len(text):,} digits, not an iteration (a damaged tracker "
+                              "file: write the iteration to resume from, or remove it)")
+    return int(text)
+
+
+def links_inside(ckpt: Path) -> list[Path]:
+    """The symbolic links inside a checkpoint directory (not followed), sorted."""
+    found = []
+    for folder, dirs, files in os.walk(ckpt):  # does not descend into linked directories
+        found += [Path(folder) / n for n in dirs + files if (Path(folder) / n).is_symlink()]
+    return sorted(found)
+
+
+def refuse_links(ckpt: Path) -> None:
+    """A checkpoint's files are read from its own directory only: a symbolic link in it (a shard or its metadata
+    pointing elsewhere) is refused, naming it, rather than followed."""
+    links = links_inside(ckpt)
+    if links:
+        more = f" (and {len(links) - 1} more)" if len(links) > 1 else ""
+        raise CheckpointError(f"{links[0]}: a symbolic link (to {os.readlink(links[0])}) inside the checkpoint{more}; "
+                              "its files are read only from the checkpoint directory itself: not followed")
 
 
 def resolve_checkpoint(path: Path) -> Path:
@@ -60,6 +89,7 @@ def resolve_checkpoint(path: Path) -> Path:
     if not path.exists():
         raise CheckpointError(f"{path}: does not exist")
     if (path / DCP_METADATA).is_file():
+        refuse_links(path)
         return path
     if iteration_of(path) is not None:
         raise CheckpointError(f"{path}: no {DCP_METADATA} (not a complete torch_dist / fsdp_dtensor checkpoint: "
@@ -101,7 +131,59 @@ def read_dcp_metadata(ckpt: Path) -> Any:
     if outside:
         raise CheckpointError(f"{file}: places data outside the checkpoint directory ({', '.join(outside[:3])}); "
                               "not read")
+    malformed = _malformed_entry(metadata)
+    if malformed:
+        raise CheckpointError(f"{file}: {malformed} (a crafted or damaged file: not torch.distributed.checkpoint's "
+                              "metadata as it writes it)")
     return metadata
+
+
+def _sizes(value: Any) -> bool:
+    return isinstance(value, (tuple, list)) and all(type(v) is int and v >= 0 for v in value)
+
+
+def _malformed_entry(metadata: Any) -> str | None:
+    """The first entry of a Metadata (made of DCP's classes only) that is not as DCP writes it: every entry a
+    tensor's (dtype, size, chunks within it) or an object's, each chunk and object stored, each stored item an
+    offset and length in a file. Said in a few words; None when every entry is well formed."""
+    import torch
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import (
+        BytesStorageMetadata,
+        ChunkStorageMetadata,
+        MetadataIndex,
+        TensorStorageMetadata,
+    )
+
+    stored = set()
+    for index, info in metadata.storage_data.items():
+        if not (isinstance(index, MetadataIndex) and isinstance(index.fqn, str)
+                and (index.offset is None or _sizes(index.offset))):
+            return f"a storage key {index!r:.80} is not an entry name and offset"
+        if not (isinstance(info, _StorageInfo) and type(info.offset) is int and type(info.length) is int
+                and info.offset >= 0 and info.length >= 0):
+            return f"the storage of {index.fqn} is not an offset and length in a file"
+        stored.add((index.fqn, tuple(index.offset or ())))
+    for fqn, entry in metadata.state_dict_metadata.items():
+        if not isinstance(fqn, str):
+            return f"an entry named {fqn!r:.80}, not a string"
+        if isinstance(entry, BytesStorageMetadata):
+            if (fqn, ()) not in stored:
+                return f"{fqn}: an object stored nowhere"
+            continue
+        if not isinstance(entry, TensorStorageMetadata):
+            return f"{fqn}: a {type(entry).__name__}, neither a tensor's nor an object's entry"
+        if not (isinstance(getattr(entry.properties, "dtype", None), torch.dtype) and _sizes(entry.size)
+                and isinstance(entry.chunks, list)):
+            return f"{fqn}: a tensor entry without a dtype, a size or its chunks"
+        for chunk in entry.chunks:
+            if not (isinstance(chunk, ChunkStorageMetadata) and _sizes(chunk.offsets) and _sizes(chunk.sizes)
+                    and len(chunk.offsets) == len(chunk.sizes) == len(entry.size)
+                    and all(o + n <= s for o, n, s in zip(chunk.offsets, chunk.sizes, entry.size))):
+                return f"{fqn}: a chunk that is not a region of its {tuple(entry.size)} tensor"
+            if (fqn, tuple(chunk.offsets)) not in stored:
+                return f"{fqn}: a chunk at {tuple(chunk.offsets)} stored nowhere"
+    return None
 
 
 def _plain_name(name: Any) -> bool:
@@ -136,6 +218,10 @@ def read_run_config(ckpt: Path) -> dict[str, Any] | None:
         raise CheckpointError(f"{file}: not YAML ({one_line(err)})") from err
     if not isinstance(config, dict):
         raise CheckpointError(f"{file}: holds a {type(config).__name__}, not Megatron-Bridge's run config")
+    for key, value in config.items():  # Bridge's ConfigContainer: its sections, each a mapping or null
+        if key != "_target_" and value is not None and not isinstance(value, dict):
+            raise CheckpointError(f"{file}: `{key}` is a {type(value).__name__}, not a section (a mapping) of "
+                                  "Megatron-Bridge's run config")
     return config
 
 
@@ -163,7 +249,12 @@ def one_line(err: BaseException) -> str:
 
 
 def disk_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+    """The bytes of the files inside `path`, symbolic links not followed."""
+    total = 0
+    for folder, _dirs, files in os.walk(path):
+        sizes = (os.lstat(os.path.join(folder, name)) for name in files)
+        total += sum(st.st_size for st in sizes if not stat.S_ISLNK(st.st_mode))
+    return total
 
 
 def section(config: dict[str, Any] | None, name: str) -> dict[str, Any]:

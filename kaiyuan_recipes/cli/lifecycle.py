@@ -58,6 +58,8 @@ def checked_run_name(name: str) -> str:
     if not RUN_NAME.fullmatch(name or ""):
         raise ValueError(f"run name {name!r}: use letters, digits, '.', '_' and '-' only "
                          "(not starting with '.' or '-')")
+    if len(name) > 128:  # a directory name (and its files') must fit the file system's 255 bytes
+        raise ValueError(f"run name {name[:32]!r}... is {len(name)} characters long: at most 128")
     return name
 
 

@@ -27,6 +27,7 @@ from kaiyuan_recipes.ckpt.store import (
     checkpoint_root,
     iteration_dirs,
     iteration_of,
+    refuse_links,
 )
 from kaiyuan_recipes.config.run_layout import RUN_CONFIG_FILE, RunLayout
 
@@ -102,6 +103,7 @@ def choose_checkpoints(run: Path, last: int, weights: list[float] | None) -> tup
                               "oldest first")
     weights = normalised_weights(weights, chosen)
     for ckpt in chosen:
+        refuse_links(ckpt)  # upstream's loader would follow a link to a shard elsewhere
         if checkpoint_format(ckpt) != "torch_dist":
             raise CheckpointError(f"{ckpt}: format {checkpoint_format(ckpt)}; averaging reads torch_dist checkpoints")
     return chosen, weights
@@ -145,18 +147,45 @@ def average_checkpoints(run: Path, out: Path, last: int, weights: list[float] | 
         for name, tensor in _weights(module).items():
             tensor.copy_(sums[name].to(tensor.dtype))
     from megatron.bridge.training.model_load_save import save_megatron_model
+    from torch.distributed.checkpoint.api import CheckpointException
 
     progress(f"writing {out}")
-    with atomic_directory(out) as tmp:
-        save_megatron_model([module], tmp)
-        written = newest_iteration_dir(tmp)
-        shutil.copy2(newest / RUN_CONFIG_FILE, written / RUN_CONFIG_FILE)
-        report = AverageReport(out=str(out), checkpoint=str(out / written.name), sources=[str(c) for c in chosen],
-                               weights=weights, tensors=len(sums),
-                               parameters=sum(t.numel() for t in sums.values()))
-        (written / SOURCES_FILE).write_text(json.dumps(
-            asdict(report) | {"iterations": [iteration_of(c) for c in chosen]}, indent=2) + "\n")
+    try:
+        with atomic_directory(out) as tmp:
+            save_megatron_model([module], tmp)
+            written = newest_iteration_dir(tmp)
+            shutil.copy2(newest / RUN_CONFIG_FILE, written / RUN_CONFIG_FILE)
+            report = AverageReport(out=str(out), checkpoint=str(out / written.name),
+                                   sources=[str(c) for c in chosen], weights=weights, tensors=len(sums),
+                                   parameters=sum(t.numel() for t in sums.values()))
+            (written / SOURCES_FILE).write_text(json.dumps(
+                asdict(report) | {"iterations": [iteration_of(c) for c in chosen]}, indent=2) + "\n")
+    except (OSError, CheckpointException) as err:  # DCP's per-rank wrapper is a BaseException
+        raise CheckpointError(f"{out}: cannot write the average ({write_failure(err, out.absolute().parent)}); "
+                              "nothing was left there") from None
     return report
+
+
+def write_failure(err: BaseException, folder: Path) -> str:
+    """Why a write into `folder` failed, in one line: the OS's reason (a full or read-only disk, no permission),
+    also from inside DCP's per-rank wrapper, and the space left there (torch's writer on a full disk says only
+    that a file ended short of where it should)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from kaiyuan_recipes.ckpt.unpickle import describe_failure
+
+    if isinstance(err, CheckpointException) and err.failures:
+        err = next(iter(err.failures.values()))[0]  # (exception, traceback)
+    if isinstance(err, OSError) and err.strerror:
+        reason = err.strerror
+    elif "Worker failure" in str(err):  # megatron-core's writer process: it logged its error above
+        reason = "the checkpoint writer failed, as logged above"
+    else:
+        reason = describe_failure(err)
+    try:
+        return f"{reason}; {shutil.disk_usage(folder).free / 2**20:,.1f} MiB free there"
+    except OSError:
+        return reason
 
 
 def load_model(bridge: Any, ckpt: Path, shape: Any) -> Any:

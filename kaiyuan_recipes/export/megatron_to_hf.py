@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shlex
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,20 +55,22 @@ def newest_iteration_dir(root: Path) -> Path:
 
 
 
+class VocabularyTooSmall(ValueError):
+    """The model has fewer embedding rows than the tokenizer has tokens. `reason` says so; the advice differs by
+    command (`export hf` takes --tokenizer; `serve` and `eval` export with the bundled tokenizer)."""
+
+    def __init__(self, reason: str, advice: str):
+        super().__init__(f"{reason}; {advice}")
+        self.reason = reason
+
+
 def run_config(checkpoint: Path) -> tuple[Path, dict[str, Any] | None]:
-    """The newest checkpoint's run_config.yaml (Megatron-Bridge writes one per save) and its contents."""
-    import yaml
+    """The newest checkpoint's run_config.yaml (Megatron-Bridge writes one per save) and its contents (read as
+    `kaiyuan ckpt` reads it: each section a mapping, else a CheckpointError naming the file)."""
+    from kaiyuan_recipes.ckpt.store import read_run_config
 
     config_file = newest_iteration_dir(checkpoint) / RUN_CONFIG_FILE
-    if not config_file.is_file():
-        return config_file, None
-    try:
-        config = yaml.safe_load(config_file.read_text()) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        raise ValueError(f"{config_file}: not YAML ({' '.join(str(err).split())[:300]})") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{config_file}: holds a {type(config).__name__}, not Megatron-Bridge's run config")
-    return config_file, config
+    return config_file, read_run_config(config_file.parent)
 
 
 def trained_tokenizer_dir(checkpoint: Path) -> Path:
@@ -179,9 +182,10 @@ def bridge_for(shape: ModelShape | dict[str, Any], tokenizer_vocab: int | None =
     # Megatron pads the vocabulary up (make_vocab_size_divisible_by): more rows than tokens is normal, fewer is not
     if tokenizer_vocab is not None and shape["vocab_size"] < tokenizer_vocab:
         where = f" ({tokenizer_dir})" if tokenizer_dir is not None else ""
-        raise ValueError(f"the model's vocab_size {shape['vocab_size']} is smaller than the tokenizer's "
-                         f"{tokenizer_vocab} tokens{where}: its ids from {shape['vocab_size']} up would have no "
-                         "embedding row; give the tokenizer the model was trained with (--tokenizer DIR)")
+        raise VocabularyTooSmall(f"the model's vocab_size {shape['vocab_size']} is smaller than the tokenizer's "
+                                 f"{tokenizer_vocab} tokens{where}: its ids from {shape['vocab_size']} up would "
+                                 "have no embedding row", "give the tokenizer the model was trained with "
+                                 "(--tokenizer DIR)")
     return AutoBridge.from_hf_config(shape.hf_config(tokenizer_vocab, **special))
 
 
@@ -255,4 +259,11 @@ def as_hf_dir(model: Path, tokenizer_dir: Path | None = None) -> Iterator[Path]:
         yield model
         return
     with temporary_directory("kaiyuan-export-") as tmp:
-        yield export_hf(model, tmp / (model.name or "model"), None, tokenizer_dir or trained_tokenizer_dir(model))
+        try:
+            exported = export_hf(model, tmp / (model.name or "model"), None,
+                                 tokenizer_dir or trained_tokenizer_dir(model))
+        except VocabularyTooSmall as err:  # the run's tokenizer is larger: no other is taken here
+            raise ValueError(f"{err.reason}; export the checkpoint with the tokenizer it was trained with first "
+                             f"(kaiyuan export hf {shlex.quote(str(model))} OUT --tokenizer DIR), then give OUT "
+                             "instead") from None
+        yield exported

@@ -228,6 +228,14 @@ class BatchDecoder:
         self.active[index] = 1
         return first
 
+    def resume(self, rows: list[int], last_tokens: list[int], drawn: list[int]) -> None:
+        """Rows just prefilled with a request's prompt and all its tokens but the last (a row that gave way,
+        resuming): the next step reads that last token, not the prefill's draw, and the sampler's step counts the
+        tokens drawn before, so a seeded row draws on as it would have without the pause."""
+        index = torch.tensor(rows, device=self.device)
+        self.tokens[index, 0] = torch.tensor(last_tokens, dtype=torch.long).to(self.device)
+        self.settings.step[index] = torch.tensor(drawn, dtype=torch.long).to(self.device)
+
     def release(self, row: int) -> None:
         """The row holds no request: its position stays 0 (its writes land in its own column 0)."""
         self.active[row] = 0

@@ -48,3 +48,5 @@ async def submitted(engine: GenerationEngine, requests: list[Request], receive: 
             req.cancelled.set()
         if not done.done():
             done.cancel()  # queued ones never start
+            # its outcome (a CancelledError once the rows under way end) is nobody's: taken, not logged as lost
+            done.add_done_callback(lambda gathered: gathered.cancelled() or gathered.exception())

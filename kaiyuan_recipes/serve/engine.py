@@ -8,7 +8,9 @@ produced. Log-probabilities (with the top alternatives) come from a teacher-forc
 completion (scoring.py), one chunk of positions between two decode steps, one sequence at a time.
 
 Fair turns (admission.py): free rows, and the scorer, go to the waiting calls round-robin, one request of each
-call in turn, so a call of many choices never keeps a later call of one waiting for all of its own. The engine
+call in turn; when every row is taken and a call holding none waits, the call holding the most rows gives one up
+(never its last), whose request resumes later where it stopped (its prompt and tokens so far prefilled again). So
+a call of many choices never keeps a later call waiting for one of its rows to end. The engine
 holds at most a bounded number of unfinished requests; past it a call is refused (EngineBusy). `drain(seconds)`
 lets in-flight requests finish, then fails what is left with EngineStopped."""
 
@@ -27,7 +29,7 @@ from pathlib import Path
 import torch
 
 from . import attention
-from .admission import EngineBusy, PendingLimit, RoundRobin
+from .admission import EngineBusy, JoinPolicy, PendingLimit, RoundRobin, rows_to_give_up
 from .batch_decoder import BatchDecoder, Envelope, WarmUp
 from .request import Completion, EngineStopped, Request, Sampling, TokenScores
 from .sampling import seed_key
@@ -45,28 +47,26 @@ IDLE_WAIT_S = 0.05  # with no row decoding, the worker waits this long for a req
 DEFAULT_MAX_QUEUE = 256
 
 
-@dataclass(frozen=True)
-class JoinPolicy:
-    """When waiting requests join the running batch. Each join is one eager prefill, which stalls every
-    decoding row for its duration, so joins are gathered: they happen when at least `min_rows` requests
-    wait (or fill every free row), when the oldest has waited `max_wait_s`, or at once when no row decodes.
-    min_rows 0: an eighth of the rows (at least 1)."""
-
-    min_rows: int = 0
-    max_wait_s: float = 0.25
-
-    def rows_for(self, max_batch: int) -> int:
-        return self.min_rows or max(1, max_batch // 8)
-
-
 @dataclass
 class _Row:
-    """A request decoding in one row of the batch; with stop strings, its text read for them as it grows."""
+    """A request waiting for a row or decoding in one; with stop strings, its text read for them as it grows. A
+    request that gave its row up waits again with its tokens so far (and its sampling settings: its noise key)."""
 
     request: Request
     stops: StopText | None = None
     tokens: list[int] = field(default_factory=list)
     finish: str | None = None  # "stop", "length" or "cancelled" once ended
+    settings: tuple[bool, float, int, float, int] | None = None  # the decoder's row settings, from its first join
+
+    @property
+    def resuming(self) -> bool:
+        return bool(self.tokens)
+
+    @property
+    def prefill_ids(self) -> list[int]:
+        """What a join prefills: the prompt, and for a resuming row its tokens but the last (the next step's
+        input)."""
+        return self.request.prompt_ids + self.tokens[:-1]
 
 
 @dataclass
@@ -120,14 +120,14 @@ class GenerationEngine:
         self._calls = 0  # submit_all calls so far: each one's requests share a call number
         self._queue: queue.Queue[Request] = queue.Queue()
         self._intake = threading.Lock()  # held while a submit_all queues its requests, and while _admit takes them
-        self._waiting: RoundRobin[Request] = RoundRobin()  # taken off the queue, not yet joined, by call
+        self._waiting: RoundRobin[_Row] = RoundRobin()  # taken off the queue (or given way), not decoding, by call
         self._scoring: RoundRobin[_Scoring] = RoundRobin()  # completed, their logprobs not yet computed, by call
         self._scored: _Scoring | None = None  # the one being scored (its cache: one sequence's keys and values)
         self._rng = random.Random()  # noise keys of unseeded sampled rows
-        # rows admitted, most rows in one step, new tokens, rows ended because their caller left (a client gone);
-        # seconds in decode steps (each until its tokens reach the host), in prefills and in scoring chunks: with
-        # the wall time, where a loaded server's time goes
-        self.stats = {"requests": 0, "steps": 0, "max_batch": 0, "tokens": 0, "cancelled": 0, "rows": 0,
+        # rows admitted, most rows in one step, new tokens, rows ended because their caller left (a client gone),
+        # rows given up to a call holding none (each resumed later); seconds in decode steps (each until its tokens
+        # reach the host), in prefills and in scoring chunks: with the wall time, where a loaded server's time goes
+        self.stats = {"requests": 0, "steps": 0, "max_batch": 0, "tokens": 0, "cancelled": 0, "rows": 0, "gave_way": 0,
                       "decode_s": 0.0, "prefills": 0, "prefill_s": 0.0, "score_chunks": 0, "score_s": 0.0}
         self._worker = threading.Thread(target=self._serve, name="generation", daemon=True)
         self._worker.start()
@@ -219,57 +219,105 @@ class GenerationEngine:
 
     def _admit(self, rows: dict[int, _Row]) -> None:
         """Waiting requests into free rows (at most one per free row, the calls in turn) as the join policy says,
-        their prompts prefilled, grouped by prompt length; waits IDLE_WAIT_S for one when nothing else is to do."""
+        their prompts prefilled, grouped by length; with no row free, rows given up to the calls that hold none
+        (admission.rows_to_give_up). Waits IDLE_WAIT_S for a request when nothing else is to do."""
         if not rows and not self._waiting and not self._scoring and self._scored is None:
             with contextlib.suppress(queue.Empty):
-                req = self._queue.get(timeout=IDLE_WAIT_S)
-                self._waiting.add(req.call, req)
+                self._take_in(self._queue.get(timeout=IDLE_WAIT_S))
         with self._intake:  # a submit_all under way: all of its requests, not the first few
             for _ in range(self._queue.qsize()):  # bounded: what is queued now
                 with contextlib.suppress(queue.Empty):
-                    req = self._queue.get_nowait()
-                    self._waiting.add(req.call, req)
+                    self._take_in(self._queue.get_nowait())
+        if not self._waiting:
+            return
         free = [slot for slot in range(self.envelope.max_batch) if slot not in rows]
-        if not self._waiting or not free:
+        holding = {row.request.call for row in rows.values()}
+        # with no row free, only the calls holding none join (rows are given up for them)
+        heads = [(call, row) for call, row in self._waiting.heads() if free or call not in holding]
+        if not heads:
             return
-        enough = min(len(free), self.join.rows_for(self.envelope.max_batch))
-        if rows and len(self._waiting) < enough and \
-                time.monotonic() - min(r.submitted_at for r in self._waiting.heads()) < self.join.max_wait_s:
+        enough = self.join.rows_for(self.envelope.max_batch)  # gathered as joins into free rows are
+        enough = min(enough, len(free)) if free else enough
+        waiting = len(self._waiting) if free else len(heads)
+        if rows and waiting < enough and \
+                time.monotonic() - min(r.request.submitted_at for _, r in heads) < self.join.max_wait_s:
             return
-        joining: list[Request] = []
-        while self._waiting and len(joining) < len(free):
-            req = self._waiting.take()
-            if req.cancelled.is_set():  # its client left while it waited: it never starts
-                req.future.cancel()  # done: its place in the bound is free
-                continue
-            if not req.future.set_running_or_notify_cancel():
-                continue  # cancelled by its caller while it waited
-            self.stats["requests"] += 1
-            if req.max_new_tokens == 0:
-                self._complete(req, [], "length")
-                continue
-            joining.append(req)
-        by_length: dict[int, list[Request]] = {}
-        for req in joining:
-            by_length.setdefault(len(req.prompt_ids), []).append(req)
+        joining: list[_Row] = []
+        if free:
+            while self._waiting and len(joining) < len(free):
+                row = self._waiting.take()
+                joining += [row] if self._starts(row) else []
+        else:
+            free = self._give_up(rows, len(heads))
+            for call, _ in heads[:len(free)]:
+                row = self._waiting.take_of(call)
+                joining += [row] if self._starts(row) else []
+        by_length: dict[int, list[_Row]] = {}
+        for row in joining:
+            by_length.setdefault(len(row.prefill_ids), []).append(row)
         for group in by_length.values():
             slots = [free.pop(0) for _ in group]
             start = time.perf_counter()
             try:
-                first = self.decoder.prefill(slots, [r.prompt_ids for r in group],
-                                             [self._row_settings(r) for r in group]).tolist()
+                first = self.decoder.prefill(slots, [r.prefill_ids for r in group],
+                                             [r.settings for r in group]).tolist()
+                resumed = [(slot, r) for slot, r in zip(slots, group) if r.resuming]
+                if resumed:
+                    self.decoder.resume([slot for slot, _ in resumed], [r.tokens[-1] for _, r in resumed],
+                                        [len(r.tokens) for _, r in resumed])
                 self.stats["prefill_s"] += time.perf_counter() - start
                 self.stats["prefills"] += 1
             except Exception as err:  # noqa: BLE001  (delivered to the group's callers)
                 log.exception("prefill failed: %s", err)
-                for slot, req in zip(slots, group):
+                for slot, row in zip(slots, group):
                     self.decoder.release(slot)
-                    _fail(req, err)
+                    _fail(row.request, err)
                 continue
-            for slot, req, token in zip(slots, group, first):
-                rows[slot] = _Row(req, StopText(self.decode, req.stop) if req.stop else None)
-                self._accept(rows[slot], token)
+            for slot, row, token in zip(slots, group, first):
+                rows[slot] = row
+                if not row.resuming:
+                    self._accept(row, token)
         self._retire(rows)
+
+    def _take_in(self, req: Request) -> None:
+        """A request off the queue into the waiting line, as a row not yet decoding."""
+        self._waiting.add(req.call, _Row(req, StopText(self.decode, req.stop) if req.stop else None))
+
+    def _starts(self, row: _Row) -> bool:
+        """Whether a row taken from the waiting line joins the batch: not when its caller left (or it needs no
+        row: max_tokens 0), which answers it here."""
+        req = row.request
+        if row.resuming:
+            if req.cancelled.is_set():  # its client left while it waited to resume
+                self.stats["cancelled"] += 1
+                self._complete(req, row.tokens, "length")
+                return False
+            return True
+        if req.cancelled.is_set():  # its client left while it waited: it never starts
+            req.future.cancel()  # done: its place in the bound is free
+            return False
+        if not req.future.set_running_or_notify_cancel():
+            return False  # cancelled by its caller while it waited
+        self.stats["requests"] += 1
+        if req.max_new_tokens == 0:
+            self._complete(req, [], "length")
+            return False
+        row.settings = self._row_settings(req)
+        return True
+
+    def _give_up(self, rows: dict[int, _Row], newcomers: int) -> list[int]:
+        """Rows given up for `newcomers` calls that hold none (admission.rows_to_give_up), their requests back
+        first in their calls' lines, to resume where they stopped; the slots now free."""
+        by_call: dict[int, list[int]] = {}
+        for slot in sorted(rows, key=lambda s: len(rows[s].prefill_ids)):  # the cheapest to prefill again first
+            by_call.setdefault(rows[slot].request.call, []).append(slot)
+        slots = rows_to_give_up(by_call, newcomers)
+        for slot in slots:
+            row = rows.pop(slot)
+            self.decoder.release(slot)
+            self._waiting.put_back(row.request.call, row)
+        self.stats["gave_way"] += len(slots)
+        return slots
 
     def _row_settings(self, req: Request) -> tuple[bool, float, int, float, int]:
         s = req.sampling
@@ -371,8 +419,8 @@ class GenerationEngine:
         self.stats["rows"] = 0
 
     def _fail_queued(self, error: BaseException) -> None:
-        for req in self._waiting.take_all():
-            _fail(req, error)
+        for row in self._waiting.take_all():
+            _fail(row.request, error)
         while True:  # bounded: submit() refuses new requests once stopping or failed
             try:
                 _fail(self._queue.get_nowait(), error)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 
 from fastapi import FastAPI, HTTPException
 from fastapi import Request as HttpRequest
@@ -133,6 +134,18 @@ def validation_message(errors: list[dict]) -> tuple[str, str]:
     return "; ".join(parts), params[0] if params else "body"
 
 
+def unparsable(cause: Exception) -> str:
+    """Why a body that FastAPI read failed to decode as JSON, where json says no position (FastAPI answers all of
+    these with one bare message)."""
+    if isinstance(cause, UnicodeDecodeError):
+        return f"not UTF-8 at byte {cause.start}"
+    if isinstance(cause, RecursionError):
+        return "nested too deeply"
+    if isinstance(cause, ValueError) and "digits" in str(cause):  # Python's limit on an integer's digits
+        return f"an integer of more than {sys.get_int_max_str_digits()} digits"
+    return type(cause).__name__
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def bad_request(_request: HttpRequest, exc: RequestValidationError) -> JSONResponse:
@@ -141,6 +154,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)  # FastAPI's HTTPException (APIError) and routing's 404 / 405
     async def http_error(_request: HttpRequest, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and not isinstance(exc, APIError) and isinstance(exc.__cause__, Exception):
+            # FastAPI's own "error parsing the body": JSON it could not decode but for a JSONDecodeError
+            return error_response(400, f"body: not valid JSON ({unparsable(exc.__cause__)})", "body")
         return error_response(exc.status_code, str(exc.detail), getattr(exc, "param", None),
                               getattr(exc, "code", None), exc.headers)
 

@@ -1,4 +1,5 @@
-"""OpenAI's routes: `POST /v1/completions` (serving.py) and `GET /v1/models` (the one model served)."""
+"""OpenAI's routes: `POST /v1/completions` (serving.py), `GET /v1/models` (the one model served), and a 404 for
+`POST /v1/chat/completions` that points at the completions route."""
 
 from __future__ import annotations
 
@@ -38,5 +39,11 @@ def router(engine: GenerationEngine, model_name: str, limit: int, auth_errors: d
                  | error_responses(400, 404, 429))
     async def completions(body: CompletionRequest, http: HttpRequest) -> Any:
         return await complete(engine, body, model_name, limit, http.receive)
+
+    @routes.post("/v1/chat/completions", include_in_schema=False)
+    async def chat_completions() -> Any:
+        """OpenAI's chat contract is not served (a base model, no chat template): a 404 that says what is."""
+        raise APIError(404, "/v1/chat/completions is not served: this server serves a base model (no chat "
+                            "template); send a prompt to POST /v1/completions", code="unknown_url")
 
     return routes
