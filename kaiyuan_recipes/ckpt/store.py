@@ -50,6 +50,9 @@ def iteration_dirs(root: Path) -> list[Path]:
     return sorted(found, key=iteration_of)
 
 
+# The run_config.yaml sections kaiyuan reads (others, e.g. `mixed_precision: bf16_mixed`, may be plain values)
+SECTIONS_READ = ("model", "train", "checkpoint", "dataset", "tokenizer", "optimizer", "scheduler", "logger", "ddp",
+                 "dist", "validation", "rng")
 MAX_ITERATION_DIGITS = 18  # an int64 iteration count (Bridge's) has at most 19 digits; 18 stays far from Python's limit
 
 
@@ -218,8 +221,8 @@ def read_run_config(ckpt: Path) -> dict[str, Any] | None:
         raise CheckpointError(f"{file}: not YAML ({one_line(err)})") from err
     if not isinstance(config, dict):
         raise CheckpointError(f"{file}: holds a {type(config).__name__}, not Megatron-Bridge's run config")
-    for key, value in config.items():  # Bridge's ConfigContainer: its sections, each a mapping or null
-        if key != "_target_" and value is not None and not isinstance(value, dict):
+    for key, value in config.items():  # the sections this package reads: each a mapping or null
+        if key in SECTIONS_READ and value is not None and not isinstance(value, dict):
             raise CheckpointError(f"{file}: `{key}` is a {type(value).__name__}, not a section (a mapping) of "
                                   "Megatron-Bridge's run config")
     return config

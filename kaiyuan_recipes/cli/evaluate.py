@@ -26,10 +26,6 @@ def add_parser(sub: Any) -> None:
 
 
 def heldout(args: Any) -> int:
-    from kaiyuan_recipes.config.run_layout import require_model_dir
-
-    for model in args.model:
-        require_model_dir(model, "--model")
     if not args.data.is_file():
         raise FileNotFoundError(f"--data {args.data}: no such file")
     from kaiyuan_recipes.eval.heldout_eval import evaluate_models, markdown_table

@@ -67,8 +67,10 @@ def checked_launch(recipe: str, overrides: list[str], nproc_per_node: int) -> Ch
 
 
 def stage(text: str) -> None:
-    """A dry run's progress, on stderr (its plan, on stdout, stays machine-readable with --json)."""
-    print(f"kaiyuan: {text}", file=sys.stderr, flush=True)
+    """A dry run's progress, on a terminal's stderr (its plan, on stdout, stays machine-readable with --json; a
+    script reading stderr gets the error line alone)."""
+    if sys.stderr.isatty():
+        print(f"kaiyuan: {text}", file=sys.stderr, flush=True)
 
 
 def dry_run(recipe: str, overrides: list[str], nproc_per_node: int, as_json: bool) -> int:

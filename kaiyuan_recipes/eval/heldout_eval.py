@@ -141,10 +141,7 @@ def evaluate_models(models: list[Path], data: Path, out: Path, max_length: int =
     """Score each HF model directory on `data`; write results.json, results.md and bits_per_byte.png. More than
     `allow_skipped` unusable lines is an error before any model is loaded (results over part of a file would pass
     for the whole)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from kaiyuan_recipes.export.megatron_to_hf import as_hf_dir
+    from kaiyuan_recipes.config.run_layout import require_model_dir
 
     loaded = load_samples(data)
     if not loaded.samples:
@@ -154,6 +151,13 @@ def evaluate_models(models: list[Path], data: Path, out: Path, max_length: int =
         raise ValueError(f"{data}: {len(loaded.problems)} of {len(loaded.problems) + len(loaded.samples)} lines "
                          f"unusable ({shown}); fix them, or score the rest with --allow-skipped "
                          f"{len(loaded.problems)}")
+    for model_dir in models:  # before torch and the model's libraries are imported
+        require_model_dir(model_dir, "--model")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from kaiyuan_recipes.export.megatron_to_hf import as_hf_dir
+
     results, per_sample = {}, {}
     for k, model_dir in enumerate(models):
         name = Path(model_dir).name
