@@ -72,7 +72,7 @@ def test_help_of_every_command_imports_no_model_library(tmp_path):
     (["serve", "missing"], "no such file or directory"),
     (["serve", "."], "neither a Hugging Face model directory"),
     (["export", "hf", "missing", "out"], "no such file or directory"),
-    (["eval", "heldout", "--model", "missing", "--data", "x.jsonl", "--out", "o"], "no such file or directory"),
+    (["eval", "heldout", "--model", "missing", "--data", "x.jsonl", "--out", "o"], "--data x.jsonl: no such file"),
 ], ids=lambda v: "-".join(v) if isinstance(v, list) else None)
 def test_answers_without_a_model_import_no_model_library(tmp_path, argv, expected):
     result, output = answer(tmp_path, *argv)
