@@ -11,12 +11,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from kaiyuan_recipes import compat
-
-compat.apply()
-from megatron.bridge.training.callbacks import Callback  # noqa: E402
-
-from kaiyuan_recipes.training.run_logging import progress_line  # noqa: E402
+from kaiyuan_recipes.compat.bridge_api import Callback
+from kaiyuan_recipes.training.run_logging import progress_line
 
 
 class ConsoleProgressCallback(Callback):
