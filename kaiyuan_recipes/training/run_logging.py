@@ -224,6 +224,7 @@ class QuietWarnings:
 
 
 _FULL_LOG = FullLog()
+_CONSOLE_RECORDS = ConsoleRecords(_FULL_LOG)  # one filter (one memory of repeats) for every console handler
 _quiet_installed = False
 
 
@@ -258,12 +259,16 @@ def _is_console(handler: logging.Handler) -> bool:
             and stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__))
 
 
-def _filter_root_console(record_filter: logging.Filter) -> None:
-    root = logging.getLogger()
-    for handler in list(root.handlers):
-        if _is_console(handler):
-            root.removeHandler(handler)
-            root.addHandler(FilteredConsole(handler, record_filter))
+def _filter_console_handlers(record_filter: logging.Filter) -> None:
+    """Every console handler behind `record_filter`: the root's (Megatron's) and those libraries attach to their own
+    loggers (`datasets` prints its notices through one of its own)."""
+    loggers = [logging.getLogger()] + [logger for logger in list(logging.Logger.manager.loggerDict.values())
+                                       if isinstance(logger, logging.Logger)]
+    for logger in loggers:
+        for handler in list(logger.handlers):
+            if _is_console(handler):
+                logger.removeHandler(handler)
+                logger.addHandler(FilteredConsole(handler, record_filter))
 
 
 def start_full_log(logs_dir: Path) -> Path:
@@ -284,8 +289,7 @@ def quiet_console() -> None:
     KAIYUAN_VERBOSE=1."""
     if verbose():
         return
-    if not any(isinstance(h, FilteredConsole) for h in logging.getLogger().handlers):
-        _filter_root_console(ConsoleRecords(_FULL_LOG))
+    _filter_console_handlers(_CONSOLE_RECORDS)
     if not isinstance(sys.stdout, ConsoleStdout):
         sys.stdout = ConsoleStdout(sys.stdout, _FULL_LOG)
 
@@ -310,9 +314,9 @@ def _duration(seconds: float) -> str:
 
 def progress_line(iteration: int, total: int, loss: float | None, lr: float | None, tokens_per_s: float,
                   gpus: int, tflops_per_gpu: float | None, peak_mem_gb: float | None,
-                  seconds_per_step: float) -> str:
-    """One console line per log interval."""
-    parts = [f"iteration {iteration:,}/{total:,}",
+                  seconds_per_step: float, note: str = "") -> str:
+    """One console line per log interval (`note`: after the iteration, e.g. what made a first step long)."""
+    parts = [f"iteration {iteration:,}/{total:,}{note}",
              "loss " + (f"{loss:.4f}" if loss is not None else "-"),
              "lr " + (f"{lr:.3e}" if lr is not None else "-"),
              f"{tokens_per_s:,.0f} tokens/s ({tokens_per_s / max(gpus, 1):,.0f}/GPU)",
