@@ -13,7 +13,7 @@ import platform
 import shutil
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 
 @dataclass(frozen=True)
@@ -304,11 +304,15 @@ def features(versions: dict[str, str | None], gpus: list[str]) -> list[Feature]:
 
 
 def diagnose(matrix: tuple[MatrixStack, ...] = TESTED_MATRIX, recipe: str = "gpt_smoke",
-             dry_build: bool = True) -> Report:
-    """The whole report; exit_code 0 only on a stack in `matrix`."""
+             dry_build: bool = True, progress: Callable[[str], None] = lambda step: None) -> Report:
+    """The whole report; exit_code 0 only on a stack in `matrix`. `progress` is told each check as it starts (the
+    last ones import torch and Megatron-Bridge: seconds to a minute)."""
+    progress("installed versions")
     versions = installed_versions()
     verdict = judge(versions, matrix)
+    progress("torch and the GPUs (imports torch)")
     torch_cuda, gpus = _gpus()
+    progress("Transformer Engine, Apex and the upstream workarounds")
     from kaiyuan_recipes.compat import transformer_engine_available
 
     report = Report(f"{platform.python_implementation()} {platform.python_version()}", sys.executable, versions,
@@ -316,5 +320,6 @@ def diagnose(matrix: tuple[MatrixStack, ...] = TESTED_MATRIX, recipe: str = "gpt
                     verdict, list(matrix), compat_items(verdict.kind), None, features(versions, gpus),
                     0 if verdict.tested else 1)
     if dry_build and verdict.kind == "megatron-bridge":
+        progress(f"the `auto` plan of {recipe} (a dry build: imports Megatron-Bridge)")
         fill_auto(report, recipe)
     return report

@@ -186,3 +186,31 @@ def test_a_launch_megatron_bridge_rejects_ends_before_its_first_step_with_the_re
     console = run.layout.console_log.read_text()
     assert "kaiyuan: training failed (exit 1): the run's plan was refused" in console, console[-3000:]
     assert "iteration" not in status
+
+
+PLAN_OF_THIS_PROCESS = textwrap.dedent('''
+    import json, sys
+    from kaiyuan_recipes.config.plan_file import plan_digest, plan_text
+    from kaiyuan_recipes.training.config import build_config
+    from kaiyuan_recipes.training.plan import plan_record
+    cfg, run = build_config("gpt_smoke", ["kaiyuan.data=mock", "kaiyuan.layer_spec=local"])
+    record = plan_record(cfg, run, [], 2)
+    print("@@" + json.dumps({"digest": plan_digest(record), "text": plan_text(record)}))
+''')
+
+
+def test_the_plan_is_the_same_text_in_every_process():
+    """Two processes resolving the same launch write the same plan: functions and layer specs by import path, not
+    by a repr holding a memory address (a rank after rank 0 then warned that its config differed, on every
+    multi-rank launch)."""
+    plans = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", PLAN_OF_THIS_PROCESS], capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        plans.append(json.loads(next(line for line in done.stdout.splitlines() if line.startswith("@@"))[2:]))
+    assert plans[0]["digest"] == plans[1]["digest"]
+    assert " at 0x" not in plans[0]["text"]
+    container = json.loads(plans[0]["text"])["container"]
+    assert container["model"]["activation_func"] == "torch.nn.functional.silu"
+    assert container["model"]["transformer_layer_spec"].endswith("local_layer_spec")

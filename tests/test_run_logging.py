@@ -22,6 +22,12 @@ WORKER = textwrap.dedent("""
     from kaiyuan_recipes import compat
     compat.apply()                                # imports Megatron-Bridge: its import-time probes log here
     import megatron.training.training             # noqa: F401  Megatron's basicConfig (the root's console handler)
+    run_logging.quiet_console()                   # what entry.main does then, before it resolves the config
+    # what a start on one GPU printed while resolving, before the run's full log exists
+    logging.getLogger("datasets").setLevel(logging.INFO)   # at INFO, as a worker's start showed it
+    logging.getLogger("datasets").info("JAX version 0.0.0 available.")
+    logging.getLogger("megatron.core.datasets.blended_megatron_dataset_config").info("Let split_matrix = [early]")
+    print(">>> done with dataset index builder. Compilation time: 0.000 seconds", flush=True)
     from kaiyuan_recipes.training.config import build_config
     cfg, run = build_config("gpt_smoke", [f"kaiyuan.run_root={sys.argv[1]}"])
     run_logging.start_console(cfg, run)          # what entry.main does once the run is known
@@ -43,8 +49,6 @@ WORKER = textwrap.dedent("""
         log_single_rank(optimizer, logging.INFO, "the same optimizer line")
 
     # what a start on one GPU printed before its first iteration (upstream's own set-up, records and warnings)
-    logging.getLogger("datasets").setLevel(logging.INFO)   # at INFO, as a worker's start showed it
-    logging.getLogger("datasets").info("JAX version 0.0.0 available.")
     logging.info("Using preset vocab_size: 151936 over the tokenizer vocab_size: 151643, dummy tokens: 293.")
     print("> initializing torch distributed ...", flush=True)
     print("time to initialize megatron (seconds): 12.345", flush=True)
@@ -99,9 +103,10 @@ def test_console_leaves_out_upstream_noise(quiet):
     assert "Configuration Summary" not in console
     assert "after the summary" in console  # other prints go on
     assert "warnings.warn" not in console and "is experimental" not in console  # import-time and API notices
-    for upstream in ("JAX version", "Using preset vocab_size", "> initializing torch distributed",
-                     "time to initialize megatron", "> setting tensorboard", "full scope is deprecated",
-                     "is deprecated", "barrier()", "the same optimizer line"):
+    for upstream in ("JAX version", "Let split_matrix", ">>> done with dataset index builder",
+                     "Using preset vocab_size", "> initializing torch distributed", "time to initialize megatron",
+                     "> setting tensorboard", "full scope is deprecated", "is deprecated", "barrier()",
+                     "the same optimizer line"):
         assert upstream not in console, upstream
 
 
@@ -136,9 +141,9 @@ def test_full_log_has_everything(quiet):
     assert full.count("Using reduce-scatter for gradient reductions") == 3
     assert full.count("Build and save the GPTDataset train indices") == 2
     assert full.count("the same optimizer line") == 4
-    for upstream in ("JAX version", "Using preset vocab_size", "> initializing torch distributed",
-                     "time to initialize megatron", "> setting tensorboard", "full scope is deprecated",
-                     "`build_tokenizer` is deprecated"):
+    for upstream in ("JAX version", "Let split_matrix = [early]", ">>> done with dataset index builder",
+                     "Using preset vocab_size", "> initializing torch distributed", "time to initialize megatron",
+                     "> setting tensorboard", "full scope is deprecated", "`build_tokenizer` is deprecated"):
         assert upstream in full, upstream
     assert "Configuration Summary (Non-Default Values vs Megatron Core)" in full
     from kaiyuan_recipes import compat

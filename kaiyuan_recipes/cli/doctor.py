@@ -22,7 +22,8 @@ def doctor(args: Any) -> int:
     from kaiyuan_recipes.doctor import diagnose
 
     with contextlib.redirect_stdout(sys.stderr):  # upstream's import noise; stdout is the report's (--json)
-        report = diagnose(recipe=args.recipe)
+        report = diagnose(recipe=args.recipe, progress=lambda step: print(f"kaiyuan doctor: checking {step} ...",
+                                                                          file=sys.stderr, flush=True))
     if args.json:
         print(json.dumps(dataclasses.asdict(report), indent=2))
     else:

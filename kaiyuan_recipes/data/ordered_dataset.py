@@ -33,21 +33,15 @@ from typing import Any
 
 import numpy
 import torch
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.blended_megatron_dataset_config import BlendedMegatronDatasetConfig
+from megatron.core.datasets.gpt_dataset import GPTDataset
+from megatron.core.datasets.gpt_dataset import GPTDatasetConfig as MCoreGPTDatasetConfig
+from megatron.core.datasets.utils import Split
 
-from kaiyuan_recipes import compat
+from kaiyuan_recipes.compat.bridge_api import DatasetBuildContext, DatasetProvider
 from kaiyuan_recipes.data.blend import PHASE_ORDERS
 from kaiyuan_recipes.data.convert_worker import RANK_SUFFIX, rank_path
-
-compat.import_megatron_bridge()  # megatron.bridge with the workarounds in place
-try:  # megatron-bridge 0.6 moved the dataset-provider contract to data/base.py (0.5: training/config.py)
-    from megatron.bridge.data.base import DatasetBuildContext, DatasetProvider
-except ImportError:
-    from megatron.bridge.training.config import DatasetBuildContext, DatasetProvider
-from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder  # noqa: E402
-from megatron.core.datasets.blended_megatron_dataset_config import BlendedMegatronDatasetConfig  # noqa: E402
-from megatron.core.datasets.gpt_dataset import GPTDataset  # noqa: E402
-from megatron.core.datasets.gpt_dataset import GPTDatasetConfig as MCoreGPTDatasetConfig  # noqa: E402
-from megatron.core.datasets.utils import Split  # noqa: E402
 
 ORDERED = PHASE_ORDERS[1:]  # this module's; "shuffled" is Megatron's GPTDataset
 

@@ -17,19 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from kaiyuan_recipes import compat
+import torch
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.gpt_dataset import GPTDataset
+from megatron.core.datasets.gpt_dataset import GPTDatasetConfig as MCoreGPTDatasetConfig
 
-compat.import_megatron_bridge()
-try:  # megatron-bridge 0.6 moved the dataset-provider contract to data/base.py (0.5: training/config.py)
-    from megatron.bridge.data.base import DatasetBuildContext, DatasetProvider
-except ImportError:
-    from megatron.bridge.training.config import DatasetBuildContext, DatasetProvider
-import torch  # noqa: E402
-from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder  # noqa: E402
-from megatron.core.datasets.gpt_dataset import GPTDataset  # noqa: E402
-from megatron.core.datasets.gpt_dataset import GPTDatasetConfig as MCoreGPTDatasetConfig  # noqa: E402
-
-from kaiyuan_recipes.data.ordered_dataset import finalize_gpt_dataset_config  # noqa: E402
+from kaiyuan_recipes.compat.bridge_api import DatasetBuildContext, DatasetProvider
+from kaiyuan_recipes.data.ordered_dataset import finalize_gpt_dataset_config
 
 # Steps of training the sample corpus's index covers before the run starts over at its first sample. 1,000 steps
 # of qwen3_1p7b (512 x 4096) are thousands of passes over the corpus yet index in about a second.

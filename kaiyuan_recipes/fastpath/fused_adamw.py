@@ -13,10 +13,7 @@ import torch
 from torch.distributed.tensor import DTensor
 from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
-from kaiyuan_recipes import compat
-
-compat.apply()
-from megatron.bridge.training.callbacks import Callback  # noqa: E402
+from kaiyuan_recipes.compat.bridge_api import Callback
 
 log = logging.getLogger(__name__)
 FUSABLE = (torch.optim.Adam, torch.optim.AdamW)

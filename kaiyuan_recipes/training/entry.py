@@ -69,6 +69,9 @@ def main(argv: list[str] | None = None) -> None:
     if phase_dir is not None:
         write_phase(phase_dir, f"{Phase.SETTING_UP}: building the config")
     compat.apply()
+    import megatron.training.training  # noqa: F401  (its import installs Megatron's console handler: basicConfig)
+
+    run_logging.quiet_console()  # the resolution below logs and prints upstream's set-up chatter
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     # Rank 0 resolves (every `auto` decided here, on the training node), checks, and writes run_state/plan.json;
     # the other ranks take its plan (training/plan.py). Upstream's own validation: pretrain runs it at start-up.

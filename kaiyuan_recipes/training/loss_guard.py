@@ -11,10 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from kaiyuan_recipes import compat
-
-compat.apply()
-from megatron.bridge.training.callbacks import Callback  # noqa: E402
+from kaiyuan_recipes.compat.bridge_api import Callback
 
 
 class NonFiniteLossError(RuntimeError):

@@ -9,12 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kaiyuan_recipes import compat
-
-compat.apply()
-from megatron.bridge.training.callbacks import Callback  # noqa: E402
-
-from kaiyuan_recipes.config.run_layout import METRICS_FILE, dumps_record  # noqa: E402
+from kaiyuan_recipes.compat.bridge_api import Callback
+from kaiyuan_recipes.config.run_layout import METRICS_FILE, dumps_record
 
 # What picks a run's kernels, recorded at train start so that a benchmark row says what it trained: the model's
 # fields, and kaiyuan's fast-path pieces (chunked loss, compiled norm, ...), which act outside the model config.

@@ -10,12 +10,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from kaiyuan_recipes import compat
+from kaiyuan_recipes.compat.bridge_api import Callback
 from kaiyuan_recipes.config.run_layout import PROFILE_DIR  # upstream's: <tensorboard_dir>/../torch_profile
 from kaiyuan_recipes.training.trace_breakdown import busy_share, kernel_family, read_trace_events
-
-compat.apply()
-from megatron.bridge.training.callbacks import Callback  # noqa: E402
 
 
 def profiling_config(section: dict[str, Any]) -> Any | None:

@@ -78,6 +78,7 @@ class FullLog:
     def __init__(self) -> None:
         self.handler: logging.Handler | None = None
         self.early: collections.deque[logging.LogRecord] = collections.deque(maxlen=_EARLY_RECORDS_KEPT)
+        self.early_text: list[str] = []
 
     def keep(self, record: logging.LogRecord) -> None:
         if self.handler is None:
@@ -92,17 +93,24 @@ class FullLog:
         self.handler = handler
         while self.early:
             handler.handle(self.early.popleft())
+        if self.early_text:
+            handler.stream.write("".join(self.early_text))
+            self.early_text.clear()
         return handler
 
     def write(self, text: str) -> None:
-        """Text that was printed, not logged (the upstream configuration summary)."""
-        if self.handler is not None:
-            self.handler.acquire()
-            try:
-                self.handler.stream.write(text)
-                self.handler.flush()
-            finally:
-                self.handler.release()
+        """Text that was printed, not logged (upstream's set-up prints, its configuration summary); held until the
+        full log opens (bounded)."""
+        if self.handler is None:
+            if len(self.early_text) < _EARLY_RECORDS_KEPT:
+                self.early_text.append(text)
+            return
+        self.handler.acquire()
+        try:
+            self.handler.stream.write(text)
+            self.handler.flush()
+        finally:
+            self.handler.release()
 
 
 class QuietOnConsole(logging.Filter):
@@ -132,8 +140,9 @@ class ConsoleRecords(logging.Filter):
     progress; an INFO record repeated (same logger, same text) once. The full log, a handler of its own, has every
     record. Bounded: after `limit` distinct messages it stops remembering."""
 
-    def __init__(self, limit: int = 100_000):
+    def __init__(self, full_log: FullLog, limit: int = 100_000):
         super().__init__()
+        self.full_log = full_log
         self.seen: set[tuple[str, str]] = set()
         self.limit = limit
 
@@ -144,6 +153,8 @@ class ConsoleRecords(logging.Filter):
         if any(record.name.startswith(name) and message.startswith(prefix) for name, prefix in PROGRESS_SHOWN):
             return True
         if not record.name.startswith(OWN_LOGGERS):
+            if self.full_log.handler is None:  # once it is open, the full log's own handler has the record
+                self.full_log.keep(record)
             return False
         key = (record.name, message)
         if key in self.seen:
@@ -156,7 +167,7 @@ class ConsoleRecords(logging.Filter):
 # Megatron's set-up prints on rank 0 (print_rank_0: "> initializing torch distributed ...", "> setting tensorboard
 # ...", "time to initialize megatron (seconds): …", its datasets' "> building train, validation, and test datasets
 # ..."): progress of upstream's own steps, for the full log. The run's phase (`kaiyuan status`) says the same.
-UPSTREAM_PRINTS = re.compile(r"^(> |time to initialize megatron|\[after .*\] datetime: |building GPT model|"
+UPSTREAM_PRINTS = re.compile(r"^(> |>>> |time to initialize megatron|\[after .*\] datetime: |building GPT model|"
                              r"Number of parameters in )")
 
 
@@ -190,10 +201,10 @@ EXPERIMENTAL_API = re.compile(r"Function '[^']+' is experimental\. ")
 def about_upstreams_api(message: str, category: type[Warning], filename: str) -> bool:
     """Warnings about how upstream's own code calls upstream (deprecations, an experimental function, c10d's
     barrier picking its device): nothing a user of this run can act on."""
-    return (EXPERIMENTAL_API.match(message) is not None or issubclass(category, (DeprecationWarning, FutureWarning))
+    return (EXPERIMENTAL_API.match(message) is not None
+            or issubclass(category, (DeprecationWarning, FutureWarning, SyntaxWarning))
             or " is deprecated" in message
-            or (filename.replace("\\", "/").endswith("torch/distributed/distributed_c10d.py")
-                and message.startswith("barrier(): ")))
+            or ("torch/distributed/" in filename.replace("\\", "/") and message.startswith("barrier(): ")))
 
 
 class QuietWarnings:
@@ -213,6 +224,7 @@ class QuietWarnings:
 
 
 _FULL_LOG = FullLog()
+_CONSOLE_RECORDS = ConsoleRecords(_FULL_LOG)  # one filter (one memory of repeats) for every console handler
 _quiet_installed = False
 
 
@@ -247,12 +259,16 @@ def _is_console(handler: logging.Handler) -> bool:
             and stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__))
 
 
-def _filter_root_console(record_filter: logging.Filter) -> None:
-    root = logging.getLogger()
-    for handler in list(root.handlers):
-        if _is_console(handler):
-            root.removeHandler(handler)
-            root.addHandler(FilteredConsole(handler, record_filter))
+def _filter_console_handlers(record_filter: logging.Filter) -> None:
+    """Every console handler behind `record_filter`: the root's (Megatron's) and those libraries attach to their own
+    loggers (`datasets` prints its notices through one of its own)."""
+    loggers = [logging.getLogger()] + [logger for logger in list(logging.Logger.manager.loggerDict.values())
+                                       if isinstance(logger, logging.Logger)]
+    for logger in loggers:
+        for handler in list(logger.handlers):
+            if _is_console(handler):
+                logger.removeHandler(handler)
+                logger.addHandler(FilteredConsole(handler, record_filter))
 
 
 def start_full_log(logs_dir: Path) -> Path:
@@ -262,12 +278,20 @@ def start_full_log(logs_dir: Path) -> Path:
     path = full_log_path(logs_dir)
     if _FULL_LOG.handler is None:
         logging.getLogger().addHandler(_FULL_LOG.open(path))
-    if not verbose():
-        if not any(isinstance(h, FilteredConsole) for h in logging.getLogger().handlers):
-            _filter_root_console(ConsoleRecords())
-        if not isinstance(sys.stdout, ConsoleStdout):
-            sys.stdout = ConsoleStdout(sys.stdout, _FULL_LOG)
+    quiet_console()
     return path
+
+
+def quiet_console() -> None:
+    """The console's policy (ConsoleRecords, ConsoleStdout) on the root's console handlers as they are now: called
+    once Megatron has installed its own (megatron.training.training's basicConfig at import) and again when the
+    full log opens. What it keeps off the console before the full log opens is held for it. Nothing under
+    KAIYUAN_VERBOSE=1."""
+    if verbose():
+        return
+    _filter_console_handlers(_CONSOLE_RECORDS)
+    if not isinstance(sys.stdout, ConsoleStdout):
+        sys.stdout = ConsoleStdout(sys.stdout, _FULL_LOG)
 
 
 def print_decided(lines: list[str]) -> None:
@@ -290,9 +314,9 @@ def _duration(seconds: float) -> str:
 
 def progress_line(iteration: int, total: int, loss: float | None, lr: float | None, tokens_per_s: float,
                   gpus: int, tflops_per_gpu: float | None, peak_mem_gb: float | None,
-                  seconds_per_step: float) -> str:
-    """One console line per log interval."""
-    parts = [f"iteration {iteration:,}/{total:,}",
+                  seconds_per_step: float, note: str = "") -> str:
+    """One console line per log interval (`note`: after the iteration, e.g. what made a first step long)."""
+    parts = [f"iteration {iteration:,}/{total:,}{note}",
              "loss " + (f"{loss:.4f}" if loss is not None else "-"),
              "lr " + (f"{lr:.3e}" if lr is not None else "-"),
              f"{tokens_per_s:,.0f} tokens/s ({tokens_per_s / max(gpus, 1):,.0f}/GPU)",

@@ -16,13 +16,10 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from kaiyuan_recipes import compat
+from kaiyuan_recipes.compat.bridge_api import Callback
 from kaiyuan_recipes.config.run_layout import RunLayout
 from kaiyuan_recipes.run_states import Phase
 from kaiyuan_recipes.training.phase_file import write_phase
-
-compat.apply()
-from megatron.bridge.training.callbacks import Callback  # noqa: E402
 
 
 def hold_stop_handler_until_training(cfg: Any) -> bool:

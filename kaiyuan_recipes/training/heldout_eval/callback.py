@@ -21,14 +21,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kaiyuan_recipes import compat
-
-compat.apply()
-from megatron.bridge.training.callbacks import Callback  # noqa: E402
-
-from kaiyuan_recipes.atomic import write_text_atomic  # noqa: E402
-from kaiyuan_recipes.config.run_layout import METRICS_FILE, RunLayout  # noqa: E402
-from kaiyuan_recipes.data.heldout_scoring import (  # noqa: E402
+from kaiyuan_recipes.atomic import write_text_atomic
+from kaiyuan_recipes.compat.bridge_api import Callback
+from kaiyuan_recipes.config.run_layout import METRICS_FILE, RunLayout
+from kaiyuan_recipes.data.heldout_scoring import (
     OVERALL,
     Sample,
     aggregate,
