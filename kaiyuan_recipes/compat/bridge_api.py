@@ -1,25 +1,20 @@
-"""What the training and fast-path modules take from Megatron-Bridge, imported once, here, with the workarounds in
-place (import_megatron_bridge): its Callback base class and the dataset-provider contract. A module importing them
-from here needs no call of its own before its imports."""
+"""Megatron-Bridge's Callback base class for the callbacks of training/ and fastpath/, imported once, here, with the
+workarounds in place (apply). A module importing it from here needs no call of its own before its imports."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from kaiyuan_recipes.compat import import_megatron_bridge
+from kaiyuan_recipes.compat import apply
 
 
-def _bridge_names() -> tuple[Any, Any, Any]:
-    import_megatron_bridge()
+def _callback_base() -> Any:
+    apply()
     from megatron.bridge.training.callbacks import Callback
 
-    try:  # megatron-bridge 0.6 moved the dataset-provider contract to data/base.py (0.5: training/config.py)
-        from megatron.bridge.data.base import DatasetBuildContext, DatasetProvider
-    except ImportError:
-        from megatron.bridge.training.config import DatasetBuildContext, DatasetProvider
-    return Callback, DatasetBuildContext, DatasetProvider
+    return Callback
 
 
-Callback, DatasetBuildContext, DatasetProvider = _bridge_names()
+Callback = _callback_base()
 
-__all__ = ["Callback", "DatasetBuildContext", "DatasetProvider"]
+__all__ = ["Callback"]

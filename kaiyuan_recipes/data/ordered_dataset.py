@@ -39,7 +39,7 @@ from megatron.core.datasets.gpt_dataset import GPTDataset
 from megatron.core.datasets.gpt_dataset import GPTDatasetConfig as MCoreGPTDatasetConfig
 from megatron.core.datasets.utils import Split
 
-from kaiyuan_recipes.compat.bridge_api import DatasetBuildContext, DatasetProvider
+from kaiyuan_recipes.compat.bridge_datasets import DatasetBuildContext, DatasetProvider
 from kaiyuan_recipes.data.blend import PHASE_ORDERS
 from kaiyuan_recipes.data.convert_worker import RANK_SUFFIX, rank_path
 

@@ -22,7 +22,7 @@ from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegat
 from megatron.core.datasets.gpt_dataset import GPTDataset
 from megatron.core.datasets.gpt_dataset import GPTDatasetConfig as MCoreGPTDatasetConfig
 
-from kaiyuan_recipes.compat.bridge_api import DatasetBuildContext, DatasetProvider
+from kaiyuan_recipes.compat.bridge_datasets import DatasetBuildContext, DatasetProvider
 from kaiyuan_recipes.data.ordered_dataset import finalize_gpt_dataset_config
 
 # Steps of training the sample corpus's index covers before the run starts over at its first sample. 1,000 steps
