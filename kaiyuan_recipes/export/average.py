@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kaiyuan_recipes.atomic import atomic_directory
+from kaiyuan_recipes.atomic import atomic_directory, require_new_output
 from kaiyuan_recipes.ckpt.screen import screen_pickles
 from kaiyuan_recipes.ckpt.store import (
     ITER_DIR,
@@ -114,8 +114,7 @@ def average_checkpoints(run: Path, out: Path, last: int, weights: list[float] | 
     import torch
 
     out = Path(out)
-    if out.exists():
-        raise FileExistsError(f"{out}: exists; choose a new output directory")
+    require_new_output(out)
     check_output(out)
     chosen, weights = choose_checkpoints(run, last, weights)
     for ckpt in chosen:

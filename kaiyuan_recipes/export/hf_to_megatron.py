@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from kaiyuan_recipes.atomic import atomic_directory
+from kaiyuan_recipes.atomic import atomic_directory, require_new_output
 from kaiyuan_recipes.export.megatron_to_hf import bridge_for, ensure_single_process_group, single_rank_overrides
 from kaiyuan_recipes.models.shape import ModelShape
 
@@ -48,8 +48,7 @@ def import_hf(hf_dir: Path, out: Path, shape: ModelShape | dict[str, Any]) -> Pa
     hf_dir, out = Path(hf_dir), Path(out)
     if not (hf_dir / "config.json").is_file():
         raise FileNotFoundError(f"{hf_dir}: no config.json (expected a Hugging Face model directory)")
-    if out.exists():
-        raise FileExistsError(f"{out}: exists; choose a new output directory")
+    require_new_output(out)
     ensure_single_process_group()
     bridge = bridge_for(shape, tokenizer_dir=hf_dir if (hf_dir / "tokenizer.json").is_file() else None)
     model = build_cpu_model(shape, hf_dtype(hf_dir))

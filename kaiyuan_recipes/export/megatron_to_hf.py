@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kaiyuan_recipes import fastpath
-from kaiyuan_recipes.atomic import atomic_directory
+from kaiyuan_recipes.atomic import atomic_directory, require_new_output
 from kaiyuan_recipes.config.run_layout import RUN_CONFIG_FILE, RunLayout, is_megatron_checkpoint
 from kaiyuan_recipes.data.tokenizer import special_token_ids, tokenizer_vocab_size
 from kaiyuan_recipes.export.temporary_dir import temporary_directory
@@ -194,8 +194,7 @@ def export_hf(checkpoint: Path, out: Path, shape: ModelShape | dict[str, Any] | 
     """Load the newest torch_dist checkpoint under `checkpoint` and write it as a HF directory.
     `shape` (a recipe's ModelShape) defaults to the one recorded in the checkpoint."""
     out = Path(out)
-    if out.exists():
-        raise FileExistsError(f"{out}: exists; choose a new output directory")
+    require_new_output(out)
     require_torch_dist(checkpoint)
     from kaiyuan_recipes.ckpt.screen import screen_pickles
 

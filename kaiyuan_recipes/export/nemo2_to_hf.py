@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from kaiyuan_recipes.atomic import require_new_output
 from kaiyuan_recipes.export.hf_to_megatron import build_cpu_model
 from kaiyuan_recipes.export.megatron_to_hf import bridge_for, ensure_single_process_group, write_hf_dir
 from kaiyuan_recipes.models.shape import ModelShape
@@ -30,8 +31,7 @@ def check_shape(path: Path, meta: dict[str, Any], shape: ModelShape) -> None:
 def export_nemo2_hf(weights: Path, out: Path, shape: ModelShape, tokenizer_dir: Path | None = None,
                     show_progress: bool = True) -> Path:
     weights, out = Path(weights), Path(out)
-    if out.exists():
-        raise FileExistsError(f"{out}: exists; choose a new output directory")
+    require_new_output(out)
     state, meta = load_weights(weights)
     check_shape(weights, meta, shape)
     ensure_single_process_group()

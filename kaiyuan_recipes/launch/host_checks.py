@@ -3,12 +3,12 @@ without torch: training needs a CUDA GPU here, and a run directory belongs to on
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from kaiyuan_recipes.config.plan_file import PlanFileError, read_plan
 from kaiyuan_recipes.config.run_layout import RunLayout
+from kaiyuan_recipes.launch.run_records import RunStateError, read_command
 
 # Set to 1 to launch where no GPU is visible (a test whose ranks stand in for training on the CPU).
 ALLOW_NO_GPU_ENV = "KAIYUAN_ALLOW_NO_GPU"
@@ -54,9 +54,9 @@ def recorded_recipe(run_dir: Path) -> str | None:
     if plan is not None and isinstance(plan.get("recipe"), str):
         return plan["recipe"]
     try:
-        recipe = json.loads(layout.command.read_text(encoding="utf-8")).get("recipe")
-    except (OSError, ValueError, AttributeError):
-        return None
+        recipe = read_command(layout).get("recipe")
+    except RunStateError:
+        return None  # a damaged record: the claim that follows reports it
     return recipe if isinstance(recipe, str) else None
 
 
