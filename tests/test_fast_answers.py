@@ -106,6 +106,19 @@ def test_a_misspelt_container_key_is_refused_at_once_once_the_stack_has_recorded
     assert result == {"code": 2, "heavy": []} and "unknown override section" in output, output[-2000:]
 
 
+
+def test_the_recorded_keys_are_the_recipes_not_those_of_the_data_source_last_resolved(tmp_path, monkeypatch):
+    """The sample corpus swaps the dataset section for a class without `data_path`; a blend run after it may still
+    name `dataset.data_path` (the keys overrides apply to are recorded, before any data source)."""
+    from kaiyuan_recipes.config.launch_request import check_launch_request, recorded_keys
+    from kaiyuan_recipes.training.config import build_config
+
+    monkeypatch.setenv("KAIYUAN_CACHE", str(tmp_path / "cache"))
+    cfg, _ = build_config("gpt_smoke", ["kaiyuan.data=sample"])
+    assert not hasattr(cfg.dataset, "data_path")  # else this test shows nothing
+    assert "dataset.data_path" in recorded_keys("gpt_smoke")
+    check_launch_request("gpt_smoke", ["kaiyuan.data=blend", "dataset.data_path=[1,/d/a]"])
+
 def test_a_slurm_launch_resolves_nothing_on_the_login_host(tmp_path):
     """The sbatch script comes without Megatron (the job's rank 0 resolves the plan); NeMo-Run, which writes the
     script, imports torch itself."""

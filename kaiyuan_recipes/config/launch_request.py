@@ -29,7 +29,7 @@ from kaiyuan_recipes.config.run_layout import RunLayout
 # The packages whose dataclasses give a ConfigContainer its keys: a key list recorded under other versions is
 # not used.
 STACK_PACKAGES = ("megatron-bridge", "megatron-core", "kaiyuan-recipes")
-KEYS_FORMAT = 1
+KEYS_FORMAT = 2  # 2: the keys before the data source swaps the dataset class
 
 
 @dataclass(frozen=True)

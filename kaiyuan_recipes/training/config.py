@@ -330,6 +330,8 @@ def build_config(recipe: str, overrides: list[str] | None = None, decided: NodeD
         cfg.model.deterministic_mode = True
         cfg.model.cross_entropy_loss_fusion = False  # upstream: not deterministic
     _apply_run_layout(cfg, run)
+    # the keys overrides apply to: a data source may swap the dataset section's class for one with other fields
+    record_keys(recipe, cfg)
     # Once, before the data source: it reads the final batch and sequence length (a curriculum turns token budgets
     # into iterations with them); the overridden fields then keep the user's values over what the source set.
     run.container_overrides = ov.apply_to_container(cfg, container_overrides)
@@ -344,5 +346,4 @@ def build_config(recipe: str, overrides: list[str] | None = None, decided: NodeD
     fastpath.apply(cfg, run.fastpath)
     _wgrad_fusion_as_decided(cfg, run, container_overrides)
     _megatron_fsdp_grads_as_declared(cfg)
-    record_keys(recipe, cfg)
     return cfg, run  # its cross-checks: training/validate.py validate(), once per process that builds
