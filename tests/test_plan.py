@@ -41,40 +41,62 @@ def test_a_command_line_override_reaches_the_container_once(tmp_path, monkeypatc
 
 
 RANK_SCRIPT = textwrap.dedent("""
-    import json, os, sys
+    import hashlib, json, os, sys
     from kaiyuan_recipes.training import config
     if os.environ["RANK"] != "0":
-        def decided_again(*a, **k):
-            raise AssertionError("a rank other than 0 decided the layer spec again")
-        config.resolve_layer_spec = decided_again
+        def built_again(*a, **k):
+            raise AssertionError("a rank other than 0 built the config")
+        config.build_config = built_again
     from kaiyuan_recipes.config.plan_file import plan_digest
-    from kaiyuan_recipes.training.plan import resolve_for_rank
+    from kaiyuan_recipes.training.plan import plain_value, resolve_for_rank
     cfg, run, record = resolve_for_rank("gpt_smoke", sys.argv[2:])
+    container = cfg.to_dict()
+    container["dist"].pop("local_rank")
     with open(os.path.join(sys.argv[1], "rank" + os.environ["RANK"] + ".json"), "w") as fh:
         json.dump({"digest": plan_digest(record), "layer_spec": run.layer_spec, "decided": run.decided,
                    "fast_path": {k: p.on for k, p in run.fastpath.pieces.items()},
-                   "train_iters": cfg.train.train_iters}, fh)
+                   "local_rank": cfg.dist.local_rank, "train_iters": cfg.train.train_iters,
+                   "container": hashlib.sha256(json.dumps(container, default=plain_value).encode()).hexdigest(),
+                   "hooks": len(getattr(cfg.model, "_pre_wrap_hooks", []))}, fh)
 """)
 
 
-def test_rank_0_writes_the_plan_once_and_the_other_rank_trains_with_it(tmp_path):
+def test_rank_0_builds_the_plan_once_and_the_other_rank_loads_it(tmp_path):
+    """A 2-rank launch (gloo-free: torchrun's store carries the plan): rank 0 builds the config once, rank 1 loads
+    the same container with no warning and installs the process-wide pieces itself (the chunked loss's hook)."""
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
-    overrides = ["kaiyuan.data=mock", f"kaiyuan.run_root={tmp_path}", "kaiyuan.run_name=r", "train.train_iters=3"]
+    overrides = ["kaiyuan.data=mock", f"kaiyuan.run_root={tmp_path}", "kaiyuan.run_name=r", "train.train_iters=3",
+                 "kaiyuan.chunked_loss=true"]
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone",
                           str(script), str(tmp_path), *overrides], capture_output=True, text=True, timeout=900,
                          cwd=REPO)
     assert out.returncode == 0, out.stderr[-4000:]
+    assert "differs" not in out.stderr and "kaiyuan: rank" not in out.stderr, out.stderr[-4000:]
     plan = read_plan(tmp_path / "r")
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["digest"] for r in ranks] == [plan_digest(plan)] * 2
     assert ranks[0]["decided"] == "this host" and ranks[1]["decided"] == "plan"
+    assert [r["local_rank"] for r in ranks] == [0, 1]
+    assert ranks[0]["container"] == ranks[1]["container"]
+    assert ranks[0]["hooks"] == ranks[1]["hooks"] == 1, ranks  # chunked loss: a pre-wrap hook, in each process
     for rank in ranks:
         assert rank["layer_spec"] == plan["layer_spec"]["decided"]
         assert rank["fast_path"] == {k: p["on"] for k, p in plan["fast_path"].items()}
         assert rank["train_iters"] == plan["container"]["train"]["train_iters"] == 3
     assert plan["overrides"] == overrides and plan["world_size"] == 2
-    assert [p.name for p in RunLayout(tmp_path / "r").state.iterdir()] == ["plan.json"]  # once, no leftovers
+    state = RunLayout(tmp_path / "r")
+    assert sorted(p.name for p in state.state.iterdir()) == ["plan.json", "run_config.yaml"]  # once, no leftovers
+
+
+def test_a_rank_with_another_stack_is_refused_by_name(monkeypatch):
+    from kaiyuan_recipes.training import plan
+
+    record = {"stack": {**plan.stack_versions(), "megatron-core": "0.0.1"}}
+    with pytest.raises(ValueError, match=r"rank 3 on .* has another stack than rank 0: megatron-core .* \(rank 0: "
+                                         r"0\.0\.1\)"):
+        plan.refuse_another_stack(record, 3)
+    plan.refuse_another_stack({"stack": plan.stack_versions()}, 3)
 
 
 @pytest.mark.parametrize("backend", [["--slurm", "batch", "--gpus-per-node", "8"],

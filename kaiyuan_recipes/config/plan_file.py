@@ -4,10 +4,12 @@ dry runs. Pure JSON: readable without torch or Megatron.
 
 Format (PLAN_FORMAT 1), one JSON object:
   format, recipe, overrides (the command line's), world_size,
-  decided: {where: "this host" | "node", host, cuda, transformer_engine} (where every `auto` was decided, and what
-           that host had),
+  decided: {where: "this host", host, cuda, transformer_engine} (where every `auto` was decided, and what that host
+           had),
   layer_spec: {knob, decided, why}, fast_path: {piece: {on, reason}}, sdpa_backend,
-  knobs: the kaiyuan.* values, container: Megatron-Bridge's ConfigContainer.to_dict() (non-JSON values as text)."""
+  knobs: the kaiyuan.* values, stack: {package: version} (a rank with other versions is refused),
+  container: Megatron-Bridge's ConfigContainer.to_dict() (non-JSON values as text; run_config.yaml beside it is the
+  same container in Bridge's loadable form, which the other ranks load)."""
 
 from __future__ import annotations
 

@@ -97,6 +97,11 @@ class RunLayout:
         return self.state / PLAN_FILE
 
     @property
+    def plan_container(self) -> Path:
+        """The plan's ConfigContainer in Megatron-Bridge's run_config.yaml form: what the other ranks load."""
+        return self.state / RUN_CONFIG_FILE
+
+    @property
     def metrics(self) -> Path:
         return self.state / METRICS_FILE
 

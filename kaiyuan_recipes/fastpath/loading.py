@@ -1,6 +1,7 @@
 """What reading a fast-spec model's config needs in any process (training, export, serving). Not performance
-patches: a checkpoint's run_config.yaml names our layer-spec function (Megatron-Bridge instantiates only allowlisted
-modules) and says apply_rope_fusion=True, which megatron-core refuses while its fused-RoPE hooks are empty."""
+patches: a checkpoint's run_config.yaml names our layer-spec function and the run's plan our dataset classes
+(Megatron-Bridge instantiates only allowlisted modules), and says apply_rope_fusion=True, which megatron-core refuses
+while its fused-RoPE hooks are empty."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import types
 
 from kaiyuan_recipes import compat
 
-CONFIG_TARGET_PREFIXES = ("kaiyuan_recipes.fastpath.",)
+CONFIG_TARGET_PREFIXES = ("kaiyuan_recipes.fastpath.", "kaiyuan_recipes.data.")
 # Module names that checkpoints written by earlier versions recorded in run_config.yaml, and where each lives now:
 # registered under the old name only while reading a config back, so those checkpoints keep loading without a
 # module left at the old path.

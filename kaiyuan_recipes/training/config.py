@@ -35,18 +35,6 @@ ZERO_STAGES = {
     1: dict(use_distributed_optimizer=True, data_parallel_sharding_strategy="optim", use_megatron_fsdp=False),
     2: dict(use_distributed_optimizer=True, data_parallel_sharding_strategy="optim_grads", use_megatron_fsdp=True),
 }
-@dataclass(frozen=True)
-class NodeDecisions:
-    """What the host-dependent `auto`s became on the node that trains (training/plan.py records them in the run's
-    plan file): handed to build_config, they are taken as decided instead of being decided again."""
-
-    layer_spec: str
-    fastpath: FastPathPlan
-
-
-# build_config(decide_here=False): a launch host (an SSH or Slurm login node) that does not train. What it builds
-# is for checking and showing the plan; the layer spec and the fast path are decided on the training node.
-STAND_IN_SPEC = "local"
 
 
 @dataclass
@@ -59,17 +47,12 @@ class RunSettings(Knobs):
     max_positions: int | None = None
     fastpath: FastPathPlan | None = None
     wgrad_fusion_without_apex: str | None = None  # what compat.wgrad_fusion_without_apex did, if anything
-    # "this host": decided where build_config ran; "plan": taken from the run's plan file (NodeDecisions); "node":
-    # not decided here (a launch host), the training node decides
+    # "this host": decided where build_config ran; "plan": loaded with the run's plan (training/plan.py)
     decided: str = "this host"
     layer_spec_knob: str = "auto"  # kaiyuan.layer_spec as given (layer_spec holds what it was decided to be)
     container_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)  # field -> value, as applied
     tokenizer_source: str | None = None  # kaiyuan.data=DIR: why the run trains with its tokenizer
     data_check: Any = None  # data/preflight.DataCheck, set by training/validate.py
-
-    @property
-    def decided_on_node(self) -> bool:
-        return self.decided == "node"
 
     @property
     def layout(self) -> RunLayout:
@@ -118,17 +101,11 @@ def _build_section(name: str, cls: type, values: dict[str, Any], recipe: str) ->
     return cls(**values)
 
 
-def resolve_run_settings(recipe: str, values: dict[str, Any], decided: NodeDecisions | None = None,
-                         decide_here: bool = True) -> RunSettings:
+def resolve_run_settings(recipe: str, values: dict[str, Any]) -> RunSettings:
     knobs = Knobs.from_mapping(values)
     run_name = knobs.run_name or recipe
-    if decided is not None:
-        layer_spec, how = decided.layer_spec, "plan"
-    elif not decide_here:
-        layer_spec, how = STAND_IN_SPEC, "node"
-    else:
-        layer_spec, how = resolve_layer_spec(knobs.layer_spec, knobs.deterministic), "this host"
-    return RunSettings(**{**knobs.knob_values(), "layer_spec": layer_spec}, decided=how,
+    layer_spec = resolve_layer_spec(knobs.layer_spec, knobs.deterministic)
+    return RunSettings(**{**knobs.knob_values(), "layer_spec": layer_spec},
                        layer_spec_knob=knobs.layer_spec, recipe=recipe,
                        run_dir=Path(knobs.run_root).expanduser().resolve() / run_name)
 
@@ -160,8 +137,20 @@ def _wgrad_fusion_as_decided(cfg: Any, run: RunSettings, container_overrides: li
     if run.layer_spec != "transformer_engine" and not any(
             ov.split_key(o)[0] == "model.gradient_accumulation_fusion" for o in container_overrides):
         cfg.model.gradient_accumulation_fusion = run.fastpath.on("wgrad_fusion")
+    run.wgrad_fusion_without_apex = _wgrad_fusion_here(cfg, run)
+
+
+def _wgrad_fusion_here(cfg: Any, run: RunSettings) -> str | None:
     standin = torch_wgrad_accumulation if run.zero_stage < 2 else None
-    run.wgrad_fusion_without_apex = compat.wgrad_fusion_without_apex(cfg.model, standin=standin)
+    return compat.wgrad_fusion_without_apex(cfg.model, standin=standin)
+
+
+def install_in_this_process(cfg: Any, run: RunSettings) -> None:
+    """For a container built in another process (a rank loading the run's plan): what build_config installs in the
+    process itself and no serialization carries (the fast path's patches and model hooks, the stand-in for Apex's
+    fused weight-gradient GEMM). Each step is idempotent, so the container's values stay as they were built."""
+    fastpath.apply(cfg, run.fastpath)
+    _wgrad_fusion_here(cfg, run)
 
 
 def _megatron_fsdp_grads_as_declared(cfg: Any) -> None:
@@ -289,12 +278,9 @@ def _sample_window(cfg: Any) -> None:
         corpus_tokens=int(sum(cfg.dataset.blend[1])))
 
 
-def build_config(recipe: str, overrides: list[str] | None = None, decided: NodeDecisions | None = None,
-                 decide_here: bool = True) -> tuple[Any, RunSettings]:
-    """The complete ConfigContainer for `recipe`, and the resolved run settings. `decided`: the layer spec and the
-    fast path as the run's plan file records them (taken, not decided again); `decide_here=False`: on a host that
-    launches but does not train, the layer spec and fast path are left to the training node (RunSettings.decided
-    says "node"; a stand-in spec is built)."""
+def build_config(recipe: str, overrides: list[str] | None = None) -> tuple[Any, RunSettings]:
+    """The complete ConfigContainer for `recipe`, and the resolved run settings, every `auto` decided for this host.
+    Built once per run, by the process that trains (rank 0: training/plan.py); the others load it."""
     overrides = list(overrides or [])
     # what can be refused without Megatron is refused first (a misspelt recipe or knob answers at once)
     request = check_launch_request(recipe, overrides)
@@ -303,7 +289,7 @@ def build_config(recipe: str, overrides: list[str] | None = None, decided: NodeD
     from megatron.bridge.training.config import ConfigContainer, DistributedDataParallelConfig
 
     data = copy.deepcopy(request.sections)
-    run = resolve_run_settings(recipe, request.knobs.knob_values(), decided, decide_here)
+    run = resolve_run_settings(recipe, request.knobs.knob_values())
     from kaiyuan_recipes.training.profiling import profiling_config
 
     profiling = profiling_config(request.profile)
@@ -341,8 +327,7 @@ def build_config(recipe: str, overrides: list[str] | None = None, decided: NodeD
     _keep_for_average(cfg, run.average_last)
     if not any(ov.split_key(o)[0] == "model.seq_length" for o in container_overrides):
         cfg.model.seq_length = cfg.dataset.seq_length  # an override of dataset.seq_length reaches the model
-    # on the final config (an override may add TP or experts), unless the run's plan decided it already
-    run.fastpath = decided.fastpath if decided is not None else fastpath.plan(cfg, run)
+    run.fastpath = fastpath.plan(cfg, run)  # on the final config (an override may add TP or experts)
     fastpath.apply(cfg, run.fastpath)
     _wgrad_fusion_as_decided(cfg, run, container_overrides)
     _megatron_fsdp_grads_as_declared(cfg)

@@ -73,20 +73,17 @@ def main(argv: list[str] | None = None) -> None:
 
     run_logging.quiet_console()  # the resolution below logs and prints upstream's set-up chatter
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    # Rank 0 resolves (every `auto` decided here, on the training node), checks, and writes run_state/plan.json;
-    # the other ranks take its plan (training/plan.py). Upstream's own validation: pretrain runs it at start-up.
-    # Upstream's validation and the data's check too, on rank 0 (pretrain validates again; the ranks read the data
-    # here): the launching process checked only what it could without Megatron, so this is where a launch the config
-    # or the data cannot train is refused, before the model is built.
-    first = os.environ.get("RANK", "0") == "0"
+    # Rank 0 resolves (every `auto` decided here, on the training node) and checks: Bridge's own validation and the
+    # data's check. The launching process checked only what it could without Megatron, so this is where a launch the
+    # config or the data cannot train is refused, before the model is built. The other ranks load rank 0's plan
+    # (training/plan.py); its verdict is theirs.
     try:
         cfg, run, record = resolve_for_rank(
-            argv[0], argv[1:],
-            check=lambda c, r: validate(c, r, world_size, upstream=first, data_here=True if first else None))
-    except ValueError as err:  # the config's, the data's and the overrides' errors name the field
+            argv[0], argv[1:], check=lambda c, r: validate(c, r, world_size, upstream=True, data_here=True))
+    except ValueError as err:  # the config's, the data's, the overrides' and a differing stack's errors name it
         print(f"kaiyuan: error: the run's plan was refused: {err}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
-    if first and getattr(run, "data_check", None) is not None:
+    if run.data_check is not None:
         for line in run.data_check.lines():
             print(f"kaiyuan: {line}", flush=True)
     os.environ.update(deterministic_env(cfg))  # before CUDA and NCCL read them

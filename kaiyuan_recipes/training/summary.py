@@ -6,11 +6,8 @@ import dataclasses
 import shlex
 from typing import Any
 
-from kaiyuan_recipes.config.plan_file import NODE_DECIDES
 from kaiyuan_recipes.models.param_count import count_parameters
 from kaiyuan_recipes.training.config import RunSettings
-
-SPEC_DEPENDENT = ("layer_spec", "transformer_impl", "cuda_graph_impl", "gradient_accumulation_fusion")
 
 
 def summarize(cfg: Any, run: RunSettings, layout: dict[str, int], launch_argv: list[str]) -> dict[str, Any]:
@@ -30,16 +27,13 @@ def summarize(cfg: Any, run: RunSettings, layout: dict[str, int], launch_argv: l
             "hidden": cfg.model.hidden_size,
             "heads/groups": f"{cfg.model.num_attention_heads}/{cfg.model.num_query_groups}",
             "deterministic": bool(getattr(cfg.model, "deterministic_mode", False)),
-            # what the layer spec decides (a launch host built a stand-in: its values would be the login node's)
-            **({key: NODE_DECIDES for key in SPEC_DEPENDENT} if run.decided_on_node else {
-                "layer_spec": getattr(cfg.model.transformer_layer_spec, "__name__",
-                                      str(cfg.model.transformer_layer_spec)),
-                "transformer_impl": cfg.model.transformer_impl,
-                "cuda_graph_impl": cfg.model.cuda_graph_impl,
-                "gradient_accumulation_fusion": bool(cfg.model.gradient_accumulation_fusion)}),
+            "layer_spec": getattr(cfg.model.transformer_layer_spec, "__name__", str(cfg.model.transformer_layer_spec)),
+            "transformer_impl": cfg.model.transformer_impl,
+            "cuda_graph_impl": cfg.model.cuda_graph_impl,
+            "gradient_accumulation_fusion": bool(cfg.model.gradient_accumulation_fusion),
         },
         "decided": decided_where(run),
-        "fast_path": NODE_DECIDES if run.decided_on_node else run.fastpath.summary(),
+        "fast_path": run.fastpath.summary(),
         "batch": {
             "global_batch_size": cfg.train.global_batch_size,
             "micro_batch_size": cfg.train.micro_batch_size,
@@ -112,11 +106,9 @@ def _data_check(run: RunSettings) -> dict[str, Any]:
 
 def decided_where(run: RunSettings) -> dict[str, str]:
     """Where the host-dependent `auto`s (layer spec, fast path) are decided, and what the layer spec became."""
-    from kaiyuan_recipes.training.plan import layer_spec_reason
-
-    if run.decided_on_node:
-        return {"on": f"the training node (recorded in {run.layout.plan})", "layer_spec": NODE_DECIDES}
     import socket
+
+    from kaiyuan_recipes.training.plan import layer_spec_reason
 
     return {"on": f"this host ({socket.gethostname()}); the run's plan: {run.layout.plan}",
             "layer_spec": f"{run.layer_spec} ({layer_spec_reason(run)})"}

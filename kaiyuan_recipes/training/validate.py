@@ -166,11 +166,9 @@ def validate(cfg: Any, run: Any, world_size: int, upstream: bool = True,
     """Every cross-check of `cfg` as build_config made it for `run` (its RunSettings), before any GPU work; the
     parallel layout. Ours first (they name the fields), then kaiyuan.heldout_eval's file and layout, then
     (`upstream`) Megatron-Bridge's own validation on a copy, as `pretrain` runs it at start-up; a rank leaves that to
-    its `pretrain`. Built on a launch host with a stand-in layer spec (run.decided_on_node: the training node decides
-    it), the spec's own checks and upstream's wait for the node. `data_here`: the data checks (data/preflight.py), data
+    its `pretrain`. `data_here`: the data checks (data/preflight.py), data
     that is nowhere on this host refused (True: this process or its ranks read it here) or said in one line (False: a
     dry run, a launch host); None skips them (a rank: its own dataset build says it)."""
-    spec_decided = not run.decided_on_node
     check_counts(cfg, world_size)
     m, seq, max_positions = cfg.model, cfg.dataset.seq_length, run.max_positions
     if m.seq_length != seq:
@@ -185,7 +183,7 @@ def validate(cfg: Any, run: Any, world_size: int, upstream: bool = True,
     if groups % m.tensor_model_parallel_size:
         raise ConfigError(f"model.num_query_groups={groups} is not divisible by "
                           f"tensor_model_parallel_size={m.tensor_model_parallel_size}")
-    if spec_decided and m.sequence_parallel and m.transformer_impl == "local" and local_spec_norms_are_torchs():
+    if m.sequence_parallel and m.transformer_impl == "local" and local_spec_norms_are_torchs():
         raise ConfigError("model.sequence_parallel=true needs Transformer Engine or Apex norms: without them the local "
                           "and fast specs use torch's RMSNorm / LayerNorm, which megatron-core refuses under sequence "
                           "parallelism (megatron/core/transformer/torch_norm.py); set model.sequence_parallel=false")
@@ -225,7 +223,7 @@ def validate(cfg: Any, run: Any, world_size: int, upstream: bool = True,
 
         check_heldout_eval(cfg, run)
     layout = parallel_layout(cfg, world_size)
-    if upstream and spec_decided:
+    if upstream:
         resolve_with_upstream(cfg, world_size)
     return layout
 
