@@ -18,9 +18,14 @@ os.environ.setdefault("KAIYUAN_ALLOW_NO_GPU", "1")
 # NeMo-Run reads its home once, at import: experiments of this session go to a temporary one.
 os.environ["NEMORUN_HOME"] = tempfile.mkdtemp(prefix="kaiyuan-test-nemo-run-")
 
-# Signal dispositions and the blocked-signal mask are inherited by every process a test starts: an ignored or
-# blocked SIGINT left behind by one test (in-process library code may set either) makes a later test's Ctrl-C do
-# nothing to its child (a served export ran on for minutes). Each test starts from the session's own.
+# Signal dispositions and the blocked-signal mask are inherited by every process a test starts, and a process that
+# inherits an ignored SIGINT keeps ignoring it (Python then installs no KeyboardInterrupt handler). A shell without
+# job control starts its background commands with SIGINT ignored, so `make test &` (or a CI job started that way)
+# made every Ctrl-C test's child deaf to the signal it tests. The session runs as from a terminal: SIGINT raises
+# KeyboardInterrupt and nothing is blocked; each test starts from that, whatever an earlier one left behind
+# (in-process library code may change either).
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
 _SESSION_SIGNALS = (signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, set()))
 
 

@@ -5,10 +5,12 @@ torch_dist checkpoints of a tiny model; TMPDIR points into the test's directory,
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -59,6 +61,24 @@ def test_served_then_stopped_by_sigterm(run_151936, tmp_path):  # noqa: F811
         proc.kill()
         output = proc.communicate()[0]
     assert not exports_in(tmp_path / "tmp"), output[-3000:]
+
+
+def test_a_test_runner_started_without_ctrl_c_still_gives_its_tests_children_ctrl_c(tmp_path):
+    """A shell without job control starts `make test &` with SIGINT ignored, and every child inherits that: the
+    Ctrl-C test below then waited out its timeout. The suite's conftest gives the session Ctrl-C back."""
+    probe = tmp_path / "test_probe.py"
+    probe.write_text("import signal, subprocess, sys\n"
+                     "def test_child():\n"
+                     "    code = ('import signal; '\n"
+                     "            'print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)')\n"
+                     "    assert subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)"
+                     ".stdout.strip() == 'True'\n")
+    shutil.copy(Path(__file__).with_name("conftest.py"), tmp_path / "conftest.py")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                           str(probe)], cwd=tmp_path, capture_output=True, text=True, timeout=STARTS_WITHIN_S,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
