@@ -395,3 +395,26 @@ def _descendants(root):
         found += kids
         todo += kids
     return found
+
+
+def test_converting_in_process_gives_the_workers_shards_and_records_each_as_it_finishes(tmp_path, tokenizer_dir):
+    """The bundled sample corpus is converted by the calling process (starting workers costs more than it): the
+    same bytes and manifest entries as the workers' conversion; a failure in the second file keeps the first."""
+    write_parquet(tmp_path / "in" / "a.parquet", [f"doc {i}: 狐狸 fox" * 5 for i in range(40)])
+    write_parquet(tmp_path / "in" / "b.parquet", ["second", "file"])
+    workers = convert_directory(options(tmp_path, tokenizer_dir, output_dir=tmp_path / "w"), show_progress=False)
+    here = convert_directory(options(tmp_path, tokenizer_dir, output_dir=tmp_path / "h", in_process=True),
+                             show_progress=False)
+    assert here["converted"] == workers["converted"] == 2
+    for name in sorted(workers["shards"]):
+        for ext in (".bin", ".idx"):
+            assert (tmp_path / "h" / f"{name}{ext}").read_bytes() == (tmp_path / "w" / f"{name}{ext}").read_bytes()
+        assert ({k: v for k, v in here["shards"][name].items() if k not in ("prefix", "seconds")}
+                == {k: v for k, v in workers["shards"][name].items() if k not in ("prefix", "seconds")})
+    write_parquet(tmp_path / "in2" / "a.parquet", ["fine"])
+    write_parquet(tmp_path / "in2" / "b.parquet", [None])
+    with pytest.raises(BadInputError, match="b.parquet"):
+        convert_directory(options(tmp_path, tokenizer_dir, input_dir=tmp_path / "in2", output_dir=tmp_path / "h2",
+                                  in_process=True), show_progress=False)
+    assert list(json.loads((tmp_path / "h2" / MANIFEST).read_text())["shards"]) == ["phase1_part-00000_text_document"]
+    assert not list((tmp_path / "h2").glob(".*tmp*"))

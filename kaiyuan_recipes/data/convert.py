@@ -32,6 +32,7 @@ from kaiyuan_recipes.data.convert_worker import (
     _convert_in_worker,
     _init_worker,
     _Stopped,
+    convert_parquet_shard,
     list_parquet_files,
     output_prefix_for,
     rank_path,
@@ -127,6 +128,19 @@ def interrupts() -> Iterator[list[int]]:
             signal.signal(sig, handler)
 
 
+def _convert_here(opts: ConvertOptions, todo: list[tuple[Path, Path]], manifest: dict[str, Any]) -> dict[str, Any]:
+    """Each shard converted by this process, recorded as it finishes. A stop (an exception from this process's
+    own signal handling) ends the shard in progress without its temporary files (convert_parquet_shard); the
+    finished ones are kept, as with workers."""
+    opts_dict = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()}
+    started = time.perf_counter()
+    for src, prefix in todo:
+        manifest["shards"][prefix.name] = convert_parquet_shard(str(src), str(prefix), opts_dict)
+        _write_manifest(opts.output_dir, manifest)
+    return manifest | {"converted": len(todo), "seconds": time.perf_counter() - started, "num_shards": 1,
+                       "workers_per_shard": 1}
+
+
 def convert_directory(opts: ConvertOptions, show_progress: bool = True) -> dict[str, Any]:
     """Convert every parquet file under opts.input_dir; returns the manifest."""
     import pyarrow.parquet as pq
@@ -166,6 +180,8 @@ def convert_directory(opts: ConvertOptions, show_progress: bool = True) -> dict[
         _write_manifest(opts.output_dir, manifest)
         return manifest | {"converted": 0, "up_to_date": skipped_up_to_date, "removed": removed}
 
+    if opts.in_process:
+        return _convert_here(opts, todo, manifest) | {"up_to_date": skipped_up_to_date, "removed": removed}
     total_rows = 0
     for src, _ in todo:
         try:

@@ -50,6 +50,9 @@ class ConvertOptions:
     batch_size: int = 1000
     on_bad_row: str = "error"
     append_eod: bool = True
+    # The files converted one after the other in the calling process: for a corpus of a few MB (the bundled
+    # sample) starting worker processes, each importing torch and megatron-core, costs more than converting it.
+    in_process: bool = False
 
     def resolved_parallelism(self, n_files: int) -> tuple[int, int]:
         cores = os.cpu_count() or 1

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kaiyuan_recipes import compat, fastpath
+from kaiyuan_recipes.data.cache_warmup import finish_cache_warmup, start_cache_warmup
 from kaiyuan_recipes.launch.membership import join_run_from_env
 from kaiyuan_recipes.launch.stacks import enable_stack_dumps
 from kaiyuan_recipes.run_states import Phase
@@ -68,6 +69,8 @@ def main(argv: list[str] | None = None) -> None:
     phase_dir = supervised_state_dir()
     if phase_dir is not None:
         write_phase(phase_dir, f"{Phase.SETTING_UP}: building the config")
+    # rank 0 builds the config: its cached inputs are prepared beside the imports below
+    warmup = start_cache_warmup(argv[0], argv[1:]) if os.environ.get("RANK", "0") == "0" else None
     compat.apply()
     import megatron.training.training  # noqa: F401  (its import installs Megatron's console handler: basicConfig)
 
@@ -83,6 +86,8 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as err:  # the config's, the data's, the overrides' and a differing stack's errors name it
         print(f"kaiyuan: error: the run's plan was refused: {err}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
+    finally:
+        finish_cache_warmup(warmup)
     if run.data_check is not None:
         for line in run.data_check.lines():
             print(f"kaiyuan: {line}", flush=True)

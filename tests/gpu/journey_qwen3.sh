@@ -14,17 +14,18 @@ source tests/gpu/flags.sh
 flag rev unknown "the git revision the tree was at, recorded in the results"
 flag iters 40 "train.train_iters of the run (the run is stopped before it ends)"
 flag port 5000 "the port kaiyuan serve listens on"
-flag part all "all: the whole journey; start: only start -> first step -> stop -> restart -> next step -> stop"
+flag part all "all: the whole journey; start: only start -> first step -> stop -> restart -> next step -> stop; first-step: start -> first step -> stop"
+flag recipe qwen3_1p7b "the recipe, on its defaults (first-step times another, e.g. laoyao_moe_2b)"
 parse_flags "$@"
 source tests/gpu/env.sh
 source tests/gpu/serve_lifecycle.sh  # wait_until, port_open, start_server, stop_server
 root=/tmp/journey_qwen3; runs=$root/runs; logs=$root/logs_qwen3; steps=$logs/journey_steps_qwen3.jsonl
-run=q1 recipe=qwen3_1p7b
+run=q1 recipe=$opt_recipe
 rm -rf "$root"; mkdir -p "$logs"; : > "$steps"
 trap '[ -n "${server_pid:-}" ] && kill "$server_pid" 2>/dev/null; tar czf "$out/journey_qwen3.tgz" -C "$root" logs_qwen3' EXIT
 trap 'exit 143' TERM
 source tests/gpu/journey_lib.sh  # step, expect_state, not_running, reached
-python3 - "$opt_rev" > "$logs/journey_meta_qwen3.json" <<'PY'
+python3 - "$opt_rev" "$recipe" > "$logs/journey_meta_qwen3.json" <<'PY'
 import json, socket, subprocess, sys
 from kaiyuan_recipes.doctor import installed_versions
 try:
@@ -32,7 +33,7 @@ try:
                          text=True).stdout
 except OSError:
     gpu = ""
-print(json.dumps({"part": "qwen3", "rev": sys.argv[1], "stack": "bridge", "host": socket.gethostname(),
+print(json.dumps({"part": "qwen3", "recipe": sys.argv[2], "rev": sys.argv[1], "stack": "bridge", "host": socket.gethostname(),
                   "gpu": (gpu.splitlines() or ["none"])[0],
                   "versions": {d: v for d, v in installed_versions().items() if v}}))
 PY
@@ -71,6 +72,11 @@ step start 0 kaiyuan start $recipe $run "${overrides[@]}" || exit 1
 step first_step 0 watch_until_step 0 600 1 || exit 1
 step stop 0 kaiyuan stop $run --run-root $runs --grace 300
 step status_stopped 0 expect_state $run stopped
+if [ "$opt_part" = first-step ]; then
+  cp $runs/$run/logs/console.log "$logs/q1_console.log" 2>/dev/null
+  cp $runs/$run/run_state/metrics.jsonl "$logs/q1_metrics.jsonl" 2>/dev/null
+  rm -rf "$runs"; exit 0
+fi
 saved=$(last_saved); echo "saved at $saved"
 echo "{\"t\": $(date +%s.%N), \"event\": \"launch\", \"resumes_from\": $saved}" > "$logs/launch_2.json"
 step restart 0 kaiyuan start $recipe $run "${overrides[@]}"

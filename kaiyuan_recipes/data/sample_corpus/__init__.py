@@ -37,7 +37,7 @@ def prepare_sample_corpus(tokenizer_dir: Path | None = None) -> tuple[list[str],
     with cache_lock("sample_corpus"):
         manifest = convert_directory(
             ConvertOptions(input_dir=CORPUS_DIR, output_dir=out, tokenizer_dir=tokenizer_dir, output_prefix="sample",
-                           num_shards=2, workers_per_shard=1),
+                           in_process=True),
             show_progress=False,
         )
     names = sorted(manifest["shards"])
