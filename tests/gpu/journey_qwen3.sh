@@ -16,6 +16,7 @@ flag iters 40 "train.train_iters of the run (the run is stopped before it ends)"
 flag port 5000 "the port kaiyuan serve listens on"
 flag part all "all: the whole journey; start: only start -> first step -> stop -> restart -> next step -> stop; first-step: start -> first step -> stop"
 flag recipe qwen3_1p7b "the recipe, on its defaults (first-step times another, e.g. laoyao_moe_2b)"
+flag data "" "kaiyuan.data for the run (default: the recipe's; laoyao_moe_2b's own data is not on every host: sample)"
 parse_flags "$@"
 source tests/gpu/env.sh
 source tests/gpu/serve_lifecycle.sh  # wait_until, port_open, start_server, stop_server
@@ -37,7 +38,7 @@ print(json.dumps({"part": "qwen3", "recipe": sys.argv[2], "rev": sys.argv[1], "s
                   "gpu": (gpu.splitlines() or ["none"])[0],
                   "versions": {d: v for d, v in installed_versions().items() if v}}))
 PY
-overrides=(kaiyuan.run_root=$runs train.train_iters=$opt_iters)
+overrides=(kaiyuan.run_root=$runs train.train_iters=$opt_iters ${opt_data:+kaiyuan.data=$opt_data})
 
 watch_until_step() {  # watch_until_step AFTER_ITERATION LIMIT_S TAG: poll status every second until the run's
   # metrics log a step past AFTER_ITERATION; every status answer goes to $logs/status_TAG.jsonl with its time
@@ -51,6 +52,8 @@ except ValueError:
     answer = {"raw": text.strip()[-400:]}
 print(json.dumps({"t": time.time(), "status": answer}))' >> "$logs/status_$tag.jsonl"
     reached $run $((after + 1)) && return 0
+    # a run that ended without the step (refused, failed) is not waited for
+    tail -1 "$logs/status_$tag.jsonl" | grep -qE '"state": "(failed|stopped|finished|lost)"' && return 1
     sleep 1
   done
   return 1
