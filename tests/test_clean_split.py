@@ -6,14 +6,21 @@ than its duplicate."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
+from kaiyuan_recipes.data.clean.inputs import staging_dir_for
 from kaiyuan_recipes.data.clean.run import CleanOptions, clean_directory
 from kaiyuan_recipes.data.clean.synthetic import write_corpus
 
+ROOT = Path(__file__).resolve().parents[1]
 ROW_GROUP = 20
 
 
@@ -92,3 +99,44 @@ def test_dedup_across_tasks_removes_what_one_task_removes(runs):
         return int(doc_id.rsplit("#", 1)[1]) // ROW_GROUP
 
     assert any(task(c["metadata"]["kept_copy"]) != task(c["id"]) for c in copies)
+
+
+def test_a_killed_split_run_resumes_to_the_same_bytes_and_each_task_read_its_rows(runs, monkeypatch):
+    """SIGKILL once the filter stage has completed a task of the file; the rerun (2 workers) skips what completed
+    and writes what the 1-worker run wrote. datatrove's own per-task stats show every task read documents."""
+    ref, ref_manifest = runs["split1"]
+    root = ref.parent
+    out, staging = root / "resumed", staging_dir_for(root / "resumed")
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.Popen([sys.executable, "-m", "kaiyuan_recipes.cli.main", "data", "clean", "--input-dir",
+                             str(root / "raw"), "--output-dir", str(out), "--config", str(root / "dedup.yaml"),
+                             "--workers", "1", "--task-bytes", "1", "--sample-removed", "1000"], env=env,
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    completions = staging / "logs" / "filter" / "completions"
+    try:
+        deadline = time.monotonic() + 300
+        while not (completions.is_dir() and any(completions.iterdir())) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    done = sorted(p.name for p in completions.iterdir())
+    assert not out.exists() and done and len(done) < ref_manifest["tasks"], done
+    stats = staging / "logs" / "filter" / "stats"
+    stamps = {r: (stats / f"{r}.json").stat().st_mtime_ns for r in done}
+    import kaiyuan_recipes.data.clean.run as run_module
+
+    # keep the staging directory (its logs) after the rerun, to read each task's stats
+    monkeypatch.setattr(run_module, "shutil", type("KeepStaging", (), {"rmtree": staticmethod(lambda *a, **k: None),
+                                                                        "copyfile": staticmethod(__import__(
+                                                                            "shutil").copyfile)}))
+    manifest = clean_directory(CleanOptions(root / "raw", out, str(root / "dedup.yaml"), workers=2, task_bytes=1,
+                                            sample_removed=1000), log=quiet)
+    assert {r: (stats / f"{r}.json").stat().st_mtime_ns for r in done} == stamps  # completed tasks not redone
+    assert parquet_files(out) == parquet_files(ref)
+    for name in parquet_files(ref):
+        assert (out / name).read_bytes() == (ref / name).read_bytes(), name
+    assert manifest["steps"] == ref_manifest["steps"]
+    per_task = [json.loads(p.read_text())[0]["stats"]["documents"] for p in sorted(stats.glob("*.json"))]
+    assert len(per_task) == manifest["tasks"] > 1
+    assert all(d["total"] > 0 for d in per_task) and sum(d["total"] for d in per_task) == manifest["documents_in"]

@@ -24,7 +24,7 @@ from datatrove.utils.lid import FT176LID
 
 from kaiyuan_recipes.data.clean.stat_keys import EXACT_HASH, TOO_LONG_TO_COUNT
 
-SOURCE = "_kaiyuan_source"   # the input file (relative path) a document came from; names its output file
+SOURCE = "_kaiyuan_source"   # the input file (relative path) a document came from
 TOKENS = "_kaiyuan_tokens"   # token_count carried through the intermediate files between stages
 DOC_ID = "_kaiyuan_id"       # the document's id (input file#n) carried through them: samples name input documents
 
@@ -45,8 +45,8 @@ def read_row(self: Any, data: dict, path: str, id_in_file: int) -> dict:
     text = data.pop(self.text_key, None)
     if not isinstance(text, str):
         where = self.data_folder.resolve_paths(path)
-        raise CleanDataError(f"{where}: row {id_in_file} (0-based): column "
-                             f"'{self.text_key}' is {'null' if text is None else type(text).__name__}, not a string")
+        raise CleanDataError(f"{where}: row {id_in_file} (0-based): column '{self.text_key}' is "
+                             f"{'null' if text is None else type(text).__name__}, not a string")
     if TOKENS in data:
         tokens = data.pop(TOKENS)
         if tokens is not None:
