@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "recipes" / "cleaning" / "web.yaml"
 
 
-def make_corpus(out: Path, size_mb: int, file_mb: int = 64, seed: int = 0) -> dict:
+def make_corpus(out: Path, size_mb: int, file_mb: int = 64, seed: int = 0, row_group: int = 2048) -> dict:
     """~size_mb of prose in files of ~file_mb: 5 % exact copies, 5 % near copies (a few words replaced), 3 %
     low-quality documents, the rest unique. Document lengths are log-normal like web text's: a median of 9 paragraphs
     (about 2 KB), a long tail (mean about 3.5 KB), capped at 400 paragraphs."""
@@ -65,7 +65,7 @@ def make_corpus(out: Path, size_mb: int, file_mb: int = 64, seed: int = 0) -> di
             texts.append(text)
             size += len(text.encode("utf-8"))
         pq.write_table(pa.table({"id": [f"{index}-{i}" for i in range(len(texts))], "text": texts}),
-                       out / f"part-{index:05d}.parquet", row_group_size=2048, compression="zstd")
+                       out / f"part-{index:05d}.parquet", row_group_size=row_group, compression="zstd")
         total, docs, index = total + size, docs + len(texts), index + 1
     return {"documents": docs, "text_bytes": total, "files": index}
 
@@ -113,7 +113,10 @@ def text_bytes(input_dir: Path, files: int) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--size-mb", type=int, default=512)
-    ap.add_argument("--file-mb", type=int, default=64, help="text per input file (one task per file)")
+    ap.add_argument("--file-mb", type=int, default=64, help="text per input file")
+    ap.add_argument("--row-group-docs", type=int, default=2048, help="documents per parquet row group")
+    ap.add_argument("--task-mb", type=int, default=256, help="clean's --task-bytes, in MiB: a file is cut into "
+                    "tasks of this many MiB of row groups")
     ap.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--skip-baseline", action="store_true")
@@ -128,16 +131,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="clean-bench-", dir=args.work_dir) as tmp:
         work = Path(tmp)
         started = time.perf_counter()
-        corpus = make_corpus(work / "raw", args.size_mb, args.file_mb)
+        corpus = make_corpus(work / "raw", args.size_mb, args.file_mb, row_group=args.row_group_docs)
         corpus["generate_seconds"] = time.perf_counter() - started
         print(json.dumps(corpus), flush=True)
         ours = run_measured([sys.executable, "-m", "kaiyuan_recipes.cli.main", "data", "clean", "--input-dir",
                              str(work / "raw"), "--output-dir", str(work / "clean"), "--config", str(CONFIG),
-                             "--workers", str(args.cores)], work,
+                             "--workers", str(args.cores), "--task-bytes", str(args.task_mb << 20)], work,
                             {"minhash": work / ".clean.clean-staging" / "minhash",
                              "exact_dedup": work / ".clean.clean-staging" / "exact"})
         manifest = json.loads((work / "clean" / "clean_manifest.json").read_text())
-        ours |= {"documents_out": manifest["documents_out"], "cores": args.cores,
+        ours |= {"documents_out": manifest["documents_out"], "cores": args.cores, "tasks": manifest["tasks"],
                  "steps": {s["step"]: s["removed"] for s in manifest["steps"]}}
         results = {"ours": ours}
         if not args.skip_baseline:

@@ -158,8 +158,8 @@ def test_language_step_refuses_at_start_without_a_local_model(tmp_path):
 def test_reader_adapter_refuses_a_null_text_the_footer_missed(tmp_path):
     from kaiyuan_recipes.data.clean.steps import CleanDataError, make_reader, read_row
 
-    reader = make_reader(str(tmp_path), str(tmp_path / "paths.txt"), "text", "error", 1 << 20)
-    with pytest.raises(CleanDataError, match=r"a\.parquet: document 7 .*column 'text' is null"):
+    reader = make_reader(str(tmp_path), [("a.parquet", 0, 1, 0)], "text", "error", 1 << 20)
+    with pytest.raises(CleanDataError, match=r"a\.parquet: row 7 \(0-based\): column 'text' is null"):
         read_row(reader, {"text": None, "rank": 1.0}, "a.parquet", 7)
     doc = read_row(reader, {"text": "hello", "rank": 1.0}, "a.parquet", 7)
     assert doc["text"] == "hello" and doc["metadata"]["rank"] == 1.0

@@ -235,11 +235,10 @@ def test_a_killed_run_resumes_the_missing_tasks_to_the_same_bytes(corpus, refere
 
 
 def planted_ids(raw: Path) -> dict[str, str]:
-    """datatrove's document id (FILE#n, n counting non-empty texts) -> the planted id column."""
+    """The document id (FILE#row) -> the planted id column."""
     ids = {}
     for path in sorted(raw.glob("*.parquet")):
-        rows = [r for r in pq.read_table(path).to_pylist() if r["text"]]
-        ids.update({f"{path.name}#{n}": r["id"] for n, r in enumerate(rows)})
+        ids.update({f"{path.name}#{n}": r["id"] for n, r in enumerate(pq.read_table(path).to_pylist())})
     return ids
 
 
@@ -275,3 +274,17 @@ def test_a_removed_near_duplicate_names_its_cluster_and_the_copy_kept(corpus, re
         assert meta["minhash_cluster_id"] >= 0
         kept = ids[meta["kept_copy"]]
         assert kept in kept_ids and frozenset((meta["id"], kept)) in pairs, (meta["id"], kept)
+
+
+def test_a_removed_exact_duplicate_names_its_group_and_the_copy_kept(corpus, reference):
+    root, plant = corpus
+    out, _ = reference
+    ids = planted_ids(root / "raw")
+    lines = [json.loads(line) for line in (out / "removed_samples" / "exact_dedup.jsonl").read_text().splitlines()]
+    assert len(lines) == len(plant.removed_by["exact_dedup"])
+    kept_ids = {row["id"] for row in read_output(out)}
+    for doc in lines:
+        meta = doc["metadata"]
+        kept = ids[meta["kept_copy"]]
+        assert kept in kept_ids and kept != meta["id"] and plant.texts[kept] == doc["text"], (meta["id"], kept)
+        assert isinstance(meta["exact_dedup_hash"], int)

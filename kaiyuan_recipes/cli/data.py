@@ -68,6 +68,8 @@ def add_parser(sub: Any) -> None:
                          "and row (default), or skip it and count it in the manifest")
     cl.add_argument("--max-document-bytes", type=int, default=64 * 1024 * 1024, metavar="N",
                     help="the largest text read, in UTF-8 bytes (default 64 MiB): a larger one is a bad row")
+    cl.add_argument("--task-bytes", type=int, default=256 * 1024 * 1024, metavar="N",
+                    help="a file is read by one task per N bytes of row groups, uncompressed (default 256 MiB)")
     cl.add_argument("--slurm", action="store_true", help="submit the stages as Slurm job arrays")
     cl.add_argument("--partition", help="Slurm partition (with --slurm)")
     cl.add_argument("--time", default="24:00:00", help="Slurm time limit per job")
@@ -197,7 +199,7 @@ def clean(args: Any) -> int:
                              mem_per_cpu_gb=args.mem_per_cpu_gb, wait=args.wait)
     result = clean_directory(CleanOptions(args.input_dir, args.output_dir, args.config, args.text_key, args.workers,
                                           args.sample_removed, slurm, on_bad_row=args.on_bad_row,
-                                          max_document_bytes=args.max_document_bytes))
+                                          max_document_bytes=args.max_document_bytes, task_bytes=args.task_bytes))
     if "submitted" in result:
         print(json.dumps(result, indent=2))
         return 0

@@ -35,6 +35,7 @@ class InputFile:
     bytes: int
     rows: int
     sha256: str         # the content: "already cleaned" and resuming compare it, not the size and row count
+    row_groups: list[tuple[int, int]]   # (rows, uncompressed bytes) of each parquet row group: how it is split
 
 
 def _first_null_row(pf: Any, column: str) -> int | None:
@@ -107,7 +108,9 @@ def check_inputs(input_dir: Path, text_key: str, nulls_refused: bool = True) -> 
                 raise CleanInputError(f"{path}: row {row} (0-based): column '{text_key}' is null")
         with open(path, "rb") as fh:
             digest = hashlib.file_digest(fh, "sha256").hexdigest()
-        files.append(InputFile(path.resolve(), path.relative_to(input_dir).as_posix(), size, rows, digest))
+        groups = [(pf.metadata.row_group(g).num_rows, pf.metadata.row_group(g).total_byte_size)
+                  for g in range(pf.metadata.num_row_groups)]
+        files.append(InputFile(path.resolve(), path.relative_to(input_dir).as_posix(), size, rows, digest, groups))
     return files, schema
 
 

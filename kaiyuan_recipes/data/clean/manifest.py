@@ -63,6 +63,8 @@ class RunPlan:
     steps: list[StepStats] = field(default_factory=list)
     input_stats: StepStats | None = None    # the reader and the first token count of the filter stage
     stage_names: list[str] = field(default_factory=list)
+    task_bytes: int = 0                 # the size of the runs of row groups the input files are cut into
+    units: list[dict[str, Any]] = field(default_factory=list)   # units.WorkUnit.to_dict(), one per task
 
     def folder(self, *parts: str) -> str:
         return str(Path(self.staging_dir, *parts))
@@ -71,7 +73,7 @@ class RunPlan:
         """What a rerun must match to resume this staging directory."""
         return {"config_hash": self.config_hash, "text_key": self.text_key, "inputs": self.inputs,
                 "sample_removed": self.sample_removed, "on_bad_row": self.on_bad_row,
-                "max_document_bytes": self.max_document_bytes}
+                "max_document_bytes": self.max_document_bytes, "task_bytes": self.task_bytes}
 
 
 def _merged_stats(plan: RunPlan, stage: str) -> list[Any]:
@@ -146,17 +148,20 @@ def step_records(plan: RunPlan) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return head, records
 
 
-def _outputs(out: Path) -> list[dict[str, Any]]:
+def _outputs(plan: RunPlan, out: Path) -> list[dict[str, Any]]:
+    """Each output file with the input rows it holds what survived of (a task that kept nothing writes none)."""
     import pyarrow.parquet as pq
 
+    source = {u["output"]: {"input": u["input"], "row_groups": u["row_groups"]} for u in plan.units}
     files = sorted((p for p in out.rglob("*.parquet")), key=lambda p: p.relative_to(out).as_posix())
     return [{"path": p.relative_to(out).as_posix(), "bytes": p.stat().st_size,
-             "rows": pq.ParquetFile(p).metadata.num_rows} for p in files]
+             "rows": pq.ParquetFile(p).metadata.num_rows} | source.get(p.relative_to(out).as_posix(), {})
+            for p in files]
 
 
 def build_manifest(plan: RunPlan, out: Path) -> dict[str, Any]:
     head, records = step_records(plan)
-    outputs = _outputs(out)
+    outputs = _outputs(plan, out)
     last = records[-1] if records else {"documents_out": head["documents"], "tokens_out": head["tokens"]}
     return {
         "kind": MANIFEST_KIND, "version": 1,
@@ -173,6 +178,7 @@ def build_manifest(plan: RunPlan, out: Path) -> dict[str, Any]:
         "config": plan.config, "config_hash": plan.config_hash, "config_source": plan.config_source,
         "minhash": plan.minhash,
         "datatrove_version": plan.datatrove_version, "executor": plan.executor, "tasks": plan.tasks,
+        "task_bytes": plan.task_bytes,
         "run": {"host": plan.host, "finalized_on": socket.gethostname(), "started_at": plan.started_at,
                 "finished_at": _utc(time.time()), "seconds": round(time.time() - plan.started_s, 1),
                 "kaiyuan_recipes": plan.kaiyuan_version, "source_revision": plan.source_revision},

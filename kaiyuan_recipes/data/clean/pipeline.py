@@ -1,15 +1,16 @@
 """The cleaning run as datatrove stages, each a pipeline run by one executor with its own logging folder (completion
 markers, stats) under the staging directory:
 
-  exact_signatures (one task per input file) -> exact_duplicates (hash ranges)
-  filter (one task per input file): read, count tokens, drop exact duplicates, length, language, Gopher, C4, FineWeb,
+  exact_signatures (one task per work unit) -> exact_duplicates (hash ranges)
+  filter (one task per work unit): read, count tokens, drop exact duplicates, length, language, Gopher, C4, FineWeb,
          write (the final output, or an intermediate file per task when MinHash follows) and MinHash signatures
-  minhash_buckets (bands x workers) -> minhash_cluster (1) -> minhash_filter (one task per input file): write
+  minhash_buckets (bands x workers) -> minhash_cluster (1) -> minhash_filter (one task per work unit): write
   finalize (1): manifest, report, samples, then the rename into place
 
-One task per input file is what makes the output independent of the machine: datatrove's exact and MinHash dedup
-keep, out of a group of duplicates, the copy with the lowest (task, position in task), so the partition of documents
-into tasks must not depend on the worker count or the executor. The hash-range stages may run at any task count."""
+The work units (units.plan_units: runs of row groups of one file) are what makes the output independent of the
+machine: which copy of a group of duplicates datatrove's exact and MinHash dedup keep follows from the documents'
+(task, position in task), so the partition of documents into tasks must not depend on the worker count or the
+executor. The hash-range stages may run at any task count."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any
 
 from kaiyuan_recipes.data.clean.config import HEURISTICS, TEXT_REWRITING, CleanConfig, heuristic_class
 from kaiyuan_recipes.data.clean.manifest import RunPlan, StepStats
+from kaiyuan_recipes.data.clean.units import WorkUnit
 
 # Documents per tokenizer call of the token counts: datatrove's default of 10,000 holds every Encoding of the batch
 # (ids, offsets, token strings) at once, about a gigabyte per worker for web-length documents; 256 keeps the
@@ -100,6 +102,8 @@ def build_stages(plan: RunPlan, cfg: CleanConfig, schema: Any, tokenizer_file: s
         BoundedTokensCounter,
         ClusterRepresentatives,
         ColumnsParquetWriter,
+        ExactDuplicateSampleWriter,
+        ExactKeptCopies,
         SampleWriter,
         TaskFileReader,
         make_reader,
@@ -109,10 +113,12 @@ def build_stages(plan: RunPlan, cfg: CleanConfig, schema: Any, tokenizer_file: s
 
     # one tokenizer shared by the heuristics and MinHash of the filter stage: a document split into words once
     tasks, text_key, lang = plan.tasks, plan.text_key, word_tokenizer(cfg.language)
-    paths_file = plan.folder("inputs.txt")
+    units = [WorkUnit.from_dict(u) for u in plan.units]
+    outputs = [u.output for u in units]
 
     def reader():
-        return make_reader(plan.input_dir, paths_file, text_key, plan.on_bad_row, plan.max_document_bytes)
+        return make_reader(plan.input_dir, [(u.input, *u.row_groups, u.first_row) for u in units], text_key,
+                           plan.on_bad_row, plan.max_document_bytes)
 
     def sample(step: str):
         return SampleWriter(plan.folder("removed", step), plan.sample_removed) if plan.sample_removed > 0 else None
@@ -138,8 +144,13 @@ def build_stages(plan: RunPlan, cfg: CleanConfig, schema: Any, tokenizer_file: s
         steps.append(StepStats(name, "filter", len(pipe) - 1, "filter", len(pipe) - 1))
 
     if cfg.exact_dedup:
-        add("exact_dedup", ExactDedupFilter(plan.folder("exact", "dups"), exact_config(),
-                                            exclusion_writer=sample("exact_dedup")))
+        linked = plan.sample_removed > 0  # the copy kept of each group, for the removed sample
+        add("exact_dedup", ExactDedupFilter(plan.folder("exact", "dups"), exact_config(), exclusion_writer=(
+            ExactDuplicateSampleWriter(plan.folder("removed", "exact_dedup"), plan.sample_removed, exact_config())
+            if linked else None)))
+        if linked:
+            pipe.append(ExactKeptCopies(plan.folder("exact", "kept"), exact_config()))
+            labels.append("kept_copies")
     for name, step in document_filters(cfg, lang, sample):
         add(name, step)
         if name in TEXT_REWRITING and cfg.count_tokens:
@@ -169,12 +180,12 @@ def build_stages(plan: RunPlan, cfg: CleanConfig, schema: Any, tokenizer_file: s
             labels.append("kept_copies")
         final += [MinhashDedupFilter(plan.folder("minhash", "remove"), exclusion_writer=sample("minhash"),
                                      load_cluster_ids=linked),
-                  ColumnsParquetWriter(plan.folder("output"), schema, text_key, intermediate=False)]
+                  ColumnsParquetWriter(plan.folder("output"), schema, text_key, intermediate=False, outputs=outputs)]
         stages.append(Stage("minhash_filter", final, tasks, labels + ["minhash", "write"]))
         # MinhashDedupFilter records no token stats: the writer after it sees exactly what it kept
         steps.append(StepStats("minhash", "minhash_filter", len(final) - 2, "minhash_filter", len(final) - 1))
     else:
-        pipe.append(ColumnsParquetWriter(plan.folder("output"), schema, text_key, intermediate=False))
+        pipe.append(ColumnsParquetWriter(plan.folder("output"), schema, text_key, intermediate=False, outputs=outputs))
         labels.append("write")
         stages.append(Stage("filter", pipe, tasks, labels))
     plan.steps = steps

@@ -45,24 +45,37 @@ def _bad_rows(texts: Any, max_bytes: int) -> dict[int, tuple[str, str]]:
 
 
 class CheckedParquetReader(ParquetReader):
-    """datatrove's ParquetReader (same documents, ids and adapter) with the bad-row check in front of `to_pylist`."""
+    """datatrove's ParquetReader (same documents and adapter) reading one work unit per task, a run of row groups of
+    one file (units.WorkUnit as (file, first group, end group, first row)), with the bad-row check in front of
+    `to_pylist`. A document's id_in_file is its row in the file, so it does not depend on how the file was cut."""
 
-    def __init__(self, *args: Any, on_bad_row: str = "error", max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES,
-                 **kwargs: Any):
+    def __init__(self, data_folder: str, units: list[tuple[str, int, int, int]], *args: Any,
+                 on_bad_row: str = "error", max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES, **kwargs: Any):
         if on_bad_row not in BAD_ROW_POLICIES:
             raise ValueError(f"--on-bad-row: expected one of {BAD_ROW_POLICIES}, got {on_bad_row!r}")
-        super().__init__(*args, **kwargs)
+        super().__init__(data_folder, *args, **kwargs)
+        self.units = units
         self.on_bad_row = on_bad_row
         self.max_document_bytes = max_document_bytes
+        self._unit: tuple[str, int, int, int] | None = None
+
+    def run(self, data=None, rank: int = 0, world_size: int = 1):
+        if world_size != len(self.units):
+            raise ValueError(f"{world_size} tasks for {len(self.units)} work units: one task per unit")
+        if data:
+            yield from data
+        self._unit = self.units[rank]
+        for doc in self.read_files_shard([self._unit[0]]):
+            self.update_doc_stats(doc)
+            yield doc
 
     def read_file(self, filepath: str):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        _, first, end, row = self._unit
         with self.data_folder.open(filepath, "rb") as f, pq.ParquetFile(f) as pqf:
-            li = 0       # datatrove's id_in_file: documents with text, from 0
-            row = 0      # the row in the file, from 0, for messages
-            for batch in pqf.iter_batches(batch_size=self.batch_size):
+            for batch in pqf.iter_batches(batch_size=self.batch_size, row_groups=range(first, end)):
                 bad = _bad_rows(batch.column(self.text_key), self.max_document_bytes)
                 if bad:
                     for i, (reason, what) in sorted(bad.items()):
@@ -71,14 +84,15 @@ class CheckedParquetReader(ParquetReader):
                             raise BadRowError(f"{where}: column '{self.text_key}' {what}; --on-bad-row skip "
                                               "leaves such rows out and counts them")
                         self.stat_update(BAD_ROW_STAT + reason)
+                    rows = [row + i for i in range(batch.num_rows) if i not in bad]
                     batch = batch.filter(pa.array([i not in bad for i in range(batch.num_rows)]))
+                else:
+                    rows = range(row, row + batch.num_rows)
                 row += batch.num_rows + len(bad)
                 documents = []
                 with self.track_time("batch"):
-                    for line in batch.to_pylist():
-                        document = self.get_document_from_dict(line, filepath, li)
-                        if not document:
-                            continue
-                        documents.append(document)
-                        li += 1
+                    for line, line_row in zip(batch.to_pylist(), rows):
+                        document = self.get_document_from_dict(line, filepath, line_row)
+                        if document:
+                            documents.append(document)
                 yield from documents

@@ -32,6 +32,7 @@ from kaiyuan_recipes.data.clean.inputs import (
     staging_dir_for,
 )
 from kaiyuan_recipes.data.clean.manifest import RunPlan, plan_to_json, read_manifest
+from kaiyuan_recipes.data.clean.units import DEFAULT_TASK_BYTES, plan_units
 from kaiyuan_recipes.data.convert_worker import BAD_ROW_POLICIES
 
 
@@ -48,6 +49,7 @@ class CleanOptions:
     bucket_workers: int = 1         # tasks per MinHash bucket; never changes the output
     on_bad_row: str = "error"       # a null, non-UTF-8 or oversized text: stop naming it, or skip and count it
     max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES
+    task_bytes: int = DEFAULT_TASK_BYTES   # a file over it is read by several tasks (cut at row groups)
 
 
 def _tokenizer_file(cfg_tokenizer: str | None, staging: Path) -> str:
@@ -98,10 +100,13 @@ def clean_directory(opts: CleanOptions, log: Any = print) -> dict[str, Any]:
     if isinstance(opts.max_document_bytes, bool) or not isinstance(opts.max_document_bytes, int) \
             or opts.max_document_bytes < 1:
         raise CleanInputError(f"--max-document-bytes: expected a positive integer, got {opts.max_document_bytes!r}")
+    if isinstance(opts.task_bytes, bool) or not isinstance(opts.task_bytes, int) or opts.task_bytes < 1:
+        raise CleanInputError(f"--task-bytes: expected a positive integer, got {opts.task_bytes!r}")
     input_dir, output_dir = Path(opts.input_dir).resolve(), Path(opts.output_dir).resolve()
     existing = check_output_dir(output_dir, input_dir)
     files, schema = check_inputs(input_dir, opts.text_key, nulls_refused=opts.on_bad_row == "error")
     inputs = [{"path": f.relative, "bytes": f.bytes, "rows": f.rows, "sha256": f.sha256} for f in files]
+    units = [u.to_dict() for u in plan_units(files, opts.task_bytes)]
     staging = staging_dir_for(output_dir)
     if existing is not None:
         manifest = read_manifest(output_dir)
@@ -116,10 +121,10 @@ def clean_directory(opts: CleanOptions, log: Any = print) -> dict[str, Any]:
         input_dir=str(input_dir), output_dir=str(output_dir), staging_dir=str(staging), text_key=opts.text_key,
         inputs=inputs, config=cfg.to_dict(), config_hash=cfg.config_hash(), config_source=cfg.source,
         minhash=cfg.minhash_expectation() if cfg.minhash.enabled else None, sample_removed=opts.sample_removed,
-        executor="slurm" if opts.slurm else "local", tasks=len(files), datatrove_version=version("datatrove"),
+        executor="slurm" if opts.slurm else "local", tasks=len(units), datatrove_version=version("datatrove"),
         on_bad_row=opts.on_bad_row, max_document_bytes=opts.max_document_bytes, host=socket.gethostname(),
         started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), started_s=time.time(),
-        kaiyuan_version=__version__, source_revision=_source_revision())
+        kaiyuan_version=__version__, source_revision=_source_revision(), task_bytes=opts.task_bytes, units=units)
     run_file = staging / "run.json"
     if run_file.is_file():
         before = json.loads(run_file.read_text(encoding="utf-8"))
@@ -129,7 +134,6 @@ def clean_directory(opts: CleanOptions, log: Any = print) -> dict[str, Any]:
         log(f"resuming from {staging}")
     else:
         staging.mkdir(parents=True, exist_ok=True)
-        (staging / "inputs.txt").write_text("".join(f["path"] + "\n" for f in inputs), encoding="utf-8")
         run_file.write_text(json.dumps(plan.fingerprint(), indent=2), encoding="utf-8")
     tokenizer = _tokenizer_file(cfg.tokenizer, staging) if cfg.count_tokens else None
     workers = opts.workers or default_workers()

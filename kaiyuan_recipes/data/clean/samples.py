@@ -1,6 +1,6 @@
 """The removed-document samples in the output: each step's task samples (steps.SampleWriter, a uniform sample of
 what the task removed and the count it came from) merged into one uniform, seeded sample of what the step removed;
-a near duplicate's line names the document its cluster kept."""
+a removed duplicate's line names the document its group kept."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kaiyuan_recipes.data.clean.inputs import SAMPLES_DIR
-from kaiyuan_recipes.data.clean.stat_keys import CLUSTER_ID, KEPT_COPY
+from kaiyuan_recipes.data.clean.stat_keys import CLUSTER_ID, EXACT_HASH, KEPT_COPY
 
 SAMPLE_SEED = 0
 
@@ -53,6 +53,9 @@ def collect_samples(plan: Any, out: Path) -> dict[str, str]:
     samples: dict[str, str] = {}
     if plan.sample_removed <= 0:
         return samples
+    # a removed duplicate's group id in its sample, and where the copies kept are listed under it
+    groups = {"minhash": (CLUSTER_ID, plan.folder("minhash", "kept")),
+              "exact_dedup": (EXACT_HASH, plan.folder("exact", "kept"))}
     for step in plan.steps:
         folder = Path(plan.folder("removed", step.name))
         parts = []
@@ -63,12 +66,13 @@ def collect_samples(plan: Any, out: Path) -> dict[str, str]:
         lines = merge_samples(parts, plan.sample_removed)
         if not lines:
             continue
-        if step.name == "minhash":
+        if step.name in groups:
+            key, folder = groups[step.name]
             docs = [json.loads(line) for line in lines]
-            clusters = {d["metadata"][CLUSTER_ID] for d in docs if CLUSTER_ID in d.get("metadata", {})}
-            kept = _kept_copies(Path(plan.folder("minhash", "kept")), clusters)
+            clusters = {d["metadata"][key] for d in docs if key in d.get("metadata", {})}
+            kept = _kept_copies(Path(folder), clusters)
             for d in docs:
-                cluster = d.get("metadata", {}).get(CLUSTER_ID)
+                cluster = d.get("metadata", {}).get(key)
                 if cluster in kept:
                     d["metadata"][KEPT_COPY] = kept[cluster]
             lines = [json.dumps(d, ensure_ascii=False) for d in docs]

@@ -22,9 +22,9 @@ from datatrove.pipeline.writers import JsonlWriter, ParquetWriter
 from datatrove.utils.batching import batched
 from datatrove.utils.lid import FT176LID
 
-from kaiyuan_recipes.data.clean.stat_keys import TOO_LONG_TO_COUNT
+from kaiyuan_recipes.data.clean.stat_keys import EXACT_HASH, TOO_LONG_TO_COUNT
 
-SOURCE = "_kaiyuan_source"   # the input file (relative path) a document came from; names its output file
+SOURCE = "_kaiyuan_source"   # the input file (relative path) a document came from
 TOKENS = "_kaiyuan_tokens"   # token_count carried through the intermediate files between stages
 DOC_ID = "_kaiyuan_id"       # the document's id (input file#n) carried through them: samples name input documents
 
@@ -45,8 +45,8 @@ def read_row(self: Any, data: dict, path: str, id_in_file: int) -> dict:
     text = data.pop(self.text_key, None)
     if not isinstance(text, str):
         where = self.data_folder.resolve_paths(path)
-        raise CleanDataError(f"{where}: document {id_in_file} (counting non-empty texts from 0): column "
-                             f"'{self.text_key}' is {'null' if text is None else type(text).__name__}, not a string")
+        raise CleanDataError(f"{where}: row {id_in_file} (0-based): column '{self.text_key}' is "
+                             f"{'null' if text is None else type(text).__name__}, not a string")
     if TOKENS in data:
         tokens = data.pop(TOKENS)
         if tokens is not None:
@@ -56,13 +56,13 @@ def read_row(self: Any, data: dict, path: str, id_in_file: int) -> dict:
     return {"text": text, "id": doc_id, "metadata": data}
 
 
-def make_reader(folder: str, paths_file: str, text_key: str, on_bad_row: str, max_document_bytes: int) -> Any:
-    """The input files listed one per line in `paths_file` (inputs.check_inputs' order): with one task per file,
-    task i reads file i whichever executor runs it."""
+def make_reader(folder: str, units: list[tuple[str, int, int, int]], text_key: str, on_bad_row: str,
+                max_document_bytes: int) -> Any:
+    """Task i reads work unit i (units.plan_units' order) whichever executor runs it."""
     from kaiyuan_recipes.data.clean.reader import CheckedParquetReader
 
-    return CheckedParquetReader(folder, paths_file=paths_file, text_key=text_key, adapter=read_row,
-                                on_bad_row=on_bad_row, max_document_bytes=max_document_bytes)
+    return CheckedParquetReader(folder, units, text_key=text_key, adapter=read_row, on_bad_row=on_bad_row,
+                                max_document_bytes=max_document_bytes)
 
 
 class BoundedTokensCounter(TokensCounter):
@@ -95,24 +95,29 @@ class BoundedTokensCounter(TokensCounter):
 class ColumnsParquetWriter(ParquetWriter):
     """datatrove's ParquetWriter writing the input's columns (schema given): the text column from the document's
     text, the others from its metadata. `intermediate` also keeps the source file and token count for the next
-    stage; the final output is named after its input file, so the task count never shows in the file names."""
+    stage, one file per task; the final output of task i is `outputs[i]` (units.WorkUnit.output)."""
 
-    def __init__(self, output_folder: str, schema: Any, text_key: str, intermediate: bool):
+    def __init__(self, output_folder: str, schema: Any, text_key: str, intermediate: bool,
+                 outputs: list[str] | None = None):
         import pyarrow as pa
 
         self.columns = list(schema.names)
         self.text_key = text_key
         self.intermediate = intermediate
+        self.outputs = outputs or []
         if intermediate:
             schema = schema.append(pa.field(SOURCE, pa.string())).append(pa.field(TOKENS, pa.int64())) \
                 .append(pa.field(DOC_ID, pa.string()))
-        # max_file_size=-1: one output file per input file; zstd like the corpora we read
-        super().__init__(output_folder, output_filename="${rank}.parquet" if intermediate else "${" + SOURCE + "}",
-                         compression="zstd", schema=schema, max_file_size=-1)
+        # max_file_size=-1: one output file per task; zstd like the corpora we read
+        super().__init__(output_folder, output_filename="${rank}.parquet", compression="zstd", schema=schema,
+                         max_file_size=-1)
 
     def _get_output_filename(self, document: Document, rank: int | str = 0, **kwargs) -> str:
-        # datatrove lets metadata fill the template; an input column named `rank` would then replace the task's
-        return self.output_filename.substitute({"rank": str(rank).zfill(5), SOURCE: document.metadata[SOURCE]})
+        # never datatrove's template filled from metadata: an input column named `rank` would replace the task's.
+        # datatrove also counts the documents written under the name for rank "XXXXX": per input file, then
+        if self.intermediate:
+            return f"{str(rank).zfill(5)}.parquet"
+        return self.outputs[rank] if isinstance(rank, int) else document.metadata[SOURCE]
 
     def _default_adapter(self, document: Document) -> dict:
         row = {name: (document.text if name == self.text_key else document.metadata.get(name))
@@ -258,6 +263,58 @@ class ClusterRepresentatives(PipelineStep):
             for index, doc in enumerate(data):
                 if index in clusters and index not in removed:
                     fh.write(json.dumps({"cluster": clusters[index], "kept": doc.id}) + "\n")
+                yield doc
+
+
+def _exact_hash(config: Any) -> Any:
+    """Exact dedup's own hash of a document's content (ExactDedupSignature builds it the same way)."""
+    import inspect
+
+    from datatrove.utils.hashing import create_hash_func
+
+    fc = create_hash_func(config.hash_config, inspect.signature(config.content_getter).return_annotation)
+    return lambda doc: int(fc(config.content_getter(doc)))
+
+
+class ExactDuplicateSampleWriter(SampleWriter):
+    """The exact-dedup removed sample: each document carries its content hash, the id its group of copies shares
+    (ExactKeptCopies records the copy kept under it)."""
+
+    def __init__(self, output_folder: str, limit: int, config: Any):
+        super().__init__(output_folder, limit)
+        self.config = config
+        self._hash: Any = None
+
+    def write(self, document: Document, rank: int = 0, **kwargs):
+        if self._hash is None:
+            self._hash = _exact_hash(self.config)
+        document.metadata[EXACT_HASH] = self._hash(document)
+        super().write(document, rank, **kwargs)
+
+
+class ExactKeptCopies(PipelineStep):
+    """After exact dedup's filter: the copy kept of each group of identical texts (the one datatrove gives a
+    `duplicate_count`), one JSON line {"cluster": content hash, "kept": id} per group, so that a removed copy in
+    the sample can name the one that stayed, whichever task holds it."""
+
+    name = "🔗 Exact dedup kept copies"
+    type = "KAIYUAN"
+
+    def __init__(self, output_folder: str, config: Any):
+        super().__init__()
+        self.output_folder, self.config = output_folder, config
+
+    def run(self, data=None, rank: int = 0, world_size: int = 1):
+        import json
+        from pathlib import Path
+
+        content_hash = _exact_hash(self.config)
+        path = Path(self.output_folder, f"{rank:05d}.jsonl")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w", encoding="utf-8") as fh:
+            for doc in data:
+                if doc.metadata.get("duplicate_count"):
+                    fh.write(json.dumps({"cluster": content_hash(doc), "kept": doc.id}) + "\n")
                 yield doc
 
 
