@@ -32,10 +32,10 @@ from kaiyuan_recipes.data.convert_worker import (
     _convert_in_worker,
     _init_worker,
     _Stopped,
-    list_parquet_files,
     output_prefix_for,
     rank_path,
 )
+from kaiyuan_recipes.data.parquet_inputs import parquet_files
 from kaiyuan_recipes.data.tokenizer import tokenizer_fingerprint, tokenizer_identity
 
 MANIFEST = "manifest.json"
@@ -134,7 +134,7 @@ def convert_directory(opts: ConvertOptions, show_progress: bool = True) -> dict[
     if opts.on_bad_row not in BAD_ROW_POLICIES:
         raise BadInputError(f"--on-bad-row: expected one of {BAD_ROW_POLICIES}, got {opts.on_bad_row!r}")
     opts.input_dir = Path(os.path.abspath(opts.input_dir))  # the manifest records one spelling of each input
-    files = list_parquet_files(opts.input_dir)
+    files = parquet_files(opts.input_dir, BadInputError)
     opts.output_dir = Path(opts.output_dir)
     try:
         opts.output_dir.mkdir(parents=True, exist_ok=True)

@@ -78,16 +78,6 @@ def output_prefix_for(opts: ConvertOptions, index: int) -> Path:
     return opts.output_dir / f"{opts.output_prefix}_part-{index:05d}_text_document"
 
 
-def list_parquet_files(input_dir: Path) -> list[Path]:
-    input_dir = Path(input_dir)
-    if not input_dir.is_dir():
-        raise BadInputError(f"{input_dir}: input directory not found")
-    files = sorted(p for p in input_dir.rglob("*.parquet") if p.is_file())
-    if not files:
-        raise BadInputError(f"{input_dir}: no *.parquet files")
-    return files
-
-
 # ---- worker side ---------------------------------------------------------------------------------
 
 
