@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A tests/gpu script the way the team's GPU host runs it, from the repository root:
 #   bash lab/gpu.sh tests/gpu/SCRIPT.sh [FLAGS]
-# The host's environment is set up here, before the script runs; the script only uses the PYTHONPATH and flags it is
-# given (lab/README.md):
+# For a tests/gpu script the host's environment is set up here, before the script runs; the script only uses the
+# PYTHONPATH and flags it is given (lab/README.md):
 # - lab/gpu_host_env.sh installs the wheel set .whl (KAIYUAN_LAB_WHEELS) and puts the tree and it first on
 #   PYTHONPATH (FLAGS --stack fw2606: .whl-fw2606; FLAGS --dry-run: no install);
 # - the NeMo 2 scripts' parts that train with NeMo 2 get .whl-nemo2 (KAIYUAN_LAB_NEMO2_WHEELS, or FLAGS --wheels DIR
@@ -42,6 +42,7 @@ drop_flag() {  # drop_flag NAME [switch]: FLAGS without --NAME (and its value, u
 
 run_script() { exec bash "$lab_script" --out "${OUT:-/tmp/out}" ${args[@]+"${args[@]}"}; }
 for arg in ${args[@]+"${args[@]}"}; do case $arg in --help|-h) run_script ;; esac; done  # --help sets nothing up
+case $lab_script in tests/gpu/*|./tests/gpu/*) ;; *) run_script ;; esac  # a lab/ script (te_env.sh) sets up its own
 
 # NeMo 2: the parts that call nemo2_setup (nemo2_env.sh itself; nemo2_pretrain.sh's nemo, resume and qwen) train
 # with the NeMo 2 set; the others (and the qwen part's second half) with .whl, from the PYTHONPATH set below.
