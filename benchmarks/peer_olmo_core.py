@@ -60,7 +60,7 @@ from olmo_core.train.callbacks import Callback, GPUMemoryMonitorCallback, Profil
 from olmo_core.train.train_module import TransformerDataParallelConfig, TransformerTrainModuleConfig
 from olmo_core.version import VERSION
 
-MICRO_BATCH, MICRO_BATCHES = 2, 4  # train_throughput.BATCH["qwen3_1p7b"]
+MICRO_BATCH, MICRO_BATCHES = 2, 4  # megatron_rows.BATCH["qwen3_1p7b"]
 VOCAB = 151936  # kaiyuan's qwen3_1p7b (Qwen3's padded vocabulary)
 OURS_LR, OURS_WEIGHT_DECAY, OURS_CLIP = 3e-4, 0.1, 1.0
 

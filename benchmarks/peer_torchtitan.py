@@ -81,7 +81,7 @@ from torchtitan.protocols.train_spec import TrainSpec, get_train_spec, register_
 from torchtitan.tools.logging import init_logger
 from torchtitan.train import Trainer
 
-MICRO_BATCH, MICRO_BATCHES = 2, 4  # train_throughput.BATCH["qwen3_1p7b"]
+MICRO_BATCH, MICRO_BATCHES = 2, 4  # megatron_rows.BATCH["qwen3_1p7b"]
 # ours' optimizer (kaiyuan_recipes' qwen3_1p7b recipe): Megatron's Adam with decoupled weight decay
 OURS_LR, OURS_WEIGHT_DECAY, OURS_CLIP = 3e-4, 0.1, 1.0
 TITAN_SPEC, FLAVOR, UNTIED_FLAVOR = "qwen3_token_stream", "1.7B", "1.7B_untied"

@@ -16,7 +16,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from train_throughput import BATCH, MEGATRON_IMPLS, megatron_overrides  # noqa: E402
+from megatron_rows import BATCH, megatron_overrides  # noqa: E402
+from train_throughput import MEGATRON_IMPLS  # noqa: E402
 
 
 def row_overrides(model: str, impl: str, seq: int = 4096, steps: int = 15) -> list[str]:

@@ -19,6 +19,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from megatron_rows import BATCH, megatron_overrides  # noqa: E402
 
 
 def mock_stream(model: str, seq: int, steps: int, overrides: list[str]) -> np.ndarray:
@@ -48,8 +49,6 @@ def mock_stream(model: str, seq: int, steps: int, overrides: list[str]) -> np.nd
 
 
 def main() -> None:
-    from train_throughput import BATCH, megatron_overrides
-
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="qwen3_1p7b", choices=list(BATCH))
     ap.add_argument("--seq", type=int, default=4096)

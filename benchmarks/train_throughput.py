@@ -37,11 +37,10 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from megatron_rows import BATCH, megatron_overrides  # noqa: E402
 from merge_results import with_ratios  # noqa: E402
 from provenance import provenance, this_command, write_json  # noqa: E402
 
-# The baseline settings of ../shared/gpu-host/README.md: micro batch and micro batches per step.
-BATCH = {"qwen3_1p7b": (2, 4), "gpt_smoke": (4, 4)}
 # Megatron variants: layer spec and extra overrides. `ours` is the recipe's defaults: the fast spec with the
 # whole-step CUDA graph and fused weight-gradient accumulation (kaiyuan.cuda_graph / wgrad_fusion = auto).
 # Not run by default (A/B of the fast spec's parts): ours_eager, neither (every kernel launched by the host);
@@ -104,18 +103,6 @@ def megatron_command(model: str, layer_spec: str, mbs: int, micro: int, seq: int
     """`kaiyuan train` on mock data, `micro` micro-batches of `mbs` per GPU (global batch grows with GPUs)."""
     return [sys.executable, "-m", "kaiyuan_recipes.cli.main", "train", model, f"--nproc-per-node={nproc}",
             *megatron_overrides(layer_spec, mbs, micro, seq, steps, root, nproc, extra)]
-
-
-def megatron_overrides(layer_spec: str, mbs: int, micro: int, seq: int, steps: int, root: Path, nproc: int = 1,
-                       extra: tuple[str, ...] = ()) -> list[str]:
-    """The row's overrides of the recipe (benchmarks/row_settings.py builds its config from the same list)."""
-    return [f"kaiyuan.layer_spec={layer_spec}", "kaiyuan.data=mock", f"kaiyuan.run_root={root}",
-            f"train.train_iters={steps}", f"train.micro_batch_size={mbs}",
-            f"train.global_batch_size={mbs * micro * nproc}", f"dataset.seq_length={seq}", "logger.log_interval=1",
-            f"checkpoint.save_interval={steps * 10}", "checkpoint.save=null",
-            # No evaluation: the final one compiled the fast spec's kernels anew for no-grad mode and outlived
-            # the row's time box after every timed step (and failed graphed runs: compat.separate_full_graph_pools).
-            "validation.eval_iters=0", *extra]
 
 
 def without_te_env() -> dict[str, str]:

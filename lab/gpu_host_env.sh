@@ -1,20 +1,18 @@
 # The team's GPU host: the package is not installed there and the host has no network, so a wheel set travels with
-# the tree. tests/gpu/env.sh sources this file when KAIYUAN_LAB_WHEELS names that set (lab/gpu.sh sets it; a
-# benchmark command line may source this file itself). The set (default .whl: `make -C lab gpu-wheels`) is installed
-# once into its site folder (default /tmp/site), and again whenever the set differs from the installed one; the
-# package runs from the source tree, first on PYTHONPATH. A script picks another set by setting env_wheels /
-# env_site first (journey.sh --stack fw2606: .whl-fw2606 into /tmp/site-fw2606; names of their own, so that a
-# script's flags of the same meaning, such as nemo2_env.sh's --wheels, do not redirect it); journey.sh --stack
-# fw2606 sets lab_stack=fw2606: .whl-fw2606 into /tmp/site-fw2606 (`make -C lab gpu-wheels-fw2606`), refused before
-# anything runs where that set is missing. --dry-run skips the install (CPU dry runs).
+# the tree. lab/gpu.sh sources this file before it runs a tests/gpu script (a benchmark command line may source it
+# itself); the scripts only use the PYTHONPATH they are given. The set (KAIYUAN_LAB_WHEELS, default .whl: `make -C
+# lab gpu-wheels`) is installed once into its site folder (default /tmp/site), and again whenever the set differs
+# from the installed one; the package runs from the source tree, first on PYTHONPATH. A caller picks another set by
+# setting env_wheels / env_site first; lab_stack=fw2606 (lab/gpu.sh sets it for journey.sh --stack fw2606) means
+# .whl-fw2606 into /tmp/site-fw2606 (`make -C lab gpu-wheels-fw2606`), refused before anything runs where that set
+# is missing. opt_dry_run=1 (lab/gpu.sh: the script's --dry-run) skips the install (CPU dry runs).
 if [ -n "${lab_stack:-}" ]; then
   env_wheels=${env_wheels:-.whl-$lab_stack} env_site=${env_site:-/tmp/site-$lab_stack}
   if [ ! -d "$env_wheels" ]; then
-    echo "$0: --stack $lab_stack needs $env_wheels carried with the call (make -C lab gpu-wheels-$lab_stack)" >&2
+    echo "${lab_script:-$0}: --stack $lab_stack needs $env_wheels carried with the call (make -C lab gpu-wheels-$lab_stack)" >&2
     exit 2
   fi
 fi
-out=${opt_out:-${OUT:-/tmp/out}}; mkdir -p "$out"
 
 # lab_install_wheels WHEELS SITE [PIP_ARGS...]: install WHEELS into SITE unless SITE holds that very set. A changed
 # set replaces the last one whole (nothing of it may shadow the new one); the marker is written only after a complete

@@ -12,8 +12,9 @@ import torch
 from test_ckpt import NO_OVERLAP, write_run
 
 from kaiyuan_recipes.ckpt.regions import Region, load_region, tensor_entries
-from kaiyuan_recipes.ckpt.store import iteration_dirs, read_dcp_metadata
+from kaiyuan_recipes.ckpt.store import read_dcp_metadata
 from kaiyuan_recipes.cli.main import main
+from kaiyuan_recipes.config.run_layout import iteration_dirs
 
 
 @pytest.fixture(scope="module")

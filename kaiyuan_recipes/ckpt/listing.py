@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kaiyuan_recipes.ckpt import store
+from kaiyuan_recipes.config.run_layout import checkpoint_root, iteration_dirs, tracker_iteration
 
 
 @dataclass
@@ -76,12 +77,12 @@ def _entry(ckpt: Path, latest: int | None) -> CheckpointEntry:
 
 
 def list_checkpoints(run: Path) -> RunListing:
-    root = store.checkpoint_root(run)
-    dirs = store.iteration_dirs(root)
+    root = checkpoint_root(run)
+    dirs = iteration_dirs(root)
     if not dirs:
         raise store.CheckpointError(f"{root}: no iter_* checkpoint directories (expected a run directory or "
                                     "its checkpoints/ folder with at least one save)")
-    latest = store.tracker_iteration(root)
+    latest = tracker_iteration(root)
     entries = [_entry(d, latest) for d in dirs]
     notes = []
     newest_config = next((store.read_run_config(d) for d in reversed(dirs) if (d / store.RUN_CONFIG).is_file()), None)

@@ -6,14 +6,20 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import stat
 from pathlib import Path
 from typing import Any
 
-from kaiyuan_recipes.config.run_layout import LATEST_ITERATION_FILE, RUN_CONFIG_FILE, RunLayout
+# Where a run's saves are and which is the newest is decided in config/run_layout.py (status and export ask too).
+from kaiyuan_recipes.config.run_layout import (
+    LATEST_ITERATION_FILE,
+    RUN_CONFIG_FILE,
+    CheckpointError,
+    checkpoint_root,
+    iteration_of,
+    newest_iteration_dir,
+)
 
-ITER_DIR = re.compile(r"^iter_(\d+)$")
 # Megatron-Bridge's tracker file and per-iteration files (named once, in config/run_layout.py; train_state.pt only
 # here).
 TRACKER = LATEST_ITERATION_FILE
@@ -23,49 +29,9 @@ DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's metadata file (torc
 MCORE_METADATA = "metadata.json"  # megatron-core's dist_checkpointing config: present exactly for torch_dist
 
 
-class CheckpointError(ValueError):
-    """A path that is not what the command needs; the message names the path and what was expected."""
-
-
-def iteration_of(path: Path) -> int | None:
-    m = ITER_DIR.match(Path(path).name)
-    return int(m.group(1)) if m else None
-
-
-def checkpoint_root(path: Path) -> Path:
-    """A run directory, its checkpoints/ folder or one iter_* in it, as the folder that holds iter_* directories."""
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"{path}: does not exist")
-    root = path.parent if iteration_of(path) is not None else RunLayout.checkpoint_root(path)
-    if not root.is_dir():
-        raise CheckpointError(f"{root}: not a directory (expected a run directory or its checkpoints/ folder)")
-    return root
-
-
-def iteration_dirs(root: Path) -> list[Path]:
-    """The iter_* directories under a checkpoints folder, oldest first (by iteration number, as Bridge sorts). A
-    symbolic link named iter_* is not one: what it points at is not this run's save."""
-    found = [p for p in Path(root).iterdir() if p.is_dir() and not p.is_symlink() and iteration_of(p) is not None]
-    return sorted(found, key=iteration_of)
-
-
 # The run_config.yaml sections kaiyuan reads (others, e.g. `mixed_precision: bf16_mixed`, may be plain values)
 SECTIONS_READ = ("model", "train", "checkpoint", "dataset", "tokenizer", "optimizer", "scheduler", "logger", "ddp",
                  "dist", "validation", "rng")
-MAX_ITERATION_DIGITS = 18  # an int64 iteration count (Bridge's) has at most 19 digits; 18 stays far from Python's limit
-
-
-def tracker_iteration(root: Path) -> int | None:
-    """The iteration latest_checkpointed_iteration.txt names (None when absent; 'release' is not an iteration)."""
-    tracker = Path(root) / TRACKER
-    text = tracker.read_text(errors="replace").strip() if tracker.is_file() else ""
-    if not (text.isascii() and text.isdigit()):
-        return None
-    if len(text) > MAX_ITERATION_DIGITS:
-        raise CheckpointError(f"{tracker}: a number of {len(text):,} digits, not an iteration (a damaged tracker "
-                              "file: write the iteration to resume from, or remove it)")
-    return int(text)
 
 
 def links_inside(ckpt: Path) -> list[Path]:
@@ -98,12 +64,10 @@ def resolve_checkpoint(path: Path) -> Path:
         raise CheckpointError(f"{path}: no {DCP_METADATA} (not a complete torch_dist / fsdp_dtensor checkpoint: "
                               "still being written, or damaged)")
     root = checkpoint_root(path)
-    iterations = iteration_dirs(root)
-    if not iterations:
+    chosen = newest_iteration_dir(root)
+    if chosen is None:
         raise CheckpointError(f"{root}: no iter_* checkpoint directories (expected a run directory, its "
                               "checkpoints/ folder or one iter_* directory)")
-    named = tracker_iteration(root)
-    chosen = next((p for p in iterations if iteration_of(p) == named), iterations[-1])
     return resolve_checkpoint(chosen)
 
 

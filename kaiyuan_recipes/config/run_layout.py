@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,12 @@ RUN_CONFIG_FILE = "run_config.yaml"
 PLAN_FILE = "plan.json"  # the run's resolved plan, written once per launch by rank 0 (config/plan_file.py)
 # profile.enabled=true: Megatron-Bridge writes rank-R.json.gz into <run>/PROFILE_DIR (training/profiling.py)
 PROFILE_DIR = "torch_profile"
+ITER_DIR = re.compile(r"^iter_(\d+)$")  # one save: iter_NNNNNNN/
+MAX_ITERATION_DIGITS = 18  # an int64 iteration count (Bridge's) has at most 19 digits; 18 stays far from Python's limit
+
+
+class CheckpointError(ValueError):
+    """A path that is not what the command needs; the message names the path and what was expected."""
 
 
 @dataclass(frozen=True)
@@ -145,13 +152,6 @@ class RunLayout:
         return sorted(p.parent for p in Path(run_root).glob(f"*/{STATE_DIR}"))
 
     @staticmethod
-    def checkpoint_root(path: Path) -> Path:
-        """A run directory or its checkpoints/ folder, as the checkpoints folder (anything else as given)."""
-        path = Path(path)
-        checkpoints = RunLayout(path).checkpoints
-        return checkpoints if checkpoints.is_dir() else path
-
-    @staticmethod
     def iteration_dir(checkpoints: Path, iteration: int) -> Path:
         return Path(checkpoints) / f"iter_{int(iteration):07d}"
 
@@ -159,10 +159,59 @@ class RunLayout:
     def latest_iteration_dir(checkpoints: Path) -> Path | None:
         """The iter_* folder Megatron's tracker file names as the newest save (None without a readable tracker;
         the folder itself may be missing)."""
-        tracker = Path(checkpoints) / LATEST_ITERATION_FILE
-        if not tracker.is_file() or not tracker.read_text().strip().isdigit():
-            return None
-        return RunLayout.iteration_dir(checkpoints, int(tracker.read_text().strip()))
+        iteration = tracker_iteration(checkpoints)
+        return None if iteration is None else RunLayout.iteration_dir(checkpoints, iteration)
+
+
+# Where a run's saves are and which one is the newest, decided here for `kaiyuan ckpt`, average, export and status.
+def iteration_of(path: Path) -> int | None:
+    """The iteration an iter_NNNNNNN directory holds (None for any other name)."""
+    m = ITER_DIR.match(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
+def checkpoint_root(path: Path) -> Path:
+    """A run directory, its checkpoints/ folder or one iter_* in it, as the folder that holds iter_* directories."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: does not exist")
+    if iteration_of(path) is not None:
+        root = path.parent
+    else:
+        checkpoints = RunLayout(path).checkpoints
+        root = checkpoints if checkpoints.is_dir() else path
+    if not root.is_dir():
+        raise CheckpointError(f"{root}: not a directory (expected a run directory or its checkpoints/ folder)")
+    return root
+
+
+def iteration_dirs(root: Path) -> list[Path]:
+    """The iter_* directories under a checkpoints folder, oldest first (by iteration number, as Bridge sorts). A
+    symbolic link named iter_* is not one: what it points at is not this run's save."""
+    found = [p for p in Path(root).iterdir() if p.is_dir() and not p.is_symlink() and iteration_of(p) is not None]
+    return sorted(found, key=iteration_of)
+
+
+def tracker_iteration(root: Path) -> int | None:
+    """The iteration latest_checkpointed_iteration.txt names (None when absent; 'release' is not an iteration)."""
+    tracker = Path(root) / LATEST_ITERATION_FILE
+    text = tracker.read_text(errors="replace").strip() if tracker.is_file() else ""
+    if not (text.isascii() and text.isdigit()):
+        return None
+    if len(text) > MAX_ITERATION_DIGITS:
+        raise CheckpointError(f"{tracker}: a number of {len(text):,} digits, not an iteration (a damaged tracker "
+                              "file: write the iteration to resume from, or remove it)")
+    return int(text)
+
+
+def newest_iteration_dir(root: Path) -> Path | None:
+    """The save under a checkpoints folder a resume loads: the one the tracker file names, else the highest-numbered
+    (None when there is no save)."""
+    saves = iteration_dirs(root)
+    if not saves:
+        return None
+    named = tracker_iteration(root)
+    return next((p for p in saves if iteration_of(p) == named), saves[-1])
 
 
 def json_safe(value: Any) -> Any:

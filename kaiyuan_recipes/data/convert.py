@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from kaiyuan_recipes.atomic import write_text_atomic
 from kaiyuan_recipes.data.clean.manifest import manifest_summary as clean_summary
@@ -33,10 +33,10 @@ from kaiyuan_recipes.data.convert_worker import (
     _init_worker,
     _Stopped,
     convert_parquet_shard,
-    list_parquet_files,
     output_prefix_for,
     rank_path,
 )
+from kaiyuan_recipes.data.parquet_inputs import parquet_files
 from kaiyuan_recipes.data.tokenizer import tokenizer_fingerprint, tokenizer_identity
 
 MANIFEST = "manifest.json"
@@ -141,22 +141,12 @@ def _convert_here(opts: ConvertOptions, todo: list[tuple[Path, Path]], manifest:
                        "workers_per_shard": 1}
 
 
-def convert_directory(opts: ConvertOptions, show_progress: bool = True) -> dict[str, Any]:
-    """Convert every parquet file under opts.input_dir; returns the manifest."""
-    import pyarrow.parquet as pq
-
-    if opts.on_bad_row not in BAD_ROW_POLICIES:
-        raise BadInputError(f"--on-bad-row: expected one of {BAD_ROW_POLICIES}, got {opts.on_bad_row!r}")
-    opts.input_dir = Path(os.path.abspath(opts.input_dir))  # the manifest records one spelling of each input
-    files = list_parquet_files(opts.input_dir)
-    opts.output_dir = Path(opts.output_dir)
-    try:
-        opts.output_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise OutputError(f"{opts.output_dir}: cannot create the output directory ({err.strerror})") from None
+def _current_manifest(opts: ConvertOptions, planned: dict[str, Path]) -> tuple[dict[str, Any], list[str]]:
+    """The output directory's manifest made current for this conversion (the outputs no longer planned removed;
+    every shard stale under another tokenizer, column or EOD setting; the tokenizer and cleaning recorded), and the
+    names of the outputs removed."""
     tokenizer_sha = tokenizer_fingerprint(opts.tokenizer_dir)
     manifest = load_manifest(opts.output_dir)
-    planned = {output_prefix_for(opts, index).name: src for index, src in enumerate(files)}
     removed = remove_orphans(opts.output_dir, manifest, set(planned), opts.output_prefix)
     made_with = dict(tokenizer_sha256=tokenizer_sha, text_key=opts.text_key, append_eod=opts.append_eod)
     if any(manifest.get(k) not in (None, v) for k, v in made_with.items()):
@@ -169,6 +159,59 @@ def convert_directory(opts: ConvertOptions, show_progress: bool = True) -> dict[
         manifest["cleaning"] = clean_summary(cleaned, opts.input_dir)
     else:
         manifest.pop("cleaning", None)
+    return manifest, removed
+
+
+def _total_rows(sources: Iterable[Path]) -> int:
+    """The rows the progress bar counts up to, from the files' footers."""
+    import pyarrow.parquet as pq
+
+    total = 0
+    for src in sources:
+        try:
+            total += pq.ParquetFile(src).metadata.num_rows
+        except Exception:  # reported properly by the worker, with the file name
+            pass
+    return total
+
+
+def _stopped(cause: int, failures: list[str], todo: list[tuple[Path, Path]], manifest: dict[str, Any]) -> Exception:
+    """The error a stopped conversion raises (cause 0: a failure every further shard would meet, else the signal),
+    once the temporary files of the shards it had started are removed; the finished shards are kept."""
+    for _, prefix in todo:
+        for ext in (".bin", ".idx", RANK_SUFFIX):
+            Path(f"{prefix.with_name(f'.{prefix.name}.tmp')}{ext}").unlink(missing_ok=True)
+    finished = sum(1 for _, prefix in todo if prefix.name in manifest["shards"])
+    if cause == 0:  # stopped by a failure, not a signal
+        return OutputError("; ".join(failures) + f" ({finished} of {len(todo)} shards finished and kept)")
+    return ConversionInterrupted(cause, finished, len(todo) - finished)
+
+
+def _worker_context() -> Any:
+    """The multiprocessing context the conversion workers start from."""
+    # forkserver: workers fork from a clean single-threaded server that has imported the heavy
+    # modules (torch, megatron-core) once. Plain fork is unsafe from a process that already runs
+    # threads (a training process, a test runner); spawn would repeat the imports in every worker.
+    ctx = get_context("forkserver")
+    ctx.set_forkserver_preload(
+        ["kaiyuan_recipes.data.quiet_worker_imports", "megatron.core.datasets.indexed_dataset", "pyarrow.parquet",
+         "kaiyuan_recipes.data.convert_worker"])
+    return ctx
+
+
+def convert_directory(opts: ConvertOptions, show_progress: bool = True) -> dict[str, Any]:
+    """Convert every parquet file under opts.input_dir; returns the manifest."""
+    if opts.on_bad_row not in BAD_ROW_POLICIES:
+        raise BadInputError(f"--on-bad-row: expected one of {BAD_ROW_POLICIES}, got {opts.on_bad_row!r}")
+    opts.input_dir = Path(os.path.abspath(opts.input_dir))  # the manifest records one spelling of each input
+    files = parquet_files(opts.input_dir, BadInputError)
+    opts.output_dir = Path(opts.output_dir)
+    try:
+        opts.output_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise OutputError(f"{opts.output_dir}: cannot create the output directory ({err.strerror})") from None
+    planned = {output_prefix_for(opts, index).name: src for index, src in enumerate(files)}
+    manifest, removed = _current_manifest(opts, planned)
     todo = []
     for name, src in planned.items():
         prefix = opts.output_dir / name
@@ -182,19 +225,8 @@ def convert_directory(opts: ConvertOptions, show_progress: bool = True) -> dict[
 
     if opts.in_process:
         return _convert_here(opts, todo, manifest) | {"up_to_date": skipped_up_to_date, "removed": removed}
-    total_rows = 0
-    for src, _ in todo:
-        try:
-            total_rows += pq.ParquetFile(src).metadata.num_rows
-        except Exception:  # reported properly by the worker, with the file name
-            pass
-    # forkserver: workers fork from a clean single-threaded server that has imported the heavy
-    # modules (torch, megatron-core) once. Plain fork is unsafe from a process that already runs
-    # threads (a training process, a test runner); spawn would repeat the imports in every worker.
-    ctx = get_context("forkserver")
-    ctx.set_forkserver_preload(
-        ["kaiyuan_recipes.data.quiet_worker_imports", "megatron.core.datasets.indexed_dataset", "pyarrow.parquet",
-         "kaiyuan_recipes.data.convert_worker"])
+    total_rows = _total_rows(src for src, _ in todo)
+    ctx = _worker_context()
     progress_queue, stop = ctx.Queue(), ctx.Event()
     opts_dict = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()}
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -240,13 +272,7 @@ def convert_directory(opts: ConvertOptions, show_progress: bool = True) -> dict[
             for fut in pending:
                 record(fut)  # a shard that finished while stopping is kept
     if caught:
-        for _, prefix in todo:
-            for ext in (".bin", ".idx", RANK_SUFFIX):
-                Path(f"{prefix.with_name(f'.{prefix.name}.tmp')}{ext}").unlink(missing_ok=True)
-        finished = sum(1 for _, prefix in todo if prefix.name in manifest["shards"])
-        if caught[0] == 0:  # stopped by a failure, not a signal
-            raise OutputError("; ".join(failures) + f" ({finished} of {len(todo)} shards finished and kept)")
-        raise ConversionInterrupted(caught[0], finished, len(todo) - finished)
+        raise _stopped(caught[0], failures, todo, manifest)
     elapsed = time.perf_counter() - started
     if failures:
         raise BadInputError("; ".join(failures)

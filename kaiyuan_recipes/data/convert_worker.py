@@ -81,16 +81,6 @@ def output_prefix_for(opts: ConvertOptions, index: int) -> Path:
     return opts.output_dir / f"{opts.output_prefix}_part-{index:05d}_text_document"
 
 
-def list_parquet_files(input_dir: Path) -> list[Path]:
-    input_dir = Path(input_dir)
-    if not input_dir.is_dir():
-        raise BadInputError(f"{input_dir}: input directory not found")
-    files = sorted(p for p in input_dir.rglob("*.parquet") if p.is_file())
-    if not files:
-        raise BadInputError(f"{input_dir}: no *.parquet files")
-    return files
-
-
 # ---- worker side ---------------------------------------------------------------------------------
 
 
@@ -165,9 +155,8 @@ def convert_parquet_shard(path: str, prefix: str, opts_dict: dict[str, Any], pro
     """Convert one parquet file into `<prefix>.bin/.idx`. Runs in a worker process."""
     import numpy as np
     import pyarrow as pa
-    import pyarrow.parquet as pq
     import torch
-    from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
+    from megatron.core.datasets.indexed_dataset import DType
 
     opts = ConvertOptions(**opts_dict)
     src, prefix_path = Path(path), Path(prefix)
@@ -180,26 +169,15 @@ def convert_parquet_shard(path: str, prefix: str, opts_dict: dict[str, Any], pro
         raise BadInputError(f"{opts.tokenizer_dir}: tokenizer has no <|endoftext|> token for EOD")
     dtype = DType.optimal_dtype(tokenizer_vocab_size(Path(opts.tokenizer_dir)))
 
-    try:
-        parquet = pq.ParquetFile(src)
-    except (pa.ArrowInvalid, OSError) as err:
-        raise BadInputError(f"{src}: not a readable parquet file ({err})") from err
-    if opts.text_key not in parquet.schema_arrow.names:
-        raise BadInputError(f"{src}: no column '{opts.text_key}' (columns: {', '.join(parquet.schema_arrow.names)})")
-    if parquet.metadata.num_rows == 0:
-        raise BadInputError(f"{src}: the file has no rows")
+    parquet = _open_input(src, opts.text_key)
     result.ranked = opts.rank_key in parquet.schema_arrow.names
     columns = [opts.text_key] + ([opts.rank_key] if result.ranked else [])
     ranks: list[float] = []
 
     # Hidden temporary prefix in the same directory: readable by IndexedDataset, renamed when whole.
     tmp_prefix = prefix_path.with_name(f".{prefix_path.name}.tmp")
-    tmp_bin, tmp_idx = Path(f"{tmp_prefix}.bin"), Path(f"{tmp_prefix}.idx")
-    try:
-        builder = IndexedDatasetBuilder(str(tmp_bin), dtype=dtype)
-    except OSError as err:
-        tmp_bin.unlink(missing_ok=True)
-        raise OutputError(f"{tmp_bin.parent}: cannot write the shard of {src.name} ({err.strerror})") from None
+    tmp_bin = Path(f"{tmp_prefix}.bin")
+    builder = _new_builder(tmp_bin, dtype, src)
     tail = [eod] if opts.append_eod else []
 
     def write(encoded: list[list[int]]) -> None:
@@ -249,16 +227,49 @@ def convert_parquet_shard(path: str, prefix: str, opts_dict: dict[str, Any], pro
         _discard(builder, tmp_bin)
         raise BadInputError(f"{src}: all {result.skipped_rows} rows skipped as bad, nothing to convert "
                             f"({'; '.join(result.skipped_examples[:2])}); fix or remove the file")
-    try:
-        _finish_shard(builder, tmp_prefix, prefix_path, result, src, ranks)
-    except BaseException as err:
-        for path in (tmp_bin, tmp_idx, rank_path(tmp_prefix)):
-            path.unlink(missing_ok=True)
-        if isinstance(err, OSError):
-            raise OutputError(f"{prefix_path.parent}: cannot write the shard of {src.name} ({err.strerror})") from None
-        raise
+    _publish_shard(builder, tmp_prefix, prefix_path, result, src, ranks)
     result.seconds = time.perf_counter() - start
     return asdict(result)
+
+
+def _open_input(src: Path, text_key: str) -> Any:
+    """The parquet file to convert, refused naming it when unreadable, without the text column, or without rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(src)
+    except (pa.ArrowInvalid, OSError) as err:
+        raise BadInputError(f"{src}: not a readable parquet file ({err})") from err
+    if text_key not in parquet.schema_arrow.names:
+        raise BadInputError(f"{src}: no column '{text_key}' (columns: {', '.join(parquet.schema_arrow.names)})")
+    if parquet.metadata.num_rows == 0:
+        raise BadInputError(f"{src}: the file has no rows")
+    return parquet
+
+
+def _new_builder(tmp_bin: Path, dtype: Any, src: Path) -> Any:
+    """megatron-core's IndexedDatasetBuilder writing `tmp_bin` (an unwritable folder: an OutputError)."""
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    try:
+        return IndexedDatasetBuilder(str(tmp_bin), dtype=dtype)
+    except OSError as err:
+        tmp_bin.unlink(missing_ok=True)
+        raise OutputError(f"{tmp_bin.parent}: cannot write the shard of {src.name} ({err.strerror})") from None
+
+
+def _publish_shard(builder: Any, tmp_prefix: Path, prefix: Path, result: ShardResult, src: Path,
+                   ranks: list[float]) -> None:
+    """_finish_shard, or on any failure its temporary files removed (a write failure as an OutputError)."""
+    try:
+        _finish_shard(builder, tmp_prefix, prefix, result, src, ranks)
+    except BaseException as err:
+        for path in (Path(f"{tmp_prefix}.bin"), Path(f"{tmp_prefix}.idx"), rank_path(tmp_prefix)):
+            path.unlink(missing_ok=True)
+        if isinstance(err, OSError):
+            raise OutputError(f"{prefix.parent}: cannot write the shard of {src.name} ({err.strerror})") from None
+        raise
 
 
 def _discard(builder: Any, tmp_bin: Path) -> None:

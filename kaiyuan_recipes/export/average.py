@@ -19,17 +19,15 @@ from typing import Any
 
 from kaiyuan_recipes.atomic import atomic_directory, require_new_output
 from kaiyuan_recipes.ckpt.screen import screen_pickles
-from kaiyuan_recipes.ckpt.store import (
+from kaiyuan_recipes.ckpt.store import TRACKER, CheckpointError, checkpoint_format, refuse_links
+from kaiyuan_recipes.config.run_layout import (
     ITER_DIR,
-    TRACKER,
-    CheckpointError,
-    checkpoint_format,
+    RUN_CONFIG_FILE,
+    RunLayout,
     checkpoint_root,
     iteration_dirs,
     iteration_of,
-    refuse_links,
 )
-from kaiyuan_recipes.config.run_layout import RUN_CONFIG_FILE, RunLayout
 
 from .megatron_to_hf import (
     bridge_for,

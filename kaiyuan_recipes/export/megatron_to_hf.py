@@ -14,7 +14,8 @@ from typing import Any
 
 from kaiyuan_recipes import fastpath
 from kaiyuan_recipes.atomic import atomic_directory, require_new_output
-from kaiyuan_recipes.config.run_layout import RUN_CONFIG_FILE, RunLayout, is_megatron_checkpoint
+from kaiyuan_recipes.config import run_layout
+from kaiyuan_recipes.config.run_layout import RUN_CONFIG_FILE, is_megatron_checkpoint
 from kaiyuan_recipes.data.tokenizer import special_token_ids, tokenizer_vocab_size
 from kaiyuan_recipes.export.temporary_dir import temporary_directory
 from kaiyuan_recipes.models.shape import SHAPE_FIELDS, ModelShape
@@ -36,23 +37,17 @@ def ensure_single_process_group() -> None:
         parallel_state.initialize_model_parallel()
 
 
-def checkpoint_root(path: Path) -> Path:
-    """A run directory, its checkpoints/ directory, or one iter_* directory."""
-    path = RunLayout.checkpoint_root(path)
-    if not (path.name.startswith("iter_") or any(p.name.startswith("iter_") for p in path.iterdir())):
-        raise FileNotFoundError(f"{path}: no iter_* checkpoint directories")
-    return path
-
-
-def newest_iteration_dir(root: Path) -> Path:
-    root = checkpoint_root(root)
-    if root.name.startswith("iter_"):
-        return root
-    newest = RunLayout.latest_iteration_dir(root)
-    if newest is not None and newest.is_dir():
-        return newest
-    return max((p for p in root.iterdir() if p.name.startswith("iter_") and p.is_dir()), key=lambda p: p.name)
-
+def newest_iteration_dir(checkpoint: Path) -> Path:
+    """One iter_* directory as given, else the save a resume of the run (or checkpoints folder) loads."""
+    checkpoint = Path(checkpoint)
+    if run_layout.iteration_of(checkpoint) is not None:
+        return checkpoint
+    root = run_layout.checkpoint_root(checkpoint)
+    newest = run_layout.newest_iteration_dir(root)
+    if newest is None:
+        raise FileNotFoundError(f"{root}: no iter_* checkpoint directories (expected a run directory, its "
+                                "checkpoints/ folder or one iter_* directory)")
+    return newest
 
 
 class VocabularyTooSmall(ValueError):

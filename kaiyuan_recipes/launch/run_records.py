@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from kaiyuan_recipes.config.run_layout import RunLayout
+from kaiyuan_recipes.config.run_layout import RunLayout, tracker_iteration
 from kaiyuan_recipes.launch.run import RunError
 
 NUMBER = (int, float)
@@ -75,8 +75,8 @@ def finite(value: Any) -> bool:
 
 def last_checkpoint(layout: RunLayout, metrics: list[dict[str, Any]]) -> int | None:
     """The newest checkpoint the run saved: Megatron's tracker file, else the last checkpoint event it logged."""
-    tracker = RunLayout.latest_iteration_dir(layout.checkpoints)
+    tracker = tracker_iteration(layout.checkpoints)
     if tracker is not None:
-        return int(tracker.name.removeprefix("iter_"))
+        return tracker
     saved = [r["iteration"] for r in metrics if r.get("event") == "checkpoint" and type(r.get("iteration")) is int]
     return saved[-1] if saved else None

@@ -37,17 +37,18 @@ def test_the_real_lock_swaps_the_stack_the_matrix_row_names():
 
 
 def test_journey_refuses_an_unknown_stack_and_a_missing_wheel_set(tmp_path):
-    """In a tree without .whl-fw2606 (the scripts copied), run the lab's way (KAIYUAN_LAB_WHEELS, lab/gpu.sh): both
+    """In a tree without .whl-fw2606 (the scripts copied), run the lab's way (lab/gpu.sh): both
     refusals come before anything is installed or run."""
     (tmp_path / "tests" / "gpu").mkdir(parents=True)
     (tmp_path / "lab").mkdir()
     for name in ("journey.sh", "flags.sh", "env.sh"):
         shutil.copy(ROOT / "tests" / "gpu" / name, tmp_path / "tests" / "gpu" / name)
-    shutil.copy(ROOT / "lab" / "gpu_host_env.sh", tmp_path / "lab" / "gpu_host_env.sh")
+    for name in ("gpu.sh", "gpu_host_env.sh"):
+        shutil.copy(ROOT / "lab" / name, tmp_path / "lab" / name)
 
     def journey(*args):
-        return subprocess.run(["bash", "tests/gpu/journey.sh", "--out", str(tmp_path / "out"), *args], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=60,
+        return subprocess.run(["bash", "lab/gpu.sh", "tests/gpu/journey.sh", "--out", str(tmp_path / "out"), *args],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=60,
                               env=os.environ | {"KAIYUAN_LAB_WHEELS": ".whl"})
 
     bad = journey("--stack", "fw2506")

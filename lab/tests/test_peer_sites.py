@@ -1,4 +1,5 @@
-"""tests/gpu/peer_throughput.sh the lab's way (KAIYUAN_LAB_WHEELS, lab/gpu_host_env.sh's lab_peer_sites), with
+"""tests/gpu/peer_throughput.sh the lab's way (lab/gpu.sh, which installs the peer sets with lab/gpu_host_env.sh's
+lab_peer_sites and hands their folders to the script as --peer-sites), with
 train_throughput.py stubbed: an install-only run installs each carried peer set into its own folder and fails
 naming a set that is neither carried nor installed; a measuring run then hands the installed folders to the rows
 and goes on without the missing one (its rows record their import error; the others are measured)."""
@@ -19,7 +20,8 @@ out.with_name("args.txt").write_text("\\n".join(sys.argv[1:]))
 
 def tree(tmp_path: Path) -> Path:
     root = tmp_path / "tree"
-    for rel in ("tests/gpu/peer_throughput.sh", "tests/gpu/flags.sh", "tests/gpu/env.sh", "lab/gpu_host_env.sh"):
+    for rel in ("tests/gpu/peer_throughput.sh", "tests/gpu/flags.sh", "tests/gpu/env.sh", "lab/gpu.sh",
+                "lab/gpu_host_env.sh"):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / rel, root / rel)
     (root / "benchmarks").mkdir()
@@ -31,8 +33,8 @@ def tree(tmp_path: Path) -> Path:
 
 def run(root: Path, peers_root: Path, out: Path, *flags: str) -> subprocess.CompletedProcess:
     env = {"PATH": "/usr/bin:/bin", "KAIYUAN_LAB_WHEELS": ".whl", "lab_peer_root": str(peers_root)}
-    return subprocess.run(["bash", "tests/gpu/peer_throughput.sh", "--out", str(out), *flags], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(["bash", "lab/gpu.sh", "tests/gpu/peer_throughput.sh", "--out", str(out), *flags], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=300)
 
 
 def test_a_missing_peer_set_fails_the_install_only_run_and_not_the_rows(tmp_path):

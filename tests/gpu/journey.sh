@@ -22,7 +22,7 @@ part=$opt_part rev=$opt_rev stack=$opt_stack
 case $part in foreground|detached|all) ;; *) echo "journey.sh: --part foreground|detached|all, not '$part'" >&2; exit 2 ;; esac
 case $stack in
   bridge) ;;
-  fw2606) lab_stack=fw2606 ;;  # the lab host's wheel set of that name (lab/gpu_host_env.sh)
+  fw2606) ;;  # the environment the script is given holds that stack (constraints/fw2606.txt)
   te) [ -n "${KAIYUAN_TE_SITE:-}" ] && export PYTHONPATH="$KAIYUAN_TE_SITE${PYTHONPATH:+:$PYTHONPATH}" ;;
   *) echo "journey.sh: --stack bridge|fw2606|te, not '$stack'" >&2; exit 2 ;;
 esac

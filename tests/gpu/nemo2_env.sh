@@ -6,19 +6,19 @@
 #   bash tests/gpu/nemo2_env.sh --python .venv-nemo2/bin/python
 # or source it from a script, which declares the flags and then calls nemo2_setup (nemo2_pretrain.sh does):
 #   source tests/gpu/flags.sh; source tests/gpu/nemo2_env.sh; nemo2_flags; parse_flags "$@"; nemo2_setup || exit 1
-# --wheels installs a wheel set first (lab/nemo2_host_env.sh: the team's own host, which has no network).
+# Nothing is installed: --pythonpath names the NeMo 2 side's PYTHONPATH where its interpreter lacks a package (a
+# folder it was installed into); the Megatron-Bridge side keeps the PYTHONPATH the script was given
+# ($bridge_pythonpath).
 
 nemo2_flags() {
   flag python python3 "the interpreter of the NeMo 2 environment (e.g. .venv-nemo2/bin/python)"
-  flag wheels "${KAIYUAN_LAB_NEMO2_WHEELS:-}" "lab/ only: a NeMo 2 wheel set to install first (lab/README.md)"
-  flag site "" "lab/ only: where --wheels is installed (lab/nemo2_host_env.sh's default)"
+  flag pythonpath "" "the NeMo 2 side's PYTHONPATH, in place of the one the script is given (kept for the Bridge side)"
 }
 
 nemo2_setup() {
   out=$opt_out; mkdir -p "$out"
-  if [ -n "$opt_wheels" ]; then
-    source lab/nemo2_host_env.sh && lab_nemo2_setup "$opt_wheels" "$opt_site" "$opt_python" || return 1
-  fi
+  bridge_pythonpath=${bridge_pythonpath-${PYTHONPATH:-}}
+  [ -z "$opt_pythonpath" ] || export PYTHONPATH=$opt_pythonpath
   export PYTHONUNBUFFERED=1
   # megatron-core 0.15 JIT-builds a CUDA allocator at import (inference/unified_memory.py). A build killed midway
   # (a time limit) leaves its lock file, and every later import then waits on it for ever: a folder of our own,

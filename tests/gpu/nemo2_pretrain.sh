@@ -236,7 +236,8 @@ PY
       trainer.val_check_interval="$opt_qwen_steps" trainer.limit_val_batches=1 log.ckpt.every_n_train_steps=1000000 \
       log.ckpt.save_last=false
     # The Megatron-Bridge environment, not NeMo 2's.
-    unset PYTHONPATH; source tests/gpu/env.sh
+    if [ -n "$bridge_pythonpath" ]; then export PYTHONPATH=$bridge_pythonpath; else unset PYTHONPATH; fi
+    source tests/gpu/env.sh
     overrides=()
     for o in $FUSIONS_OFF; do overrides+=("model.$o=false"); done
     run_logged kaiyuan_qwen python3 -m kaiyuan_recipes.cli.main train \

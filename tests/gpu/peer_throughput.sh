@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Our qwen3_1p7b training against the peers' own trainers (torchtitan, OLMo-core) on one CUDA GPU, with the package
-# installed and each peer installed in a folder of its own (`pip install --target DIR torchtitan`, pinned in
-# lab/titan-wheels.txt and lab/olmo-wheels.txt), which only the peers' processes put on their PYTHONPATH. From the
+# installed and each peer installed in a folder of its own (`pip install --target DIR torchtitan`, at the versions the
+# peer_*.py docstrings name), which only the peers' processes put on their PYTHONPATH. From the
 # repository root (about 15 minutes):
 #   bash tests/gpu/peer_throughput.sh --peer-sites "DIR_TITAN DIR_OLMO" [--impls "ours torchtitan olmo_core"]
 # train_throughput.py's rows in one process, each row's training in a process of its own, in order: seq 4096, micro
@@ -20,18 +20,10 @@ flag steps 15 "training steps per row (the first 3 are not timed)"
 flag peer-sites "" "the folders the peers are installed in (required for the peer rows)"
 switch profile "a profiler trace of one step after the timed ones for every row, and the report"
 flag peak-tflops 790 "the GPU's dense bf16 matrix peak the report measures against"
-flag peers "titan olmo" "lab/ only: the peer wheel sets to install (lab/gpu_host_env.sh)"
-switch install-only "lab/ only: install the peer wheel sets and stop"
 parse_flags "$@"
 source tests/gpu/env.sh
 rm -f "$out/done"
 read -ra sites <<< "$opt_peer_sites"
-# A missing peer set fails an install-only run; a measuring run goes on, so that a peer without its set records its
-# import error in its row and the other rows are still measured.
-if [ -n "${KAIYUAN_LAB_WHEELS:-}" ] && ! lab_peer_sites $opt_peers && [ "$opt_install_only" = 1 ]; then
-  echo 2 > "$out/done"; exit 2
-fi
-[ "$opt_install_only" = 1 ] && { echo 0 > "$out/done"; exit 0; }
 profile=(); [ "$opt_profile" = 1 ] && profile=(--profile)
 # shellcheck disable=SC2086  # a list of rows
 python3 benchmarks/train_throughput.py --models qwen3_1p7b --impls $opt_impls --steps "$opt_steps" \

@@ -14,7 +14,7 @@ flag parts "dry-run stop-resume export" "which parts, in order"
 flag te-site "${KAIYUAN_TE_SITE:-}" "a folder with a built TE (.te-ready names its version), put first on PYTHONPATH"
 flag export-run /tmp/stop_resume/reference "the run the export part exports (/tmp/te_run/gpt_smoke: the train part's)"
 parse_flags "$@"
-# TE from --te-site (a folder that says .te-ready, as lab/te_env.sh builds one), else the environment's own
+# TE from --te-site (a folder with a built TE: its .te-ready file names the version), else the environment's own
 if [ -n "$opt_te_site" ] && [ -e "$opt_te_site/.te-ready" ]; then
   te_version=$(cut -d" " -f2 "$opt_te_site/.te-ready")
   export PYTHONPATH="$opt_te_site${PYTHONPATH:+:$PYTHONPATH}"

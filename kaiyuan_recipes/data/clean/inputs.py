@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kaiyuan_recipes.data.clean.config import CleanConfigError
+from kaiyuan_recipes.data.parquet_inputs import parquet_files
 
 MANIFEST_NAME = "clean_manifest.json"
 SAMPLES_DIR = "removed_samples"
@@ -67,12 +68,7 @@ def check_inputs(input_dir: Path, text_key: str, nulls_refused: bool = True) -> 
     import pyarrow.parquet as pq
 
     input_dir = Path(input_dir)
-    if not input_dir.is_dir():
-        raise CleanInputError(f"{input_dir}: input directory not found")
-    paths = sorted((p for p in input_dir.rglob("*.parquet") if p.is_file()),
-                   key=lambda p: p.relative_to(input_dir).as_posix())
-    if not paths:
-        raise CleanInputError(f"{input_dir}: no *.parquet files")
+    paths = sorted(parquet_files(input_dir, CleanInputError), key=lambda p: p.relative_to(input_dir).as_posix())
     files: list[InputFile] = []
     schema = None
     for path in paths:
