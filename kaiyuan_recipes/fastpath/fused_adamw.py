@@ -53,4 +53,4 @@ def fuse_adamw(optimizer: Any) -> int:
 class FusedAdamWCallback(Callback):
     def on_train_start(self, context: Any) -> None:
         groups = fuse_adamw(context.optimizer)
-        log.info("fused AdamW step in %d param group(s)", groups)
+        log.debug("fused AdamW step in %d param group(s)", groups)

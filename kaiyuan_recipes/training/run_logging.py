@@ -69,6 +69,9 @@ QUIET_RULES = (
     # GPTModelProvider's default probes for TE / Apex at every construction and warns that it turns the fusion off;
     # the fusion is then decided for this run (kaiyuan.wgrad_fusion, shown in the decided block)
     QuietRule("megatron.bridge.utils.fusions", "gradient_accumulation_fusion requires ", logging.WARNING),
+    # optional-package notices ("JAX version … available") logged while Megatron's training module imports, after
+    # its console handler exists and before the console's policy can wrap it
+    QuietRule("datasets", ""),
 )
 
 
@@ -128,9 +131,9 @@ class QuietOnConsole(logging.Filter):
         return False
 
 
-# Upstream INFO records a person watches a start for: building a dataset index (minutes on a large corpus), once per
-# source and split: each is a step of progress, not a repeat. Every other upstream INFO record (set-up chatter,
-# config dumps, optional-package notices such as `datasets`' "JAX version … available") is for the full log.
+# Upstream INFO records a person watches a start for: building a dataset index (minutes on a large corpus), each text
+# once (every source says the same words). Every other upstream INFO record (set-up chatter, config dumps,
+# optional-package notices such as `datasets`' "JAX version … available") is for the full log.
 PROGRESS_SHOWN = (("megatron.core.datasets", "Build and save the "),)
 OWN_LOGGERS = ("kaiyuan_recipes", "__main__")
 
@@ -150,9 +153,8 @@ class ConsoleRecords(logging.Filter):
         if record.levelno > logging.INFO:
             return True
         message = record.getMessage()
-        if any(record.name.startswith(name) and message.startswith(prefix) for name, prefix in PROGRESS_SHOWN):
-            return True
-        if not record.name.startswith(OWN_LOGGERS):
+        progress = any(record.name.startswith(name) and message.startswith(prefix) for name, prefix in PROGRESS_SHOWN)
+        if not progress and not record.name.startswith(OWN_LOGGERS):
             if self.full_log.handler is None:  # once it is open, the full log's own handler has the record
                 self.full_log.keep(record)
             return False
@@ -167,8 +169,9 @@ class ConsoleRecords(logging.Filter):
 # Megatron's set-up prints on rank 0 (print_rank_0: "> initializing torch distributed ...", "> setting tensorboard
 # ...", "time to initialize megatron (seconds): …", its datasets' "> building train, validation, and test datasets
 # ..."): progress of upstream's own steps, for the full log. The run's phase (`kaiyuan status`) says the same.
-UPSTREAM_PRINTS = re.compile(r"^(> |>>> |time to initialize megatron|\[after .*\] datetime: |building GPT model|"
-                             r"Number of parameters in )")
+UPSTREAM_PRINTS = re.compile(r"^ ?(> |>>> |time to initialize megatron|\[after .*\] datetime: |building GPT model|"
+                             r"Number of parameters in |done with setup|Setting rerun_state_machine\.|"
+                             r"Starting training loop at iteration |    (train|validation|test): +\d+$)")
 
 
 class ConsoleStdout:
@@ -198,12 +201,19 @@ class ConsoleStdout:
 EXPERIMENTAL_API = re.compile(r"Function '[^']+' is experimental\. ")
 
 
+# Said at every start, about upstream's internals: Qwen2's pad id is its end-of-document id by design, and autograd's
+# stream hint about Megatron's own gradient accumulation
+UPSTREAM_NOTICES = ("The pad token id in the tokenizer collides with another special token id",
+                    "The AccumulateGrad node's stream does not match the stream of the node that produced")
+
+
 def about_upstreams_api(message: str, category: type[Warning], filename: str) -> bool:
     """Warnings about how upstream's own code calls upstream (deprecations, an experimental function, c10d's
-    barrier picking its device): nothing a user of this run can act on."""
+    barrier picking its device, UPSTREAM_NOTICES): nothing a user of this run can act on."""
     return (EXPERIMENTAL_API.match(message) is not None
             or issubclass(category, (DeprecationWarning, FutureWarning, SyntaxWarning))
             or " is deprecated" in message
+            or message.startswith(UPSTREAM_NOTICES)
             or ("torch/distributed/" in filename.replace("\\", "/") and message.startswith("barrier(): ")))
 
 

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 from typing import Any
+
+FIRST_ITERATION_LINE = re.compile(r"kaiyuan: iteration \d")  # the decided block names the line, too
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:
@@ -44,13 +47,14 @@ def first_step(logs: Path, launch: int) -> dict[str, Any] | None:
 def report(logs: Path) -> dict[str, Any]:
     meta = json.loads((logs / "journey_meta_qwen3.json").read_text())
     steps = {s["step"]: s for s in _lines(logs / "journey_steps_qwen3.jsonl")}
-    lines = (logs / "console_lines_before_first_iteration.txt")
+    console = (logs / "q1_console.log").read_text().splitlines() if (logs / "q1_console.log").is_file() else []
+    before = next((n for n, line in enumerate(console) if FIRST_ITERATION_LINE.match(line)), None)
     out: dict[str, Any] = {
         "recipe": meta.get("recipe", "qwen3_1p7b"), "revision": meta["rev"], "gpu": meta["gpu"],
         "host_versions": meta.get("versions", {}),
         "start_returned_s": steps.get("start", {}).get("wall_s"),
         "first_iteration": first_step(logs, 1), "phases_first_start_s": phases(logs, 1),
-        "console_lines_before_first_iteration": int(lines.read_text()) if lines.is_file() else None,
+        "console_lines_before_first_iteration": before,
     }
     if (logs / "launch_2.json").is_file():
         out |= {"restart_returned_s": steps.get("restart", {}).get("wall_s"),

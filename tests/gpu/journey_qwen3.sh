@@ -89,7 +89,7 @@ step status_stopped_2 0 expect_state $run stopped
 cp $runs/$run/run_state/metrics.jsonl "$logs/q1_metrics.jsonl" 2>/dev/null
 cp $runs/$run/logs/console.log "$logs/q1_console.log" 2>/dev/null
 # what the console showed before the first iteration line of the first start
-awk '/kaiyuan: iteration/ {print NR - 1; exit}' "$logs/q1_console.log" > "$logs/console_lines_before_first_iteration.txt"
+awk '/^kaiyuan: iteration [0-9]/ {print NR - 1; exit}' "$logs/q1_console.log" > "$logs/console_lines_before_first_iteration.txt"
 if [ "$opt_part" = start ]; then rm -rf "$runs"; exit 0; fi  # two checkpoints: the disk holds no third
 step keep_newest 0 keep_newest_checkpoint
 step ckpt_ls 0 kaiyuan ckpt ls $runs/$run
