@@ -51,3 +51,10 @@ def test_the_warm_up_ends_with_the_rank_that_started_it(fresh_cache):
         time.sleep(0.1)
     assert not os.path.exists(f"/proc/{warmup}"), "the warm-up outlived its rank"
     assert prepared(fresh_cache) == []  # stopped, not finished
+
+
+def test_a_rank_whose_plan_is_refused_ends_its_warm_up_at_once(fresh_cache):
+    process = start_cache_warmup("gpt_smoke", [])
+    finish_cache_warmup(process, needed=False)  # what entry.main does when the plan is refused
+    assert process.returncode is not None and process.returncode != 0
+    assert prepared(fresh_cache) == []

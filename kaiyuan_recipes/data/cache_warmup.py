@@ -46,12 +46,13 @@ def start_cache_warmup(recipe: str, overrides: list[str]) -> subprocess.Popen | 
     return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def finish_cache_warmup(process: subprocess.Popen | None, timeout_s: float = 30.0) -> None:
-    """Reap the warm-up once the rank has its inputs (by then it has finished, or is only leaving)."""
+def finish_cache_warmup(process: subprocess.Popen | None, needed: bool = True, timeout_s: float = 30.0) -> None:
+    """Reap the warm-up: once the rank has its inputs it has finished, or is only leaving; a rank that ends without
+    them (its plan refused) ends it at once instead of waiting for work nobody will use."""
     if process is None:
         return
     try:
-        process.wait(timeout=timeout_s)
+        process.wait(timeout=timeout_s if needed else 0)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()

@@ -80,14 +80,16 @@ def main(argv: list[str] | None = None) -> None:
     # data's check. The launching process checked only what it could without Megatron, so this is where a launch the
     # config or the data cannot train is refused, before the model is built. The other ranks load rank 0's plan
     # (training/plan.py); its verdict is theirs.
+    resolved = False
     try:
         cfg, run, record = resolve_for_rank(
             argv[0], argv[1:], check=lambda c, r: validate(c, r, world_size, upstream=True, data_here=True))
+        resolved = True
     except ValueError as err:  # the config's, the data's, the overrides' and a differing stack's errors name it
         print(f"kaiyuan: error: the run's plan was refused: {err}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
     finally:
-        finish_cache_warmup(warmup)
+        finish_cache_warmup(warmup, needed=resolved)
     if run.data_check is not None:
         for line in run.data_check.lines():
             print(f"kaiyuan: {line}", flush=True)
