@@ -99,6 +99,26 @@ def test_a_rank_with_another_stack_is_refused_by_name(monkeypatch):
     plan.refuse_another_stack({"stack": plan.stack_versions()}, 3)
 
 
+def test_a_node_with_its_own_cache_trains_the_sample_corpus_from_it(tmp_path, monkeypatch):
+    """Rank 0's plan names its cache's tokenizer and tokenized corpus; a node that shares no file system with it
+    prepares its own and trains from there (the same files under another root), instead of failing in Megatron."""
+    from kaiyuan_recipes.training import plan
+    from kaiyuan_recipes.training.config import build_config, sample_corpus_on_this_node
+
+    monkeypatch.setenv("KAIYUAN_CACHE", str(tmp_path / "node0"))
+    cfg, run = build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}"])
+    text = plan.container_text(cfg, run.run_dir)
+    monkeypatch.setenv("KAIYUAN_CACHE", str(tmp_path / "node1"))
+    loaded, loaded_run = plan.load_container(text), plan.run_settings_from(plan.run_settings_record(run))
+    assert str(tmp_path / "node0") in loaded.tokenizer.tokenizer_model
+    sample_corpus_on_this_node(loaded, loaded_run)  # what resolve_for_rank does on a loading rank
+    assert loaded.tokenizer.tokenizer_model.startswith(str(tmp_path / "node1"))
+    prefixes, weights = loaded.dataset.blend
+    assert all(p.startswith(str(tmp_path / "node1")) and Path(f"{p}.bin").is_file() for p in prefixes)
+    assert list(weights) == list(cfg.dataset.blend[1])
+    assert [Path(p).name for p in prefixes] == [Path(p).name for p in cfg.dataset.blend[0]]
+
+
 @pytest.mark.parametrize("backend", [["--slurm", "batch", "--gpus-per-node", "8"],
                                      ["--hosts", "gpu1,gpu2", "--nproc-per-node", "8"]])
 def test_a_launch_hosts_dry_run_leaves_the_layer_spec_to_the_training_node(tmp_path, monkeypatch, capsys, backend):

@@ -44,7 +44,7 @@ WORKER = textwrap.dedent("""
                         "Using reduce-scatter for gradient reductions because use_distributed_optimizer=True")
     log_single_rank(buffers, logging.WARNING, "a warning from the buffers")
     datasets = logging.getLogger("megatron.core.datasets.gpt_dataset")
-    for _ in range(2):                            # once per source of a blend, the same words: shown once
+    for _ in range(2):                            # once per source of a blend: progress, shown each time
         log_single_rank(datasets, logging.INFO, "Build and save the GPTDataset train indices")
     optimizer = logging.getLogger("megatron.core.optimizer")
     for _ in range(4):
@@ -83,7 +83,12 @@ WORKER = textwrap.dedent("""
     experimental_fn(lambda: None)()               # what calling Bridge's pretrain warns
     warnings.warn("a warning about this run")     # raised while running, not importing: shown
     # upstream's notices at every start (megatron_dataset.py for Qwen2's pad id, autograd under Megatron's schedule)
-    warnings.warn("The pad token id in the tokenizer collides with another special token id. This may cause ...")
+    warnings.warn("The pad token id in the tokenizer collides with another special token id. This may cause "
+                  "instability and lack of covergence during training. As such, the training flow will avoid masking "
+                  "out any pad tokens already present in the dataset. If you would like to disable this behavior, ...")
+    warnings.warn("The pad token id in the tokenizer collides with another special token id. This may cause "
+                  "instability and lack of covergence during training. Do not ignore this warning if you do not "
+                  "understand the implications. ")     # dataset.allow_ambiguous_pad_tokens=true: about the run
     warnings.warn("The AccumulateGrad node's stream does not match the stream of the node that produced the ...")
 """)
 
@@ -119,13 +124,14 @@ def test_console_leaves_out_upstream_noise(quiet):
                      "> setting tensorboard", "full scope is deprecated", "is deprecated", "barrier()",
                      "the same optimizer line", "number of parameters on", "datasets target sizes", "train:  ",
                      "validation: ", "done with setup", "Setting rerun_state_machine", "Starting training loop",
-                     "pad token id in the tokenizer collides", "AccumulateGrad node's stream"):
+                     "avoid masking out any pad tokens", "AccumulateGrad node's stream"):
         assert upstream not in console, upstream
 
 
 def test_import_time_warnings_go_to_the_full_log_and_later_ones_stay_on_the_console(quiet):
     console, full = quiet
     assert "UserWarning: a warning about this run" in console
+    assert "Do not ignore this warning if you do not understand the implications" in console
     assert "is experimental" in full
     from kaiyuan_recipes import compat
 
@@ -141,7 +147,7 @@ def test_console_keeps_what_a_person_needs(quiet):
     console, _ = quiet
     assert "a warning from the buffers" in console  # a quiet logger's warnings are not quiet
     assert "our own record" in console
-    assert console.count("Build and save the GPTDataset train indices") == 1  # set-up progress, each text once
+    assert console.count("Build and save the GPTDataset train indices") == 2  # set-up progress, per source
     decided = [line for line in console.splitlines() if line.startswith("kaiyuan: ")]
     assert any(line.startswith("kaiyuan: recipe gpt_smoke") for line in decided)
     assert any(line.startswith("kaiyuan: data bundled sample corpus") for line in decided)

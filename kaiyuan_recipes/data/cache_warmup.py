@@ -31,6 +31,19 @@ def _end_with_parent(parent: int) -> None:
         raise SystemExit(1)
 
 
+def _prepared(tokenizer: str | None) -> bool:
+    """Both inputs already in the cache (the usual start): a look at the files, no import."""
+    from kaiyuan_recipes.cache import cache_root
+    from kaiyuan_recipes.data.tokenizer import tokenizer_fingerprint
+
+    tokenizer_dir = Path(tokenizer) if tokenizer else cache_root() / "tokenizers" / "qwen2_bpe"
+    try:
+        corpus = cache_root() / "sample_corpus" / tokenizer_fingerprint(tokenizer_dir)[:16]
+    except OSError:
+        return False
+    return (corpus / "manifest.json").is_file()
+
+
 def start_cache_warmup(recipe: str, overrides: list[str]) -> subprocess.Popen | None:
     """The warm-up process for a run on the sample corpus (None for other data, or a request the rank's own
     resolution will refuse and word)."""
@@ -38,7 +51,7 @@ def start_cache_warmup(recipe: str, overrides: list[str]) -> subprocess.Popen | 
         knobs = check_launch_request(recipe, overrides).knobs
     except Exception:  # noqa: BLE001  (the rank's resolution reports it, with its context)
         return None
-    if knobs.data != "sample":
+    if knobs.data != "sample" or _prepared(knobs.tokenizer):
         return None
     command = [sys.executable, "-m", "kaiyuan_recipes.data.cache_warmup", "--parent", str(os.getpid())]
     if knobs.tokenizer:
@@ -46,13 +59,14 @@ def start_cache_warmup(recipe: str, overrides: list[str]) -> subprocess.Popen | 
     return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def finish_cache_warmup(process: subprocess.Popen | None, needed: bool = True, timeout_s: float = 30.0) -> None:
-    """Reap the warm-up: once the rank has its inputs it has finished, or is only leaving; a rank that ends without
-    them (its plan refused) ends it at once instead of waiting for work nobody will use."""
-    if process is None:
+def finish_cache_warmup(process: subprocess.Popen | None, timeout_s: float = 30.0) -> None:
+    """End and reap the warm-up once the rank has resolved its plan (the rank has its inputs then: what the warm-up
+    still does, nobody uses) or had it refused."""
+    if process is None or process.poll() is not None:
         return
+    process.terminate()  # it ends as its SIGTERM handler says: temporary files removed
     try:
-        process.wait(timeout=timeout_s if needed else 0)
+        process.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
@@ -63,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokenizer", type=Path, help="the run's tokenizer directory (default: the bundled one)")
     parser.add_argument("--parent", type=int, help="end when this process (the rank) ends")
     args = parser.parse_args(argv)
+    # a SIGTERM (the rank's end, or finish_cache_warmup) unwinds: the half-written tokenizer or shard is removed
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(128 + signal.SIGTERM))
     if args.parent is not None:
         _end_with_parent(args.parent)
     from kaiyuan_recipes.data.sample_corpus import prepare_sample_corpus

@@ -134,9 +134,17 @@ def _convert_here(opts: ConvertOptions, todo: list[tuple[Path, Path]], manifest:
     finished ones are kept, as with workers."""
     opts_dict = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()}
     started = time.perf_counter()
-    for src, prefix in todo:
-        manifest["shards"][prefix.name] = convert_parquet_shard(str(src), str(prefix), opts_dict)
-        _write_manifest(opts.output_dir, manifest)
+    # A process that has used the Rust tokenizer's thread pool and then forks (a rank's data-loader workers) prints
+    # tokenizers' fork warning: a corpus this small is encoded without the pool, unless the user chose.
+    chosen = "TOKENIZERS_PARALLELISM" in os.environ
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        for src, prefix in todo:
+            manifest["shards"][prefix.name] = convert_parquet_shard(str(src), str(prefix), opts_dict)
+            _write_manifest(opts.output_dir, manifest)
+    finally:
+        if not chosen:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
     return manifest | {"converted": len(todo), "seconds": time.perf_counter() - started, "num_shards": 1,
                        "workers_per_shard": 1}
 

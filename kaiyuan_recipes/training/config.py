@@ -229,12 +229,8 @@ def _apply_data_source(cfg: Any, run: RunSettings) -> None:
     elif run.data == "sample":
         from megatron.bridge.training.config import TokenizerConfig
 
-        from kaiyuan_recipes.data.sample_corpus import prepare_sample_corpus
-        from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
-
-        tokenizer_dir = str(run.tokenizer or default_tokenizer_dir())
-        cfg.tokenizer = TokenizerConfig(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=tokenizer_dir)
-        cfg.dataset.blend = prepare_sample_corpus(tokenizer_dir)
+        cfg.tokenizer = TokenizerConfig(tokenizer_type="HuggingFaceTokenizer")
+        sample_corpus_on_this_node(cfg, run)
         cfg.dataset.blend_per_split = None
         _sample_window(cfg)
     elif run.data == "curriculum":
@@ -260,6 +256,21 @@ def _apply_data_source(cfg: Any, run: RunSettings) -> None:
         cfg.dataset.blend_per_split = None
     elif not (cfg.dataset.blend or cfg.dataset.blend_per_split or cfg.dataset.data_path):
         raise ValueError("kaiyuan.data=blend needs dataset.blend, dataset.blend_per_split or dataset.data_path")
+
+
+def sample_corpus_on_this_node(cfg: Any, run: RunSettings) -> None:
+    """A run on the bundled corpus reads the tokenizer and the tokenized corpus from this node's cache, prepared here
+    when missing (cache_lock: the node's ranks wait for one). Rank 0's plan names its own cache; a node without a
+    file system shared with it has another, where the same files carry the same names (the tokenizer's
+    fingerprint), so only the paths differ."""
+    if run.data != "sample":
+        return
+    from kaiyuan_recipes.data.sample_corpus import prepare_sample_corpus
+    from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
+
+    tokenizer_dir = str(run.tokenizer or default_tokenizer_dir())
+    cfg.tokenizer.tokenizer_model = tokenizer_dir
+    cfg.dataset.blend = prepare_sample_corpus(tokenizer_dir)
 
 
 def _sample_window(cfg: Any) -> None:

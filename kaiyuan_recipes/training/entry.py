@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> None:
     phase_dir = supervised_state_dir()
     if phase_dir is not None:
         write_phase(phase_dir, f"{Phase.SETTING_UP}: building the config")
-    # rank 0 builds the config: its cached inputs are prepared beside the imports below
-    warmup = start_cache_warmup(argv[0], argv[1:]) if os.environ.get("RANK", "0") == "0" else None
+    # each node's first rank: the node's cached inputs are prepared beside the imports below
+    warmup = start_cache_warmup(argv[0], argv[1:]) if os.environ.get("LOCAL_RANK", "0") == "0" else None
     compat.apply()
     import megatron.training.training  # noqa: F401  (its import installs Megatron's console handler: basicConfig)
 
@@ -80,16 +80,16 @@ def main(argv: list[str] | None = None) -> None:
     # data's check. The launching process checked only what it could without Megatron, so this is where a launch the
     # config or the data cannot train is refused, before the model is built. The other ranks load rank 0's plan
     # (training/plan.py); its verdict is theirs.
-    resolved = False
     try:
         cfg, run, record = resolve_for_rank(
             argv[0], argv[1:], check=lambda c, r: validate(c, r, world_size, upstream=True, data_here=True))
-        resolved = True
+        if os.environ.get("RANK", "0") != "0" and os.environ.get("LOCAL_RANK", "0") == "0":
+            validate(cfg, run, world_size, upstream=False, data_here=True)  # the data as this node sees it
     except ValueError as err:  # the config's, the data's, the overrides' and a differing stack's errors name it
         print(f"kaiyuan: error: the run's plan was refused: {err}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
     finally:
-        finish_cache_warmup(warmup, needed=resolved)
+        finish_cache_warmup(warmup)
     if run.data_check is not None:
         for line in run.data_check.lines():
             print(f"kaiyuan: {line}", flush=True)

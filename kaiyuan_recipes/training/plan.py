@@ -21,7 +21,12 @@ from kaiyuan_recipes import compat, fastpath
 from kaiyuan_recipes.atomic import write_text_atomic
 from kaiyuan_recipes.config.plan_file import PLAN_FORMAT, plan_digest, write_plan
 from kaiyuan_recipes.fastpath.decisions import FastPathPlan, Piece
-from kaiyuan_recipes.training.config import RunSettings, build_config, install_in_this_process
+from kaiyuan_recipes.training.config import (
+    RunSettings,
+    build_config,
+    install_in_this_process,
+    sample_corpus_on_this_node,
+)
 
 # The packages whose versions decide what a loaded container means: a rank whose stack differs is refused.
 STACK = ("torch", "megatron-core", "megatron-bridge", "transformer-engine", "kaiyuan-recipes")
@@ -188,6 +193,7 @@ def resolve_for_rank(recipe: str, overrides: list[str], env: Mapping[str, str] =
     record = hand_off["plan"]
     refuse_another_stack(record, rank)
     cfg, run = load_container(hand_off["container"]), run_settings_from(hand_off["run"])
+    sample_corpus_on_this_node(cfg, run)
     install_in_this_process(cfg, run)
     cfg.dist.local_rank = int(env.get("LOCAL_RANK", "0"))  # each rank's own place on its node
     return cfg, run, record

@@ -131,9 +131,9 @@ class QuietOnConsole(logging.Filter):
         return False
 
 
-# Upstream INFO records a person watches a start for: building a dataset index (minutes on a large corpus), each text
-# once (every source says the same words). Every other upstream INFO record (set-up chatter, config dumps,
-# optional-package notices such as `datasets`' "JAX version … available") is for the full log.
+# Upstream INFO records a person watches a start for: building a dataset index (minutes on a large corpus), once per
+# source and split: each is a step of progress, not a repeat. Every other upstream INFO record (set-up chatter,
+# config dumps, optional-package notices such as `datasets`' "JAX version … available") is for the full log.
 PROGRESS_SHOWN = (("megatron.core.datasets", "Build and save the "),)
 OWN_LOGGERS = ("kaiyuan_recipes", "__main__")
 
@@ -153,8 +153,9 @@ class ConsoleRecords(logging.Filter):
         if record.levelno > logging.INFO:
             return True
         message = record.getMessage()
-        progress = any(record.name.startswith(name) and message.startswith(prefix) for name, prefix in PROGRESS_SHOWN)
-        if not progress and not record.name.startswith(OWN_LOGGERS):
+        if any(record.name.startswith(name) and message.startswith(prefix) for name, prefix in PROGRESS_SHOWN):
+            return True
+        if not record.name.startswith(OWN_LOGGERS):
             if self.full_log.handler is None:  # once it is open, the full log's own handler has the record
                 self.full_log.keep(record)
             return False
@@ -201,9 +202,10 @@ class ConsoleStdout:
 EXPERIMENTAL_API = re.compile(r"Function '[^']+' is experimental\. ")
 
 
-# Said at every start, about upstream's internals: Qwen2's pad id is its end-of-document id by design, and autograd's
-# stream hint about Megatron's own gradient accumulation
-UPSTREAM_NOTICES = ("The pad token id in the tokenizer collides with another special token id",
+# Said at every start, about upstream's internals: megatron-core's dataset has already worked around a pad id that is
+# also the end-of-document id (Qwen2's, by design; its other branch, for dataset.allow_ambiguous_pad_tokens, stays on
+# the console), and autograd's stream hint about Megatron's own gradient accumulation
+UPSTREAM_NOTICES = ("the training flow will avoid masking out any pad tokens already present in the dataset",
                     "The AccumulateGrad node's stream does not match the stream of the node that produced")
 
 
@@ -213,7 +215,7 @@ def about_upstreams_api(message: str, category: type[Warning], filename: str) ->
     return (EXPERIMENTAL_API.match(message) is not None
             or issubclass(category, (DeprecationWarning, FutureWarning, SyntaxWarning))
             or " is deprecated" in message
-            or message.startswith(UPSTREAM_NOTICES)
+            or any(notice in message for notice in UPSTREAM_NOTICES)
             or ("torch/distributed/" in filename.replace("\\", "/") and message.startswith("barrier(): ")))
 
 
@@ -230,7 +232,7 @@ class QuietWarnings:
             text = warnings.formatwarning(message, category, filename, lineno, line).rstrip()
             self.full_log.keep(logging.LogRecord("py.warnings", logging.WARNING, filename, lineno, text, None, None))
             return
-        self.shown(message, category, filename, lineno, file, line)
+        self.shown(message, category, filename, lineno, file, "")  # one console line: not the source line too
 
 
 _FULL_LOG = FullLog()
