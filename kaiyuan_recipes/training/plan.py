@@ -1,10 +1,11 @@
 """One resolved plan per launch. Rank 0 resolves the recipe on the training node (every `auto` decided for the
 hardware that trains), writes the plan once to <run>/run_state/plan.json (config/plan_file.py says the format)
 and hands it to the other ranks through torchrun's own store (the one its ranks rendezvous through, on every node:
-no shared file system needed, and never a plan left by an earlier launch). The other ranks load that container
-(Megatron-Bridge's run_config.yaml form, also written to run_state/) instead of building one, after checking that
-their stack is rank 0's; they install only what lives in the process itself (training/config.py
-install_in_this_process).
+the hand-off needs no shared file system, and never reads a plan left by an earlier launch). The other ranks load
+that container (Megatron-Bridge's run_config.yaml form, also written to run_state/) instead of building one, after
+checking that their stack is rank 0's; they install only what lives in the process itself (training/config.py
+install_in_this_process) and point the bundled sample corpus at their node's cache. Data and a tokenizer the user
+names are read at the same paths on every node.
 
 A host that only launches (an SSH or Slurm login node) builds nothing: config/launch_request.py checks there."""
 
