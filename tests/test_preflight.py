@@ -108,7 +108,9 @@ def test_null_weights_that_megatron_core_would_assert_on_are_refused_in_a_senten
     # the same blend with weights runs: the corpus is repeated, and the repetition is a warning with the epochs
     check = check_data(spec(([en, zh], [1.0, 1.0]), split="90,10,0", seq=16, samples=(10**7, 8, 0)), QWEN2)
     assert check.ok and check.epochs > 100
-    assert any("epochs over 2 prefix(es)" in w for w in check.warnings), check.warnings
+    # equal weights over unequal sources: the smaller is read the more often, and the warning names it
+    assert any(f"epochs of {zh}, the most repeated of 2 by its weight" in w for w in check.warnings), check.warnings
+    assert check.epochs > 10**7 * 16 / check.tokens["train"]  # more than the blend's overall repetition
 
 
 def test_null_weights_message_matches_what_megatron_core_does(converted, megatron_parallel):
@@ -250,3 +252,21 @@ def test_export_serve_and_eval_of_a_run_take_the_tokenizer_it_trained_with(tmp_p
     (save / "run_config.yaml").write_text(yaml.safe_dump(
         {"tokenizer": {"tokenizer_type": "NullTokenizer", "vocab_size": 151643}}))
     assert trained_tokenizer_dir(tmp_path / "run") == default_tokenizer_dir()
+
+
+def test_a_run_shorter_than_its_schedule_is_a_warning_of_the_dry_run(converted, tmp_path):
+    """qwen3_1p7b's schedule (2,000 warm-up iterations, a checkpoint and an evaluation every 2,000) on a 200-iteration
+    run trains, but never at its peak learning rate, saving or evaluating only at its end: said before the launch."""
+    from kaiyuan_recipes.training.config import build_config
+    from kaiyuan_recipes.training.validate import schedule_warnings, validate
+
+    base = [f"kaiyuan.data={converted['en']}", f"kaiyuan.run_root={tmp_path}", "dataset.split='80,20,0'"]
+    cfg, run = build_config("qwen3_1p7b", base + ["train.train_iters=200"])
+    validate(cfg, run, 8, upstream=False, data_here=True)
+    found = run.data_check.warnings
+    assert any(w.startswith("scheduler.lr_warmup_iters=2000 is not shorter than train.train_iters=200") for w in found)
+    assert any(w.startswith("checkpoint.save_interval=2000 is longer than the run (200 iterations)") for w in found)
+    assert any(w.startswith("validation.eval_interval=2000 is longer than the run") for w in found)
+    cfg, _ = build_config("qwen3_1p7b", base + ["train.train_iters=200", "scheduler.lr_warmup_iters=20",
+                                                "checkpoint.save_interval=100", "validation.eval_interval=50"])
+    assert schedule_warnings(cfg) == []

@@ -322,11 +322,17 @@ def check_data(spec: DataSpec, tokenizer: RunTokenizer | None = None, ranks_here
         asked_tokens = use.samples * seq
         if use.split == 0:
             have = check.tokens[name]
-            check.epochs = asked_tokens / have
+            check.epochs, over = asked_tokens / have, f"over {len(held)} prefix(es)"
+            if use.weights is not None and len(held) > 1:  # each source repeated as its share asks
+                share = {p: w / sum(use.weights) for p, w in zip(use.prefixes, use.weights)}
+                repeats = {p: asked_tokens * share[p] / max(held[p][1], 1) for p in held}
+                most = max(repeats, key=lambda p: repeats[p])
+                if repeats[most] > 1.01 * min(repeats.values()):  # weights other than the sources' token counts
+                    check.epochs, over = repeats[most], f"of {most}, the most repeated of {len(held)} by its weight"
             if check.epochs > EPOCHS_WARNED:
                 check.warnings.append(
-                    f"the run reads {asked_tokens:,} train tokens from {have:,} (~{check.epochs:,.0f} epochs over "
-                    f"{len(held)} prefix(es)): a corpus this small is memorised; fewer train.train_iters or more data")
+                    f"the run reads {asked_tokens:,} train tokens from {have:,} (~{check.epochs:,.0f} epochs {over}): "
+                    "a corpus this small is memorised; fewer train.train_iters or more data")
         if use.split == 1:
             fewest = min(held, key=lambda p: held[p][0])
             if held[fewest][0] < FEW_VALIDATION_DOCUMENTS:

@@ -110,7 +110,7 @@ def decided_where(run: RunSettings) -> dict[str, str]:
 
     from kaiyuan_recipes.training.plan import layer_spec_reason
 
-    return {"on": f"this host ({socket.gethostname()}); the run's plan: {run.layout.plan}",
+    return {"on": f"this host ({socket.gethostname()}); rank 0 writes the run's plan at the launch: {run.layout.plan}",
             "layer_spec": f"{run.layer_spec} ({layer_spec_reason(run)})"}
 
 

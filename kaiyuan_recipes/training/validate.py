@@ -143,6 +143,26 @@ def data_spec(cfg: Any) -> Any:
     return DataSpec(blend, d.blend_per_split, d.split, d.seq_length, samples, cfg.model.vocab_size)
 
 
+def schedule_warnings(cfg: Any) -> list[str]:
+    """A run shorter than its recipe's schedule trains, but not as its recipe means: the learning rate still warming
+    up at the end, no checkpoint or evaluation before it ends."""
+    iters, found = cfg.train.train_iters, []
+    if not iters:
+        return found
+    sched, val, ckpt = cfg.scheduler, cfg.validation, cfg.checkpoint
+    warmup = sched.lr_warmup_iters or (sched.lr_warmup_samples or 0) // max(cfg.train.global_batch_size, 1)
+    if warmup >= iters:
+        found.append(f"scheduler.lr_warmup_iters={warmup} is not shorter than train.train_iters={iters}: the learning "
+                     "rate never reaches its peak; set scheduler.lr_warmup_iters to a fraction of the run")
+    if ckpt.save and ckpt.save_interval and ckpt.save_interval > iters:
+        found.append(f"checkpoint.save_interval={ckpt.save_interval} is longer than the run ({iters} iterations): "
+                     "its only checkpoint is the one at its end or at a stop")
+    if val.eval_interval and val.eval_iters and val.eval_interval > iters:
+        found.append(f"validation.eval_interval={val.eval_interval} is longer than the run ({iters} iterations): no "
+                     "validation loss until its end")
+    return found
+
+
 def check_run_data(cfg: Any, run: Any, ranks_here: bool) -> Any:
     """data/preflight.check_data on `cfg`'s data: its errors refused here (ConfigError), the check kept on `run` for
     the dry run and the launch to show its warnings. An ordered curriculum phase blends whole directories (its own
@@ -155,6 +175,8 @@ def check_run_data(cfg: Any, run: Any, ranks_here: bool) -> Any:
     check = check_data(spec, run_tokenizer(cfg), ranks_here=ranks_here)
     if run.data == "sample":
         check.warnings = []  # a pipeline check, cycled on purpose (data/sample_window.py)
+    else:
+        check.warnings += schedule_warnings(cfg)
     run.data_check = check
     if check.errors:
         raise ConfigError("the data would fail the launch:\n  " + "\n  ".join(check.errors))
