@@ -32,14 +32,13 @@ def _end_with_parent(parent: int) -> None:
 
 
 def _prepared(tokenizer: str | None) -> bool:
-    """Both inputs already in the cache (the usual start): a look at the files, no import."""
-    from kaiyuan_recipes.cache import cache_root
-    from kaiyuan_recipes.data.tokenizer import tokenizer_fingerprint
+    """Both inputs already in the cache (the usual start): a look at the files, no heavy import."""
+    from kaiyuan_recipes.data.sample_corpus import sample_corpus_dir
+    from kaiyuan_recipes.data.tokenizer import bundled_tokenizer_cache_dir
 
-    tokenizer_dir = Path(tokenizer) if tokenizer else cache_root() / "tokenizers" / "qwen2_bpe"
     try:
-        corpus = cache_root() / "sample_corpus" / tokenizer_fingerprint(tokenizer_dir)[:16]
-    except OSError:
+        corpus = sample_corpus_dir(Path(tokenizer) if tokenizer else bundled_tokenizer_cache_dir())
+    except OSError:  # the tokenizer is not materialised yet
         return False
     return (corpus / "manifest.json").is_file()
 

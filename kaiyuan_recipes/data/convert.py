@@ -128,11 +128,16 @@ def interrupts() -> Iterator[list[int]]:
             signal.signal(sig, handler)
 
 
+def _as_dict(opts: ConvertOptions) -> dict[str, Any]:
+    """The options as a worker (or convert_parquet_shard here) takes them: plain, picklable values."""
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()}
+
+
 def _convert_here(opts: ConvertOptions, todo: list[tuple[Path, Path]], manifest: dict[str, Any]) -> dict[str, Any]:
     """Each shard converted by this process, recorded as it finishes. A stop (an exception from this process's
     own signal handling) ends the shard in progress without its temporary files (convert_parquet_shard); the
     finished ones are kept, as with workers."""
-    opts_dict = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()}
+    opts_dict = _as_dict(opts)
     started = time.perf_counter()
     # A process that has used the Rust tokenizer's thread pool and then forks (a rank's data-loader workers) prints
     # tokenizers' fork warning: a corpus this small is encoded without the pool, unless the user chose.
@@ -236,7 +241,7 @@ def convert_directory(opts: ConvertOptions, show_progress: bool = True) -> dict[
     total_rows = _total_rows(src for src, _ in todo)
     ctx = _worker_context()
     progress_queue, stop = ctx.Queue(), ctx.Event()
-    opts_dict = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()}
+    opts_dict = _as_dict(opts)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     bar = Progress(TextColumn("converting"), BarColumn(), MofNCompleteColumn(), TextColumn("rows"),

@@ -115,10 +115,17 @@ def materialize_qwen2_tokenizer(dest: Path, progress: Callable[[str], None] | No
 def default_tokenizer_dir() -> Path:
     """The bundled tokenizer, materialised once into the user cache; a process that finds another writing it waits
     (materialize replaces a damaged copy, which must not happen under a reader)."""
-    from kaiyuan_recipes.cache import cache_lock, cache_root
+    from kaiyuan_recipes.cache import cache_lock
 
     with cache_lock("tokenizer"):
-        return materialize_qwen2_tokenizer(cache_root() / "tokenizers" / "qwen2_bpe")
+        return materialize_qwen2_tokenizer(bundled_tokenizer_cache_dir())
+
+
+def bundled_tokenizer_cache_dir() -> Path:
+    """Where default_tokenizer_dir materialises the bundled tokenizer (present or not)."""
+    from kaiyuan_recipes.cache import cache_root
+
+    return cache_root() / "tokenizers" / "qwen2_bpe"
 
 
 def sha256_of(path: Path) -> str:

@@ -24,6 +24,11 @@ def sample_texts(name: str) -> list[str]:
     return pq.read_table(CORPUS_DIR / f"{name}.parquet", columns=["text"]).column("text").to_pylist()
 
 
+def sample_corpus_dir(tokenizer_dir: Path) -> Path:
+    """Where the corpus tokenized with `tokenizer_dir` is cached (named by the tokenizer's fingerprint)."""
+    return cache_root() / "sample_corpus" / tokenizer_fingerprint(tokenizer_dir)[:16]
+
+
 def prepare_sample_corpus(tokenizer_dir: Path | None = None) -> tuple[list[str], list[float]]:
     """Convert the bundled parquet files with `tokenizer_dir` (default: the bundled tokenizer) and
     return the indexed-dataset prefixes with their token counts as blend weights.
@@ -33,7 +38,7 @@ def prepare_sample_corpus(tokenizer_dir: Path | None = None) -> tuple[list[str],
     from kaiyuan_recipes.data.convert import ConvertOptions, convert_directory
 
     tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir else default_tokenizer_dir()
-    out = cache_root() / "sample_corpus" / tokenizer_fingerprint(tokenizer_dir)[:16]
+    out = sample_corpus_dir(tokenizer_dir)
     with cache_lock("sample_corpus"):
         manifest = convert_directory(
             ConvertOptions(input_dir=CORPUS_DIR, output_dir=out, tokenizer_dir=tokenizer_dir, output_prefix="sample",
