@@ -1,3 +1,4 @@
+import atexit
 import os
 import shutil
 import signal
@@ -11,12 +12,22 @@ import pytest
 # Offline by construction: nothing in the CPU suite may reach a hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def _session_dir(prefix: str) -> str:
+    """A folder for this test process, removed when it exits (each xdist worker makes its own)."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 # The bundled tokenizer and the tokenized sample corpus go to a cache made for this test session.
-os.environ.setdefault("KAIYUAN_CACHE", tempfile.mkdtemp(prefix="kaiyuan-test-cache-"))
+if "KAIYUAN_CACHE" not in os.environ:
+    os.environ["KAIYUAN_CACHE"] = _session_dir("kaiyuan-test-cache-")
 # The launching process refuses a host without a GPU; the tests' ranks stand in for training on the CPU.
 os.environ.setdefault("KAIYUAN_ALLOW_NO_GPU", "1")
 # NeMo-Run reads its home once, at import: experiments of this session go to a temporary one.
-os.environ["NEMORUN_HOME"] = tempfile.mkdtemp(prefix="kaiyuan-test-nemo-run-")
+os.environ["NEMORUN_HOME"] = _session_dir("kaiyuan-test-nemo-run-")
 
 # Signal dispositions and the blocked-signal mask are inherited by every process a test starts, and a process that
 # inherits an ignored SIGINT keeps ignoring it (Python then installs no KeyboardInterrupt handler). A shell without

@@ -81,11 +81,12 @@ def cluster_check(args: Any) -> int:
 
     spec = spec_from(args, nproc_per_node=args.nproc_per_node, master_port=args.master_port,
                      container=args.container_name, python=args.python, workdir=str(Path(args.workdir).resolve()))
-    job = MultiNodeRun(Path(tempfile.mkdtemp(prefix="kaiyuan-cluster-check-")), spec)
-    job.start(["-m", "kaiyuan_recipes.launch.allreduce_check", "--backend", args.backend])
-    status = job.watch(poll=1.0, grace=30)
-    for node in status["nodes"]:
-        print(job.node_log(node["rank"], 50).strip() or f"rank {node['rank']}: no output", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="kaiyuan-cluster-check-") as work:
+        job = MultiNodeRun(Path(work), spec)
+        job.start(["-m", "kaiyuan_recipes.launch.allreduce_check", "--backend", args.backend])
+        status = job.watch(poll=1.0, grace=30)
+        for node in status["nodes"]:
+            print(job.node_log(node["rank"], 50).strip() or f"rank {node['rank']}: no output", file=sys.stderr)
     print(json.dumps({k: v for k, v in status.items() if k != "nodes"} | {"nodes": [
         {k: n.get(k) for k in ("rank", "host", "state")} for n in status["nodes"]]}))
     return 0 if status["state"] == RunState.FINISHED else 1
