@@ -143,26 +143,19 @@ def apply_to_container(cfg: Any, overrides: list[str]) -> dict[str, Any]:
                 raise OverrideError(f"unknown override section in {key!r}{closest_key(key, valid)}")
             raise OverrideError(f"unknown override key {key!r}{closest_key(key, valid)}")
     refuse_bad_counts(overrides)
-    before = {key: _get(cfg, key) for key in (split_key(o)[0] for o in overrides)}
+    before = {key: get_field(cfg, key) for key in (split_key(o)[0] for o in overrides)}
     try:
         process_config_with_overrides(cfg, cli_overrides=list(overrides))
     except OverridesError as err:
         raise OverrideError(str(err)) from err
     for key, old in before.items():
-        new = _get(cfg, key)
+        new = get_field(cfg, key)
         # an integer field given a fraction (1.5 iterations); 65536.0 stays for the float fields whose default is int
         if (_numeric(old) and not _numeric(new)) or (type(old) is int and type(new) is float and not new.is_integer()):
             raise OverrideError(f"override {key}={new!r}: expected {_KIND.get(type(old), type(old).__name__)}")
         if isinstance(new, str) and _is_dtype_field(cfg, key):
             _set(cfg, key, _dtype(key, new))
-    return {key: _get(cfg, key) for key in before}
-
-
-def keep_values(cfg: Any, values: dict[str, Any]) -> None:
-    """Set each dotted field of `values` again (apply_to_container's result): the user's overrides win over what a
-    later step (the data source) set, without applying the overrides a second time."""
-    for key, value in values.items():
-        _set(cfg, key, value)
+    return {key: get_field(cfg, key) for key in before}
 
 
 # torch.dtype fields (e.g. ddp.megatron_fsdp_grad_comm_dtype) arrive from the command line as text; upstream's
@@ -173,7 +166,7 @@ DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float1
 
 def _is_dtype_field(cfg: Any, dotted: str) -> bool:
     parent_key, _, name = dotted.rpartition(".")
-    parent = _get(cfg, parent_key) if parent_key else cfg
+    parent = get_field(cfg, parent_key) if parent_key else cfg
     fields = {f.name: f for f in dataclasses.fields(parent)} if dataclasses.is_dataclass(parent) else {}
     return name in fields and "dtype" in str(fields[name].type)
 
@@ -194,7 +187,7 @@ def _numeric(value: Any) -> bool:
     return isinstance(value, (int, float))  # bool included
 
 
-def _get(obj: Any, dotted: str) -> Any:
+def get_field(obj: Any, dotted: str) -> Any:
     for part in dotted.split("."):
         obj = getattr(obj, part, None)
     return obj
@@ -202,4 +195,4 @@ def _get(obj: Any, dotted: str) -> Any:
 
 def _set(obj: Any, dotted: str, value: Any) -> None:
     parent_key, _, name = dotted.rpartition(".")
-    setattr(_get(obj, parent_key) if parent_key else obj, name, value)
+    setattr(get_field(obj, parent_key) if parent_key else obj, name, value)

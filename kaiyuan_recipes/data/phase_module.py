@@ -85,7 +85,8 @@ class PhaseBlendDataModule:
         return OrderedGPTDatasetConfig.from_config(config, self.order(), (first_iteration - 1) * self.global_batch_size)
 
     def apply(self, cfg: Any) -> None:
-        """Point a ConfigContainer at this phase: blend (and order), last iteration, continuous schedule."""
+        """Point a ConfigContainer at this phase: blend (and order), last iteration, continuous schedule. Whether
+        a resumed checkpoint's schedule gives way is decided on the final config (adopt_schedule_over)."""
         for key, value in self.blend_fields().items():
             setattr(cfg.dataset, key, value)
         cfg.dataset.random_seed = self.seed
@@ -93,26 +94,30 @@ class PhaseBlendDataModule:
         cfg.train.train_iters = self.iterations()[self.phase][1]
         for key, value in self.schedule().items():
             setattr(cfg.scheduler, key, value)
-        self.adopt_schedule_over(cfg)
 
-    def adopt_schedule_over(self, cfg: Any) -> None:
-        """A phase may resume a run that was not trained on this curriculum (a plain `kaiyuan train`): its
-        checkpoint's scheduler has other totals, which Megatron refuses to resume. The curriculum decides the
-        schedule, so it takes over from the resumed step (override_opt_param_scheduler), and says so."""
-        import sys
 
-        recorded = _recorded_scheduler(cfg.checkpoint.load)
-        differs = {k: (recorded[k], v) for k, v in self.schedule().items() if k in recorded and recorded[k] != v}
-        if differs and getattr(cfg.scheduler, "use_checkpoint_opt_param_scheduler", False):
-            raise ValueError(f"phase {self.phase}: the checkpoint's schedule differs from the curriculum's "
-                             f"({sorted(differs)}) and scheduler.use_checkpoint_opt_param_scheduler=true asks to keep "
-                             "it; drop that override to let the curriculum's schedule take over")
-        if differs:
-            cfg.scheduler.override_opt_param_scheduler = True
-            shown = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in differs.items())
-            print(f"kaiyuan: phase {self.phase} resumes a checkpoint trained on another schedule ({shown}): the "
-                  "curriculum's schedule takes over from the resumed iteration (its learning rate there)",
-                  file=sys.stderr)
+SCHEDULE_FIELDS = ("lr_decay_style", "max_steps", "lr_decay_iters", "lr_wsd_decay_iters")
+
+
+def adopt_schedule_over(cfg: Any, phase: int) -> None:
+    """A phase may resume a run that was not trained on this curriculum (a plain `kaiyuan train`): its checkpoint's
+    scheduler has other totals, which Megatron refuses to resume. The run's schedule (the curriculum's, or an
+    override's) takes over from the resumed step (override_opt_param_scheduler), and says so."""
+    import sys
+
+    recorded = _recorded_scheduler(cfg.checkpoint.load)
+    final = {k: getattr(cfg.scheduler, k) for k in SCHEDULE_FIELDS}
+    differs = {k: (recorded[k], v) for k, v in final.items() if k in recorded and recorded[k] != v}
+    if differs and getattr(cfg.scheduler, "use_checkpoint_opt_param_scheduler", False):
+        raise ValueError(f"phase {phase}: the checkpoint's schedule differs from the curriculum's "
+                         f"({sorted(differs)}) and scheduler.use_checkpoint_opt_param_scheduler=true asks to keep "
+                         "it; drop that override to let the curriculum's schedule take over")
+    if differs:
+        cfg.scheduler.override_opt_param_scheduler = True
+        shown = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in differs.items())
+        print(f"kaiyuan: phase {phase} resumes a checkpoint trained on another schedule ({shown}): the "
+              "curriculum's schedule takes over from the resumed iteration (its learning rate there)",
+              file=sys.stderr)
 
 
 def _recorded_scheduler(checkpoint_dir: str | None) -> dict[str, Any]:

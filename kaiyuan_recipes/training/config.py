@@ -17,7 +17,7 @@ from typing import Any
 from kaiyuan_recipes import compat, fastpath
 from kaiyuan_recipes.config import overrides as ov
 from kaiyuan_recipes.config.knobs import Knobs
-from kaiyuan_recipes.config.launch_request import check_launch_request, record_keys
+from kaiyuan_recipes.config.launch_request import LaunchRequest, check_launch_request, record_keys
 from kaiyuan_recipes.config.run_layout import RunLayout
 from kaiyuan_recipes.fastpath.apex_standins import torch_wgrad_accumulation
 from kaiyuan_recipes.fastpath.decisions import FastPathPlan
@@ -121,21 +121,20 @@ def _apply_zero_stage(cfg: Any, stage: int) -> None:
         cfg.ddp.overlap_param_gather = False  # only exists with the distributed optimizer
 
 
-def _param_gather_overlap_as_stated(cfg: Any, container_overrides: list[str]) -> None:
+def _param_gather_overlap_as_stated(cfg: Any, overridden: set[str]) -> None:
     """The recipe states the parameter all-gather overlap once, as ddp.overlap_param_gather; Bridge wants the
     optimizer's twin equal and otherwise turns both on with a warning at every start (and would override a
     `ddp.overlap_param_gather=false`). An explicit optimizer.overlap_param_gather override is left to Bridge."""
-    if not any(ov.split_key(o)[0] == "optimizer.overlap_param_gather" for o in container_overrides):
+    if "optimizer.overlap_param_gather" not in overridden:
         cfg.optimizer.overlap_param_gather = cfg.ddp.overlap_param_gather
 
 
-def _wgrad_fusion_as_decided(cfg: Any, run: RunSettings, container_overrides: list[str]) -> None:
+def _wgrad_fusion_as_decided(cfg: Any, run: RunSettings, overridden: set[str]) -> None:
     """Off TE's spec kaiyuan.wgrad_fusion (the fast path's plan) decides gradient_accumulation_fusion: Bridge's
     default only follows whether TE imports. A model.gradient_accumulation_fusion override still wins. Then the
     compat workaround for a TE host without Apex, after the plan (whose stand-in may be installed already);
     Megatron-FSDP keeps only TE's own fusion."""
-    if run.layer_spec != "transformer_engine" and not any(
-            ov.split_key(o)[0] == "model.gradient_accumulation_fusion" for o in container_overrides):
+    if run.layer_spec != "transformer_engine" and "model.gradient_accumulation_fusion" not in overridden:
         cfg.model.gradient_accumulation_fusion = run.fastpath.on("wgrad_fusion")
     run.wgrad_fusion_without_apex = _wgrad_fusion_here(cfg, run)
 
@@ -223,7 +222,10 @@ def _apply_converted_dirs(cfg: Any, run: RunSettings) -> None:
     cfg.dataset.data_path = None
 
 
-def _apply_data_source(cfg: Any, run: RunSettings) -> None:
+def _apply_data_source(cfg: Any, run: RunSettings, stated: StatedValues) -> None:
+    """The data source's defaults (blend, tokenizer, seed, a curriculum's length and schedule), written under the
+    user's overrides, which come after. What a source derives them from (batch, sequence length, evaluation
+    cadence) it reads as stated, never from the container, where an override is not applied yet."""
     if run.data_dirs is not None:
         _apply_converted_dirs(cfg, run)
     elif run.data == "sample":
@@ -232,15 +234,16 @@ def _apply_data_source(cfg: Any, run: RunSettings) -> None:
         cfg.tokenizer = TokenizerConfig(tokenizer_type="HuggingFaceTokenizer")
         sample_corpus_on_this_node(cfg, run)
         cfg.dataset.blend_per_split = None
-        _sample_window(cfg)
+        _sample_window(cfg, stated)
     elif run.data == "curriculum":
         from kaiyuan_recipes.data.phase_module import PhaseBlendDataModule
 
         if not run.curriculum or not run.phase:
             raise ValueError("kaiyuan.data=curriculum needs kaiyuan.curriculum (a name or YAML) and kaiyuan.phase")
         PhaseBlendDataModule(
-            curriculum=run.curriculum, phase=int(run.phase), seq_length=cfg.dataset.seq_length,
-            global_batch_size=cfg.train.global_batch_size, heldout_prefix=run.heldout, seed=cfg.dataset.random_seed,
+            curriculum=run.curriculum, phase=int(run.phase), seq_length=stated.count("dataset.seq_length"),
+            global_batch_size=stated.count("train.global_batch_size"), heldout_prefix=run.heldout,
+            seed=stated("dataset.random_seed"),
         ).apply(cfg)
     elif run.data == "plan":
         from kaiyuan_recipes.data.blend import load_plan, plan_categories, plan_path, to_megatron_blend
@@ -254,8 +257,6 @@ def _apply_data_source(cfg: Any, run: RunSettings) -> None:
     elif run.data == "mock":
         cfg.dataset.blend = None
         cfg.dataset.blend_per_split = None
-    elif not (cfg.dataset.blend or cfg.dataset.blend_per_split or cfg.dataset.data_path):
-        raise ValueError("kaiyuan.data=blend needs dataset.blend, dataset.blend_per_split or dataset.data_path")
 
 
 def sample_corpus_on_this_node(cfg: Any, run: RunSettings) -> None:
@@ -273,38 +274,72 @@ def sample_corpus_on_this_node(cfg: Any, run: RunSettings) -> None:
     cfg.dataset.blend = prepare_sample_corpus(tokenizer_dir)
 
 
-def _sample_window(cfg: Any) -> None:
+def _sample_window(cfg: Any, stated: StatedValues) -> None:
     """The bundled corpus is indexed for a bounded window of steps and cycled (data/sample_window.py says why)."""
     from kaiyuan_recipes.data.sample_window import SAMPLE_WINDOW_STEPS, SampleWindowDatasetConfig
 
     if isinstance(cfg.dataset, SampleWindowDatasetConfig):
         return
     # What Bridge would ask for a run of SAMPLE_WINDOW_STEPS steps (data/loaders.py get_train_valid_test_num_samples)
-    val = cfg.validation
-    evaluations = SAMPLE_WINDOW_STEPS // val.eval_interval + 1 if val.eval_interval else 1
+    batch = stated.count("train.global_batch_size")
+    eval_interval, eval_iters = stated.count("validation.eval_interval", 0), stated.count("validation.eval_iters", 0)
+    evaluations = SAMPLE_WINDOW_STEPS // eval_interval + 1 if eval_interval else 1
     cfg.dataset = SampleWindowDatasetConfig.from_config(
-        cfg.dataset, train_window_samples=SAMPLE_WINDOW_STEPS * cfg.train.global_batch_size,
-        eval_window_samples=evaluations * max(val.eval_iters, 1) * (val.eval_global_batch_size or
-                                                                    cfg.train.global_batch_size),
+        cfg.dataset, train_window_samples=SAMPLE_WINDOW_STEPS * batch,
+        eval_window_samples=evaluations * max(eval_iters, 1) * (stated("validation.eval_global_batch_size") or batch),
         corpus_tokens=int(sum(cfg.dataset.blend[1])))
+
+
+@dataclass(frozen=True)
+class StatedValues:
+    """A container field as the command line, else the recipe (else the field's default), states it: what a data
+    source derives its defaults from before the user's overrides are applied to the container."""
+
+    request: LaunchRequest
+    cfg: Any  # the recipe's container, before the data source and the overrides
+
+    def __call__(self, dotted: str) -> Any:
+        value = self.request.value(dotted)
+        return ov.get_field(self.cfg, dotted) if value is None else value
+
+    def count(self, dotted: str, least: int = 1) -> int:
+        value = self(dotted)
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            kind = "a positive integer" if least == 1 else f"an integer, {least} or more"
+            raise ov.OverrideError(f"{dotted}={value!r}: expected {kind}")
+        return value
 
 
 def build_config(recipe: str, overrides: list[str] | None = None) -> tuple[Any, RunSettings]:
     """The complete ConfigContainer for `recipe`, and the resolved run settings, every `auto` decided for this host.
-    Built once per run, by the process that trains (rank 0: training/plan.py); the others load it."""
+    Built once per run, by the process that trains (rank 0: training/plan.py); the others load it.
+
+    One order, each layer applied once: the recipe (with its `kaiyuan.*` settings), the data source's defaults, the
+    user's overrides, then the fields that follow from the others. Its cross-checks: training/validate.py."""
     overrides = list(overrides or [])
     # what can be refused without Megatron is refused first (a misspelt recipe or knob answers at once)
     request = check_launch_request(recipe, overrides)
-    container_overrides = [o for o in overrides if not ov.is_tree_override(o)]
     fastpath.prepare_megatron_bridge()
+    run = resolve_run_settings(recipe, request.knobs.knob_values())
+    cfg = _recipe_container(request, run)
+    # the keys overrides apply to: a data source may swap the dataset section's class for one with other fields
+    record_keys(recipe, cfg)
+    _apply_data_source(cfg, run, StatedValues(request, cfg))
+    run.container_overrides = ov.apply_to_container(cfg, [o for o in overrides if not ov.is_tree_override(o)])
+    _derive(cfg, run)
+    return cfg, run
+
+
+def _recipe_container(request: LaunchRequest, run: RunSettings) -> Any:
+    """The recipe's sections as Megatron-Bridge's dataclasses, with what the `kaiyuan.*` knobs set in them (ZeRO
+    stage, determinism, where the run lives)."""
     from megatron.bridge.training.config import ConfigContainer, DistributedDataParallelConfig
 
-    data = copy.deepcopy(request.sections)
-    run = resolve_run_settings(recipe, request.knobs.knob_values())
     from kaiyuan_recipes.training.profiling import profiling_config
 
+    recipe = request.recipe
+    data = copy.deepcopy(request.sections)
     profiling = profiling_config(request.profile)
-
     model_section = data.pop("model")
     mixed_precision = data.pop("mixed_precision", "bf16_mixed")
     types = _section_types()
@@ -327,19 +362,25 @@ def build_config(recipe: str, overrides: list[str] | None = None) -> tuple[Any, 
         cfg.model.deterministic_mode = True
         cfg.model.cross_entropy_loss_fusion = False  # upstream: not deterministic
     _apply_run_layout(cfg, run)
-    # the keys overrides apply to: a data source may swap the dataset section's class for one with other fields
-    record_keys(recipe, cfg)
-    # Once, before the data source: it reads the final batch and sequence length (a curriculum turns token budgets
-    # into iterations with them); the overridden fields then keep the user's values over what the source set.
-    run.container_overrides = ov.apply_to_container(cfg, container_overrides)
-    _apply_data_source(cfg, run)
-    ov.keep_values(cfg, run.container_overrides)
-    _param_gather_overlap_as_stated(cfg, container_overrides)
+    return cfg
+
+
+def _derive(cfg: Any, run: RunSettings) -> None:
+    """What follows from the final values (the recipe, the data source and the overrides applied): each field here
+    is left as the user set it where an override names it."""
+    overridden = set(run.container_overrides)
+    if run.data_dirs is None and run.data == "blend" and not (
+            cfg.dataset.blend or cfg.dataset.blend_per_split or cfg.dataset.data_path):
+        raise ValueError("kaiyuan.data=blend needs dataset.blend, dataset.blend_per_split or dataset.data_path")
+    if run.data_dirs is None and run.data == "curriculum":
+        from kaiyuan_recipes.data.phase_module import adopt_schedule_over
+
+        adopt_schedule_over(cfg, int(run.phase))
+    _param_gather_overlap_as_stated(cfg, overridden)
     _keep_for_average(cfg, run.average_last)
-    if not any(ov.split_key(o)[0] == "model.seq_length" for o in container_overrides):
+    if "model.seq_length" not in overridden:
         cfg.model.seq_length = cfg.dataset.seq_length  # an override of dataset.seq_length reaches the model
     run.fastpath = fastpath.plan(cfg, run)  # on the final config (an override may add TP or experts)
     fastpath.apply(cfg, run.fastpath)
-    _wgrad_fusion_as_decided(cfg, run, container_overrides)
+    _wgrad_fusion_as_decided(cfg, run, overridden)
     _megatron_fsdp_grads_as_declared(cfg)
-    return cfg, run  # its cross-checks: training/validate.py validate(), once per process that builds

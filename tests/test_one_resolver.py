@@ -1,0 +1,60 @@
+"""build_config resolves a run in one order, each layer applied once: the recipe, the data source's defaults, the
+user's overrides, then the fields that follow from the others."""
+
+import pytest
+
+from kaiyuan_recipes.data.sample_window import SAMPLE_WINDOW_STEPS
+from kaiyuan_recipes.training.config import build_config
+
+
+def test_the_overrides_are_applied_to_the_container_once(monkeypatch, tmp_path):
+    """Through Megatron-Bridge's own override machinery, once per build: nothing re-asserts them afterwards."""
+    from megatron.bridge.training.utils import omegaconf_utils
+
+    calls = []
+    real = omegaconf_utils.process_config_with_overrides
+
+    def counted(cfg, cli_overrides):
+        calls.append(list(cli_overrides))
+        return real(cfg, cli_overrides=cli_overrides)
+
+    monkeypatch.setattr(omegaconf_utils, "process_config_with_overrides", counted)
+    cfg, run = build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", "train.global_batch_size=8",
+                                          "validation.eval_interval=7", "dataset.random_seed=99"])
+    assert len(calls) == 1
+    assert (cfg.train.global_batch_size, cfg.validation.eval_interval, cfg.dataset.random_seed) == (8, 7, 99)
+    assert run.container_overrides == {"train.global_batch_size": 8, "validation.eval_interval": 7,
+                                       "dataset.random_seed": 99}
+
+
+def test_the_sample_window_is_sized_by_the_overridden_batch_and_evaluation_cadence(tmp_path):
+    """The data source runs before the overrides are applied, yet sizes its window by the values the run will
+    have: it reads them as the command line states them."""
+    common = [f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=sample"]
+    plain, _ = build_config("gpt_smoke", common)
+    cfg, _ = build_config("gpt_smoke", [*common, "train.global_batch_size=8", "validation.eval_interval=10",
+                                        "validation.eval_iters=3"])
+    assert plain.dataset.train_window_samples == SAMPLE_WINDOW_STEPS * plain.train.global_batch_size
+    assert cfg.dataset.train_window_samples == SAMPLE_WINDOW_STEPS * 8
+    assert cfg.dataset.eval_window_samples == (SAMPLE_WINDOW_STEPS // 10 + 1) * 3 * 8
+
+
+def test_a_data_source_reading_a_malformed_stated_value_names_it(tmp_path):
+    with pytest.raises(ValueError, match=r"validation.eval_iters=-2: expected an integer, 0 or more"):
+        build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=sample", "validation.eval_iters=-2"])
+
+
+def test_a_blend_given_only_on_the_command_line_is_the_runs(tmp_path):
+    """kaiyuan.data=blend checks for a blend after the overrides: one given on the command line counts."""
+    cfg, _ = build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=blend",
+                                        "dataset.blend=[[/data/x/web_part-00000_text_document],null]"])
+    assert cfg.dataset.blend == [["/data/x/web_part-00000_text_document"], None]
+    with pytest.raises(ValueError, match="kaiyuan.data=blend needs dataset.blend"):
+        build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=blend", "dataset.blend=null"])
+
+
+def test_an_override_of_a_field_the_data_source_sets_wins(tmp_path):
+    """The mock source clears the blend; the user's override, applied after it, stands."""
+    cfg, _ = build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=mock",
+                                        "dataset.blend=[[/data/x/a_text_document],null]"])
+    assert cfg.dataset.blend == [["/data/x/a_text_document"], None]
