@@ -90,6 +90,25 @@ WORKER = textwrap.dedent("""
                   "instability and lack of covergence during training. Do not ignore this warning if you do not "
                   "understand the implications. ")     # dataset.allow_ambiguous_pad_tokens=true: about the run
     warnings.warn("The AccumulateGrad node's stream does not match the stream of the node that produced the ...")
+
+    # how a run ends: Bridge's own _pretrain around a train() that exits 0 after a stop's checkpoint, then around
+    # a set-up that fails
+    from megatron.bridge.training import pretrain as bridge_pretrain
+    from megatron.bridge.training.state import GlobalState
+
+    def ends(error):
+        def setup(*args, **kwargs):
+            raise error
+        return setup
+
+    for error in (SystemExit(0), RuntimeError("a set-up that fails")):
+        bridge_pretrain.setup = ends(error)
+        state = GlobalState()
+        state.cfg = cfg
+        try:
+            bridge_pretrain._pretrain(state, forward_step_func=lambda *args: None)
+        except BaseException:
+            pass
 """)
 
 
@@ -114,7 +133,8 @@ def quiet(tmp_path_factory):
 
 def test_console_leaves_out_upstream_noise(quiet):
     console, _ = quiet
-    assert "Import of " not in console and "Traceback" not in console  # the optional-import probes
+    assert "Import of " not in console  # the optional-import probes, with their tracebacks
+    assert console.count("Traceback") == 1  # the one of the set-up that fails, at the end
     assert "Using reduce-scatter" not in console
     assert "Configuration Summary" not in console
     assert "after the summary" in console  # other prints go on
@@ -124,7 +144,7 @@ def test_console_leaves_out_upstream_noise(quiet):
                      "> setting tensorboard", "full scope is deprecated", "is deprecated", "barrier()",
                      "the same optimizer line", "number of parameters on", "datasets target sizes", "train:  ",
                      "validation: ", "done with setup", "Setting rerun_state_machine", "Starting training loop",
-                     "avoid masking out any pad tokens", "AccumulateGrad node's stream"):
+                     "avoid masking out any pad tokens", "AccumulateGrad node's stream", "SystemExit: 0"):
         assert upstream not in console, upstream
 
 
@@ -146,6 +166,7 @@ def test_import_time_warnings_go_to_the_full_log_and_later_ones_stay_on_the_cons
 def test_console_keeps_what_a_person_needs(quiet):
     console, _ = quiet
     assert "a warning from the buffers" in console  # a quiet logger's warnings are not quiet
+    assert "Pretrain failed on rank=0 with RuntimeError: a set-up that fails" in console  # a real failure
     assert "our own record" in console
     assert console.count("Build and save the GPTDataset train indices") == 2  # set-up progress, per source
     decided = [line for line in console.splitlines() if line.startswith("kaiyuan: ")]
@@ -166,6 +187,8 @@ def test_full_log_has_everything(quiet):
                      "number of parameters on", "datasets target sizes", "Starting training loop",
                      "pad token id in the tokenizer collides"):
         assert upstream in full, upstream
+    # Bridge reports a clean exit as a failure (the console rule for it goes once this fails)
+    assert "Pretrain failed on rank=0 with SystemExit: 0" in full
     assert "Configuration Summary (Non-Default Values vs Megatron Core)" in full
     from kaiyuan_recipes import compat
 

@@ -24,7 +24,9 @@ What is quiet on the console, and why:
   Megatron modules each warn "Transformer Engine and Apex are not installed. Falling back to …" on a host without
   them, the fast path's own case), never anything about this run. Bridge's "Function 'pretrain' is experimental"
   is about the API this package calls. Warnings raised later (Bridge capping a warm-up longer than the run, say)
-  stay on the console."""
+  stay on the console.
+- Bridge's "Pretrain failed ... SystemExit: 0" and its traceback when a run ends as asked after saving (a stop):
+  not a failure."""
 
 from __future__ import annotations
 
@@ -54,11 +56,18 @@ def full_log_path(logs_dir: Path, rank: int | None = None) -> Path:
     return Path(logs_dir) / f"upstream.rank{rank}.log"
 
 
+def after_a_clean_exit(record: logging.LogRecord) -> bool:
+    """The record reports a SystemExit with status 0: the end of a run that stopped as asked."""
+    error = record.exc_info[1] if record.exc_info else None
+    return isinstance(error, SystemExit) and error.code in (0, None)
+
+
 @dataclass(frozen=True)
 class QuietRule:
     logger: str
     prefix: str  # the message starts with it ("" = every record of the logger up to `level`)
     level: int = logging.INFO  # the highest level quieted
+    only_if: Any = None  # a further test of the record (None: none)
 
 
 QUIET_RULES = (
@@ -72,6 +81,10 @@ QUIET_RULES = (
     # optional-package notices ("JAX version … available") logged while Megatron's training module imports, after
     # its console handler exists and before the console's policy can wrap it
     QuietRule("datasets", ""),
+    # A run that stops as asked (SIGTERM, a stop or exit interval: a checkpoint saved, status 0) ends in Bridge's
+    # train() with sys.exit(0), which _pretrain reports as "Pretrain failed ... SystemExit: 0" with a traceback at
+    # ERROR. Any other failure it reports stays on the console.
+    QuietRule("megatron.bridge.training.pretrain", "Pretrain failed on rank=", logging.ERROR, after_a_clean_exit),
 )
 
 
@@ -125,7 +138,8 @@ class QuietOnConsole(logging.Filter):
         self.rule, self.full_log = rule, full_log
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno > self.rule.level or not record.getMessage().startswith(self.rule.prefix):
+        if record.levelno > self.rule.level or not record.getMessage().startswith(self.rule.prefix) or (
+                self.rule.only_if is not None and not self.rule.only_if(record)):
             return True
         self.full_log.keep(record)
         return False
