@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kaiyuan_recipes.config.launch_request import LaunchRequest, check_launch_request
+from kaiyuan_recipes.data.on_this_host import refuse_data_missing_here
 from kaiyuan_recipes.launch.host_checks import refuse_another_recipes_run, require_gpus
 from kaiyuan_recipes.launch.lifecycle import run_in_foreground
 from kaiyuan_recipes.launch.torchrun import TorchrunSpec
@@ -63,6 +64,8 @@ def checked_launch(recipe: str, overrides: list[str], nproc_per_node: int) -> Ch
     request.parallel_layout(spec.world_size)
     require_gpus(nproc_per_node)
     refuse_another_recipes_run(request.run_dir, recipe)
+    # the ranks train here, so the data they will read must be here
+    refuse_data_missing_here(request.knobs, request.value("dataset.blend"), request.value("dataset.blend_per_split"))
     return CheckedLaunch(request, spec.argv(recipe, overrides))
 
 

@@ -204,7 +204,7 @@ def closest_dir(path: Path) -> str:
     return f"; closest existing: {parent / match[0]}" if match else f" ({parent / missing} does not exist)"
 
 
-def _missing_prefix(prefix: str) -> str:
+def missing_prefix(prefix: str) -> str:
     path = Path(prefix)
     if path.parent.is_dir():
         names = sorted(p.name[:-4] for p in path.parent.glob("*.idx"))
@@ -272,7 +272,7 @@ def check_data(spec: DataSpec, tokenizer: RunTokenizer | None = None, ranks_here
         check.not_visible = (f"the data ({len(prefixes)} prefix(es), e.g. {prefixes[0]}) is not on this host: not "
                              "checked here; the training node must see it")
         return check
-    check.errors += [_missing_prefix(p) for p in prefixes if p not in present]
+    check.errors += [missing_prefix(p) for p in prefixes if p not in present]
     lengths = {}
     for p in sorted(present):
         try:

@@ -1,0 +1,41 @@
+"""Whether the data a run names is on this host, decided in a moment from the launch request's plain values (no
+Megatron, no config): what a launch whose ranks train here (`kaiyuan train`, `kaiyuan start` without --ssh or
+--slurm) refuses before the run is claimed. The ranks' full check (data/preflight.py check_data, through
+training/validate.py) stays the check of record: it also weighs, splits and compares tokenizers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kaiyuan_recipes.config.knobs import Knobs
+from kaiyuan_recipes.data.preflight import PreflightError, missing_prefix
+
+
+def refuse_data_missing_here(knobs: Knobs, blend: Any, blend_per_split: Any) -> None:
+    """The converted directories, the plan's or the curriculum phase's sources (their manifests), or the dataset
+    blend's prefixes (`.bin`/`.idx`) that are not on this host: the first one missing, named, with the closest
+    existing one where there is one."""
+    from kaiyuan_recipes.data.blend import load_curriculum, load_plan, phase_blend, plan_path
+    from kaiyuan_recipes.data.converted import resolve_data_dirs
+    from kaiyuan_recipes.data.phase_module import curriculum_path
+
+    if knobs.data_dirs is not None:
+        resolve_data_dirs(knobs.data_dirs, knobs.data_weights)
+    elif knobs.data == "plan" and knobs.plan:
+        load_plan(plan_path(knobs.plan))
+    elif knobs.data == "curriculum" and knobs.curriculum and knobs.phase:
+        phase_blend(load_curriculum(curriculum_path(knobs.curriculum)), int(knobs.phase))
+    elif knobs.data == "blend":
+        for prefix in _prefixes(blend) + _prefixes(blend_per_split):
+            if not (Path(f"{prefix}.idx").is_file() and Path(f"{prefix}.bin").is_file()):
+                raise PreflightError(f"dataset.blend: {missing_prefix(prefix)}")
+
+
+def _prefixes(value: Any) -> list[str]:
+    """The path prefixes in a blend value as given ([[prefix, …], weights], per split a list of those): its strings."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [p for item in value for p in _prefixes(item)]
+    return []
