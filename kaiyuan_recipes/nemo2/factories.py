@@ -11,22 +11,24 @@ NeMo's own recipe helpers."""
 
 from typing import Any, Optional
 
+import nemo_run as run
+from omegaconf import OmegaConf
+
 from kaiyuan_recipes import compat
-
-compat.cpu_cuda_arch_list()  # also done at interpreter start by .venv-nemo2's kaiyuan_compat.pth
-
-import nemo_run as run  # noqa: E402
-from megatron.core.optimizer import OptimizerConfig  # noqa: E402
-from nemo.collections import llm  # noqa: E402
-from nemo.collections.common.tokenizers.huggingface.auto_tokenizer import AutoTokenizer  # noqa: E402
-from nemo.collections.llm.api import pretrain  # noqa: E402
-from nemo.collections.llm.recipes.log.default import default_log, default_resume, tensorboard_logger  # noqa: E402
-from nemo.collections.llm.recipes.qwen3 import qwen3_trainer  # noqa: E402
-from nemo.lightning.pytorch.optim import MegatronOptimizerModule, WarmupHoldAnnealScheduler  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-
-from kaiyuan_recipes.config.recipe_tree import load_recipe_tree  # noqa: E402
-from kaiyuan_recipes.models.shape import ModelShape  # noqa: E402
+from kaiyuan_recipes.config.recipe_tree import load_recipe_tree
+from kaiyuan_recipes.models.shape import ModelShape
+from kaiyuan_recipes.nemo2.nemo_stack import (
+    AutoTokenizer,
+    MegatronOptimizerModule,
+    OptimizerConfig,
+    WarmupHoldAnnealScheduler,
+    default_log,
+    default_resume,
+    llm,
+    pretrain,
+    qwen3_trainer,
+    tensorboard_logger,
+)
 
 
 def model_config(recipe: str) -> run.Config:
