@@ -7,26 +7,6 @@ from kaiyuan_recipes.data.sample_window import SAMPLE_WINDOW_STEPS
 from kaiyuan_recipes.training.config import build_config
 
 
-def test_the_overrides_are_applied_to_the_container_once(monkeypatch, tmp_path):
-    """Through Megatron-Bridge's own override machinery, once per build: nothing re-asserts them afterwards."""
-    from megatron.bridge.training.utils import omegaconf_utils
-
-    calls = []
-    real = omegaconf_utils.process_config_with_overrides
-
-    def counted(cfg, cli_overrides):
-        calls.append(list(cli_overrides))
-        return real(cfg, cli_overrides=cli_overrides)
-
-    monkeypatch.setattr(omegaconf_utils, "process_config_with_overrides", counted)
-    cfg, run = build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", "train.global_batch_size=8",
-                                          "validation.eval_interval=7", "dataset.random_seed=99"])
-    assert len(calls) == 1
-    assert (cfg.train.global_batch_size, cfg.validation.eval_interval, cfg.dataset.random_seed) == (8, 7, 99)
-    assert run.container_overrides == {"train.global_batch_size": 8, "validation.eval_interval": 7,
-                                       "dataset.random_seed": 99}
-
-
 def test_the_sample_window_is_sized_by_the_overridden_batch_and_evaluation_cadence(tmp_path):
     """The data source runs before the overrides are applied, yet sizes its window by the values the run will
     have: it reads them as the command line states them."""
