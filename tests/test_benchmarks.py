@@ -97,6 +97,7 @@ def test_zero_stages_prints_the_commands_it_runs(tmp_path, monkeypatch):
         return 1, "no GPU here"
 
     monkeypatch.setattr(train_throughput, "run_bounded", fake_run_bounded)
+    monkeypatch.setattr(train_throughput.tempfile, "mkdtemp", lambda *a, **k: str(tmp_path))  # each run's folder
     monkeypatch.setattr(zero_stages, "plot", lambda results, path: None)
     monkeypatch.setattr(sys, "argv", ["zero_stages.py", "--out", str(tmp_path / "z.json"), *argv])
     zero_stages.main()
