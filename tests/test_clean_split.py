@@ -87,7 +87,7 @@ def test_dedup_across_tasks_removes_what_one_task_removes(runs):
     one = pq.read_table(whole / "part-00000.parquet").to_pylist()
     assert ms["steps"] == mw["steps"]
     assert {s["step"]: s["removed"] for s in ms["steps"]}["exact_dedup"] == len(plant.removed_by["exact_dedup"])
-    # which copy of a group stays follows the documents' (task, position): the same texts, the same other documents
+    # the first copy of a group stays whatever the cut (tests/test_clean_keep_first.py): the same texts and others
     assert sorted(r["text"] for r in kept if r["id"].startswith("exact-")) == \
         sorted(r["text"] for r in one if r["id"].startswith("exact-"))
     assert [r for r in kept if not r["id"].startswith(("exact-", "near-"))] == \

@@ -7,10 +7,11 @@ markers, stats) under the staging directory:
   minhash_buckets (bands x workers) -> minhash_cluster (1) -> minhash_filter (one task per work unit): write
   finalize (1): manifest, report, samples, then the rename into place
 
-The work units (units.plan_units: runs of row groups of one file) are what makes the output independent of the
-machine: which copy of a group of duplicates datatrove's exact and MinHash dedup keep follows from the documents'
-(task, position in task), so the partition of documents into tasks must not depend on the worker count or the
-executor. The hash-range stages may run at any task count."""
+The work units (units.plan_units: runs of row groups of one file, in input order) are what makes the output
+independent of the machine: which copy of a group of duplicates datatrove's exact and MinHash dedup keep follows from
+the documents' (task, position in task), both in input order, so exact dedup keeps the earliest copy whatever
+--task-bytes and the worker count (steps.InputOrderExactSignature). The hash-range stages may run at any task
+count."""
 
 from __future__ import annotations
 
@@ -89,7 +90,6 @@ def build_stages(plan: RunPlan, cfg: CleanConfig, schema: Any, tokenizer_file: s
     """The stages of this run; fills plan.steps / plan.input_stats with where each step's counts are read."""
     from datatrove.pipeline.dedup import (
         ExactDedupFilter,
-        ExactDedupSignature,
         ExactFindDedups,
         MinhashDedupBuckets,
         MinhashDedupCluster,
@@ -104,6 +104,7 @@ def build_stages(plan: RunPlan, cfg: CleanConfig, schema: Any, tokenizer_file: s
         ColumnsParquetWriter,
         ExactDuplicateSampleWriter,
         ExactKeptCopies,
+        InputOrderExactSignature,
         SampleWriter,
         TaskFileReader,
         make_reader,
@@ -126,7 +127,7 @@ def build_stages(plan: RunPlan, cfg: CleanConfig, schema: Any, tokenizer_file: s
     stages: list[Stage] = []
     steps: list[StepStats] = []
     if cfg.exact_dedup:
-        stages.append(Stage("exact_signatures", [reader(), ExactDedupSignature(
+        stages.append(Stage("exact_signatures", [reader(), InputOrderExactSignature(
             plan.folder("exact", "sigs"), exact_config(), finder_workers=finder_workers)], tasks, ["read", "sig"]))
         stages.append(Stage("exact_duplicates", [ExactFindDedups(
             plan.folder("exact", "sigs"), plan.folder("exact", "dups"), exact_config())], finder_workers, ["find"]))

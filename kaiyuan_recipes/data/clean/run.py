@@ -32,7 +32,7 @@ from kaiyuan_recipes.data.clean.inputs import (
     staging_dir_for,
 )
 from kaiyuan_recipes.data.clean.manifest import RunPlan, plan_to_json, read_manifest
-from kaiyuan_recipes.data.clean.units import DEFAULT_TASK_BYTES, plan_units
+from kaiyuan_recipes.data.clean.units import DEFAULT_TASK_BYTES, EXACT_DEDUP_MAX_TASKS, plan_units
 from kaiyuan_recipes.data.convert_worker import BAD_ROW_POLICIES
 
 
@@ -107,6 +107,9 @@ def clean_directory(opts: CleanOptions, log: Any = print) -> dict[str, Any]:
     files, schema = check_inputs(input_dir, opts.text_key, nulls_refused=opts.on_bad_row == "error")
     inputs = [{"path": f.relative, "bytes": f.bytes, "rows": f.rows, "sha256": f.sha256} for f in files]
     units = [u.to_dict() for u in plan_units(files, opts.task_bytes)]
+    if cfg.exact_dedup and len(units) > EXACT_DEDUP_MAX_TASKS:
+        raise CleanInputError(f"{input_dir}: --task-bytes {opts.task_bytes} cuts the input into {len(units):,} "
+                              f"tasks; exact dedup orders at most {EXACT_DEDUP_MAX_TASKS:,}: raise --task-bytes")
     staging = staging_dir_for(output_dir)
     if existing is not None:
         manifest = read_manifest(output_dir)

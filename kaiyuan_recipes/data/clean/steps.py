@@ -14,6 +14,7 @@ from typing import Any
 
 from datatrove.data import Document
 from datatrove.pipeline.base import PipelineStep
+from datatrove.pipeline.dedup import ExactDedupSignature
 from datatrove.pipeline.filters.base_filter import BaseFilter
 from datatrove.pipeline.filters.language_filter import LanguageFilter
 from datatrove.pipeline.readers import ParquetReader
@@ -23,6 +24,7 @@ from datatrove.utils.batching import batched
 from datatrove.utils.lid import FT176LID
 
 from kaiyuan_recipes.data.clean.stat_keys import EXACT_HASH, TOO_LONG_TO_COUNT
+from kaiyuan_recipes.data.clean.units import EXACT_DEDUP_MAX_TASKS
 
 SOURCE = "_kaiyuan_source"   # the input file (relative path) a document came from
 TOKENS = "_kaiyuan_tokens"   # token_count carried through the intermediate files between stages
@@ -274,6 +276,21 @@ def _exact_hash(config: Any) -> Any:
 
     fc = create_hash_func(config.hash_config, inspect.signature(config.content_getter).return_annotation)
     return lambda doc: int(fc(config.content_getter(doc)))
+
+
+class InputOrderExactSignature(ExactDedupSignature):
+    """datatrove's exact-dedup signatures, each document given the priority EXACT_DEDUP_MAX_TASKS - its task's rank
+    (ExactDedupConfig.document_priority, datatrove's hook for which copy stays). Of identical documents datatrove
+    keeps the one first in (highest priority, lowest index in its task) and never compares tasks: with every priority
+    equal, a copy near the start of a later task beat an earlier copy further into its own, so the copy kept changed
+    with --task-bytes. The tasks are the work units in input order (units.plan_units), so the earliest is kept."""
+
+    def run(self, data, rank: int = 0, world_size: int = 1):
+        from dataclasses import replace
+
+        priority = EXACT_DEDUP_MAX_TASKS - rank
+        self.config = replace(self.config, document_priority=lambda doc: priority)
+        return super().run(data, rank, world_size)
 
 
 class ExactDuplicateSampleWriter(SampleWriter):

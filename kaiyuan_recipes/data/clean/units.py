@@ -13,6 +13,9 @@ from kaiyuan_recipes.data.clean.inputs import CleanInputError, InputFile
 # Large enough that a task's start-up (datatrove's logging, a spaCy model) is small beside its reading, small enough
 # that a corpus file of a few gigabytes keeps a machine's cores busy.
 DEFAULT_TASK_BYTES = 256 * 1024 * 1024
+# Exact dedup keeps the earliest of identical documents by giving task r datatrove's document priority
+# EXACT_DEDUP_MAX_TASKS - r (steps.InputOrderExactSignature), and that priority is 16 bits, from 1.
+EXACT_DEDUP_MAX_TASKS = 65535
 
 
 @dataclass(frozen=True)
