@@ -375,7 +375,7 @@ def _derive(cfg: Any, run: RunSettings) -> None:
     if run.data_dirs is None and run.data == "curriculum":
         from kaiyuan_recipes.data.phase_module import adopt_schedule_over
 
-        adopt_schedule_over(cfg, int(run.phase))
+        adopt_schedule_over(cfg, int(run.phase), overridden)
     _param_gather_overlap_as_stated(cfg, overridden)
     _keep_for_average(cfg, run.average_last)
     if "model.seq_length" not in overridden:
