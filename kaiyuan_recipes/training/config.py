@@ -282,7 +282,9 @@ def _sample_window(cfg: Any, stated: StatedValues) -> None:
         return
     # What Bridge would ask for a run of SAMPLE_WINDOW_STEPS steps (data/loaders.py get_train_valid_test_num_samples)
     batch = stated.count("train.global_batch_size")
-    eval_interval, eval_iters = stated.count("validation.eval_interval", 0), stated.count("validation.eval_iters", 0)
+    # eval_interval None is Bridge's default: no periodic evaluation (one at the end), as 0
+    eval_interval = 0 if stated("validation.eval_interval") is None else stated.count("validation.eval_interval", 0)
+    eval_iters = stated.count("validation.eval_iters", 0)
     evaluations = SAMPLE_WINDOW_STEPS // eval_interval + 1 if eval_interval else 1
     cfg.dataset = SampleWindowDatasetConfig.from_config(
         cfg.dataset, train_window_samples=SAMPLE_WINDOW_STEPS * batch,
