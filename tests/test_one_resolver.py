@@ -57,3 +57,14 @@ def test_the_sample_window_of_a_recipe_without_periodic_evaluation(tmp_path, mon
     cfg, _ = build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=sample"])
     assert cfg.validation.eval_interval is None
     assert cfg.dataset.eval_window_samples == 1 * cfg.validation.eval_iters * cfg.train.global_batch_size
+
+
+def test_a_stated_value_given_as_an_interpolation_is_read_as_bridge_applies_it(tmp_path):
+    """`validation.eval_global_batch_size=${train.global_batch_size}` (Hydra syntax): Bridge resolves it when the
+    overrides are applied; the data source, which runs before, reads the same number (its raw text made the window
+    a string of digits)."""
+    cfg, _ = build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=sample",
+                                        "train.global_batch_size=8",
+                                        "validation.eval_global_batch_size=${train.global_batch_size}"])
+    assert cfg.validation.eval_global_batch_size == 8
+    assert cfg.dataset.eval_window_samples == (SAMPLE_WINDOW_STEPS // cfg.validation.eval_interval + 1) * 4 * 8

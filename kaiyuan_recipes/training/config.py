@@ -302,6 +302,9 @@ class StatedValues:
 
     def __call__(self, dotted: str) -> Any:
         value = self.request.value(dotted)
+        if isinstance(value, str) and "${" in value:  # an interpolation: the number Bridge will resolve it to
+            value = ov.value_once_applied(self.cfg, [o for o in self.request.overrides if not ov.is_tree_override(o)],
+                                          dotted)
         return ov.get_field(self.cfg, dotted) if value is None else value
 
     def count(self, dotted: str, least: int = 1) -> int:
