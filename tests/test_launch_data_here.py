@@ -57,3 +57,24 @@ def test_a_converted_directory_that_is_not_there_is_refused(tmp_path):
                   cwd=tmp_path)
     assert out.returncode != 0 and "is not a directory" in out.stderr, out.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_a_blend_given_through_an_interpolation_is_left_to_the_ranks(tmp_path, monkeypatch):
+    """`dataset.blend=[[${oc.env:DATA}/name],null]` (Hydra syntax; Bridge resolves it when it applies the overrides)
+    names data that is here: the launch is not refused for the text `${oc.env:DATA}/name`, quoted or not."""
+    from kaiyuan_recipes.cli.train import checked_launch
+    from kaiyuan_recipes.data.sample_corpus import prepare_sample_corpus
+    from kaiyuan_recipes.data.tokenizer import default_tokenizer_dir
+    from kaiyuan_recipes.training.config import build_config
+
+    prefix = prepare_sample_corpus(str(default_tokenizer_dir()))[0][0]
+    folder, name = os.path.split(prefix)
+    monkeypatch.setenv("KAIYUAN_TEST_DATA", folder)
+    common = ["kaiyuan.data=blend", f"kaiyuan.run_root={tmp_path}"]
+    for blend in (f"[[${{oc.env:KAIYUAN_TEST_DATA}}/{name}],null]", f"[['${{oc.env:KAIYUAN_TEST_DATA}}/{name}'],null]"):
+        checked_launch("gpt_smoke", [*common, f"dataset.blend={blend}"], 1)
+    cfg, _ = build_config("gpt_smoke", [*common, f"dataset.blend={blend}"])
+    assert cfg.dataset.blend[0] == [prefix]  # what the ranks read
+    monkeypatch.setenv("KAIYUAN_TEST_DATA", str(tmp_path / "elsewhere"))  # resolved here, so still checked
+    with pytest.raises(PreflightError, match=f"dataset.blend: {tmp_path / 'elsewhere'}/{name}: no such directory"):
+        checked_launch("gpt_smoke", [*common, f"dataset.blend={blend}"], 1)

@@ -38,3 +38,33 @@ def test_an_override_of_a_field_the_data_source_sets_wins(tmp_path):
     cfg, _ = build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=mock",
                                         "dataset.blend=[[/data/x/a_text_document],null]"])
     assert cfg.dataset.blend == [["/data/x/a_text_document"], None]
+
+
+def test_the_sample_window_of_a_recipe_without_periodic_evaluation(tmp_path, monkeypatch):
+    """A recipe stating `validation.eval_interval: null` (Bridge's own default: no periodic evaluation) trains on the
+    sample corpus: Bridge then asks for one evaluation's samples (data/loaders.py get_train_valid_test_num_samples),
+    and that is the window."""
+    import shutil
+
+    from kaiyuan_recipes.config import recipe_tree
+
+    root = tmp_path / "recipes"
+    shutil.copytree(recipe_tree.recipes_root(), root, ignore=shutil.ignore_patterns("__pycache__"))
+    hparams = root / "gpt_smoke" / "hparams.yaml"
+    hparams.write_text(hparams.read_text().replace("eval_interval: 100", "eval_interval: null"))
+    monkeypatch.setattr(recipe_tree, "recipes_root", lambda: root)
+    monkeypatch.setenv("KAIYUAN_NO_KEY_CACHE", "1")  # the copied recipe is another fingerprint's; no recorded keys
+    cfg, _ = build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=sample"])
+    assert cfg.validation.eval_interval is None
+    assert cfg.dataset.eval_window_samples == 1 * cfg.validation.eval_iters * cfg.train.global_batch_size
+
+
+def test_a_stated_value_given_as_an_interpolation_is_read_as_bridge_applies_it(tmp_path):
+    """`validation.eval_global_batch_size=${train.global_batch_size}` (Hydra syntax): Bridge resolves it when the
+    overrides are applied; the data source, which runs before, reads the same number (its raw text made the window
+    a string of digits)."""
+    cfg, _ = build_config("gpt_smoke", [f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=sample",
+                                        "train.global_batch_size=8",
+                                        "validation.eval_global_batch_size=${train.global_batch_size}"])
+    assert cfg.validation.eval_global_batch_size == 8
+    assert cfg.dataset.eval_window_samples == (SAMPLE_WINDOW_STEPS // cfg.validation.eval_interval + 1) * 4 * 8

@@ -87,6 +87,23 @@ def test_a_phase_resuming_a_run_trained_on_another_schedule_adopts_the_curriculu
     assert not cfg.scheduler.override_opt_param_scheduler
 
 
+def test_a_phase_leaves_an_explicit_override_opt_param_scheduler_false_to_the_user(curriculum, tmp_path):
+    """The adoption is decided after the user's overrides: a `scheduler.override_opt_param_scheduler=false` given on
+    the command line is not turned back on behind the user's back; a checkpoint on another schedule is refused at
+    once, naming the override, instead of by Megatron after the model is built."""
+    common = [f"kaiyuan.run_root={tmp_path}", "kaiyuan.run_name=r", f"kaiyuan.tokenizer={default_tokenizer_dir()}"]
+    plain, run = build_config("gpt_smoke", common)
+    iteration = run.layout.checkpoints / "iter_0000200"
+    iteration.mkdir(parents=True)
+    resolve_with_upstream(plain, world_size=1).to_yaml(str(iteration / "run_config.yaml"))
+    (run.layout.checkpoints / "latest_checkpointed_iteration.txt").write_text("200")
+    phase = common + ["kaiyuan.data=curriculum", f"kaiyuan.curriculum={curriculum}", "kaiyuan.phase=2"]
+    with pytest.raises(ValueError, match=r"scheduler.override_opt_param_scheduler=false"):
+        build_config("gpt_smoke", phase + ["scheduler.override_opt_param_scheduler=false"])
+    cfg, _ = build_config("gpt_smoke", phase + ["scheduler.override_opt_param_scheduler=true"])
+    assert cfg.scheduler.override_opt_param_scheduler is True
+
+
 def test_a_phase_counts_its_iterations_with_the_overridden_batch(curriculum, tmp_path):
     """train.global_batch_size on the command line is what the phase's token budget is divided by."""
     common = [f"kaiyuan.run_root={tmp_path}", "kaiyuan.data=curriculum", f"kaiyuan.curriculum={curriculum}",

@@ -158,6 +158,27 @@ def apply_to_container(cfg: Any, overrides: list[str]) -> dict[str, Any]:
     return {key: get_field(cfg, key) for key in before}
 
 
+def value_once_applied(cfg: Any, overrides: list[str], dotted: str) -> Any:
+    """What field `dotted` will hold once apply_to_container applies `overrides` to `cfg` (Bridge's Hydra parse, then
+    OmegaConf's resolution of `${…}`), `cfg` left as it is: for a value a step before the overrides must read and
+    the command line gives as an interpolation. Overrides of keys `cfg` does not have yet are left out."""
+    from megatron.bridge.training.utils.omegaconf_utils import (
+        OverridesError,
+        create_omegaconf_dict_config,
+        parse_hydra_overrides,
+    )
+    from omegaconf.errors import OmegaConfBaseException
+
+    conf, _ = create_omegaconf_dict_config(cfg)
+    known = set(dataclass_keys(cfg))
+    applicable = [o for o in (_to_field(cfg, o) for o in overrides) if split_key(o)[0] in known]
+    field, _ = split_key(_to_field(cfg, f"{dotted}=_"))  # the name the container has (dataset.seq_length)
+    try:
+        return OmegaConf.select(parse_hydra_overrides(conf, applicable), field)
+    except (OverridesError, OmegaConfBaseException) as err:
+        raise OverrideError(f"override {dotted}: {str(err).splitlines()[0]}") from err
+
+
 # torch.dtype fields (e.g. ddp.megatron_fsdp_grad_comm_dtype) arrive from the command line as text; upstream's
 # override machinery leaves them as str, which fails deep inside the run.
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "half": "float16",

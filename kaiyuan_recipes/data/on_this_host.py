@@ -33,9 +33,22 @@ def refuse_data_missing_here(knobs: Knobs, blend: Any, blend_per_split: Any) -> 
 
 
 def _prefixes(value: Any) -> list[str]:
-    """The path prefixes in a blend value as given ([[prefix, …], weights], per split a list of those): its strings."""
-    if isinstance(value, str):
-        return [value]
+    """The path prefixes in a blend value as given ([[prefix, …], weights], per split a list of those) that can be
+    decided here. Left to the ranks' check: text that is no list (an override the plain parse could not read, as
+    Hydra's `[[${oc.env:DATA}/x],null]`) and an interpolation OmegaConf cannot resolve alone (Bridge resolves it
+    against the whole config when it applies the overrides)."""
     if isinstance(value, (list, tuple)):
-        return [p for item in value for p in _prefixes(item)]
+        return [p for item in value for p in (_resolved(item) if isinstance(item, str) else _prefixes(item)) if p]
     return []
+
+
+def _resolved(prefix: str) -> list[str]:
+    if "${" not in prefix:
+        return [prefix]
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return [str(OmegaConf.create({"prefix": prefix}).prefix)]  # ${oc.env:…}, as Bridge's resolution reads it
+    except OmegaConfBaseException:
+        return []

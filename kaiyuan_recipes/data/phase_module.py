@@ -99,25 +99,29 @@ class PhaseBlendDataModule:
 SCHEDULE_FIELDS = ("lr_decay_style", "max_steps", "lr_decay_iters", "lr_wsd_decay_iters")
 
 
-def adopt_schedule_over(cfg: Any, phase: int) -> None:
+def adopt_schedule_over(cfg: Any, phase: int, overridden: set[str] | frozenset[str] = frozenset()) -> None:
     """A phase may resume a run that was not trained on this curriculum (a plain `kaiyuan train`): its checkpoint's
     scheduler has other totals, which Megatron refuses to resume. The run's schedule (the curriculum's, or an
-    override's) takes over from the resumed step (override_opt_param_scheduler), and says so."""
+    override's) takes over from the resumed step (override_opt_param_scheduler), and says so. `overridden`: the
+    fields the user's overrides set; a scheduler flag named there is the user's, never turned over here."""
     import sys
 
     recorded = _recorded_scheduler(cfg.checkpoint.load)
     final = {k: getattr(cfg.scheduler, k) for k in SCHEDULE_FIELDS}
     differs = {k: (recorded[k], v) for k, v in final.items() if k in recorded and recorded[k] != v}
-    if differs and getattr(cfg.scheduler, "use_checkpoint_opt_param_scheduler", False):
-        raise ValueError(f"phase {phase}: the checkpoint's schedule differs from the curriculum's "
-                         f"({sorted(differs)}) and scheduler.use_checkpoint_opt_param_scheduler=true asks to keep "
-                         "it; drop that override to let the curriculum's schedule take over")
-    if differs:
-        cfg.scheduler.override_opt_param_scheduler = True
-        shown = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in differs.items())
-        print(f"kaiyuan: phase {phase} resumes a checkpoint trained on another schedule ({shown}): the "
-              "curriculum's schedule takes over from the resumed iteration (its learning rate there)",
-              file=sys.stderr)
+    if not differs:
+        return
+    keep_checkpoint = getattr(cfg.scheduler, "use_checkpoint_opt_param_scheduler", False)
+    if keep_checkpoint or ("scheduler.override_opt_param_scheduler" in overridden
+                           and not cfg.scheduler.override_opt_param_scheduler):
+        asks = ("scheduler.use_checkpoint_opt_param_scheduler=true asks to keep it" if keep_checkpoint else
+                "scheduler.override_opt_param_scheduler=false asks Megatron to refuse it")
+        raise ValueError(f"phase {phase}: the checkpoint's schedule differs from the run's ({sorted(differs)}) and "
+                         f"{asks}; drop that override to let the curriculum's schedule take over")
+    cfg.scheduler.override_opt_param_scheduler = True
+    shown = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in differs.items())
+    print(f"kaiyuan: phase {phase} resumes a checkpoint trained on another schedule ({shown}): the run's schedule "
+          "takes over from the resumed iteration (its learning rate there)", file=sys.stderr)
 
 
 def _recorded_scheduler(checkpoint_dir: str | None) -> dict[str, Any]:

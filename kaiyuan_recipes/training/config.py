@@ -282,7 +282,9 @@ def _sample_window(cfg: Any, stated: StatedValues) -> None:
         return
     # What Bridge would ask for a run of SAMPLE_WINDOW_STEPS steps (data/loaders.py get_train_valid_test_num_samples)
     batch = stated.count("train.global_batch_size")
-    eval_interval, eval_iters = stated.count("validation.eval_interval", 0), stated.count("validation.eval_iters", 0)
+    # eval_interval None is Bridge's default: no periodic evaluation (one at the end), as 0
+    eval_interval = 0 if stated("validation.eval_interval") is None else stated.count("validation.eval_interval", 0)
+    eval_iters = stated.count("validation.eval_iters", 0)
     evaluations = SAMPLE_WINDOW_STEPS // eval_interval + 1 if eval_interval else 1
     cfg.dataset = SampleWindowDatasetConfig.from_config(
         cfg.dataset, train_window_samples=SAMPLE_WINDOW_STEPS * batch,
@@ -300,6 +302,9 @@ class StatedValues:
 
     def __call__(self, dotted: str) -> Any:
         value = self.request.value(dotted)
+        if isinstance(value, str) and "${" in value:  # an interpolation: the number Bridge will resolve it to
+            value = ov.value_once_applied(self.cfg, [o for o in self.request.overrides if not ov.is_tree_override(o)],
+                                          dotted)
         return ov.get_field(self.cfg, dotted) if value is None else value
 
     def count(self, dotted: str, least: int = 1) -> int:
@@ -375,7 +380,7 @@ def _derive(cfg: Any, run: RunSettings) -> None:
     if run.data_dirs is None and run.data == "curriculum":
         from kaiyuan_recipes.data.phase_module import adopt_schedule_over
 
-        adopt_schedule_over(cfg, int(run.phase))
+        adopt_schedule_over(cfg, int(run.phase), overridden)
     _param_gather_overlap_as_stated(cfg, overridden)
     _keep_for_average(cfg, run.average_last)
     if "model.seq_length" not in overridden:
