@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -96,28 +97,39 @@ def test_a_misspelt_container_key_is_refused_at_once_once_the_stack_has_recorded
 
     env = {"KAIYUAN_CACHE": str(tmp_path / "cache")}
     monkeypatch.setenv("KAIYUAN_CACHE", env["KAIYUAN_CACHE"])
-    assert recorded_keys("gpt_smoke") is None
+    assert recorded_keys("gpt_smoke", "mock") is None
     build_config("gpt_smoke", ["kaiyuan.data=mock"])
-    assert keys_file("gpt_smoke").is_file() and "train.global_batch_size" in recorded_keys("gpt_smoke")
-    result, output = answer(tmp_path, "train", "gpt_smoke", "optimizer.lrr=0.1", env=env)
+    assert keys_file("gpt_smoke", "mock").is_file() and "train.global_batch_size" in recorded_keys("gpt_smoke",
+                                                                                                    "mock").keys
+    result, output = answer(tmp_path, "train", "gpt_smoke", "kaiyuan.data=mock", "optimizer.lrr=0.1", env=env)
     assert result == {"code": 2, "heavy": []}, output[-2000:]
     assert "unknown override key 'optimizer.lrr'; closest valid key: optimizer.lr" in output
-    result, output = answer(tmp_path, "train", "gpt_smoke", "optimiser.lr=0.1", env=env)
+    result, output = answer(tmp_path, "train", "gpt_smoke", "kaiyuan.data=mock", "optimiser.lr=0.1", env=env)
     assert result == {"code": 2, "heavy": []} and "unknown override section" in output, output[-2000:]
 
 
-
-def test_the_recorded_keys_are_the_recipes_not_those_of_the_data_source_last_resolved(tmp_path, monkeypatch):
-    """The sample corpus swaps the dataset section for a class without `data_path`; a blend run after it may still
-    name `dataset.data_path` (the keys overrides apply to are recorded, before any data source)."""
+def test_a_dataset_key_the_data_sources_dataset_lacks_is_refused_naming_the_source(tmp_path, monkeypatch):
+    """The sample corpus's dataset section (SampleWindowDatasetConfig) has no `data_path`: with kaiyuan.data=sample
+    the override would be read by nothing. The process that trains says so, and once that source's keys are
+    recorded, so does the launching one, at once; with a blend the same key is the run's."""
     from kaiyuan_recipes.config.launch_request import check_launch_request, recorded_keys
+    from kaiyuan_recipes.config.overrides import OverrideError
     from kaiyuan_recipes.training.config import build_config
 
-    monkeypatch.setenv("KAIYUAN_CACHE", str(tmp_path / "cache"))
-    cfg, _ = build_config("gpt_smoke", ["kaiyuan.data=sample"])
-    assert not hasattr(cfg.dataset, "data_path")  # else this test shows nothing
-    assert "dataset.data_path" in recorded_keys("gpt_smoke")
+    env = {"KAIYUAN_CACHE": str(tmp_path / "cache")}
+    monkeypatch.setenv("KAIYUAN_CACHE", env["KAIYUAN_CACHE"])
+    expected = ("override dataset.data_path: not read with kaiyuan.data=sample (its dataset section is "
+                "SampleWindowDatasetConfig, which has no such field)")
+    with pytest.raises(OverrideError, match=re.escape(expected)):
+        build_config("gpt_smoke", ["kaiyuan.data=sample", "dataset.data_path=[1,/d/a]"])
+    assert "dataset.data_path" in recorded_keys("gpt_smoke", "sample").not_with_this_source
+    result, output = answer(tmp_path, "train", "gpt_smoke", "kaiyuan.data=sample", "dataset.data_path=[1,/d/a]",
+                            env=env)
+    assert result == {"code": 2, "heavy": []} and expected in output, output[-2000:]
+    build_config("gpt_smoke", ["kaiyuan.data=blend", "dataset.data_path=[1,/d/a]"])
+    assert "dataset.data_path" in recorded_keys("gpt_smoke", "blend").keys
     check_launch_request("gpt_smoke", ["kaiyuan.data=blend", "dataset.data_path=[1,/d/a]"])
+
 
 def test_a_slurm_launch_resolves_nothing_on_the_login_host(tmp_path):
     """The sbatch script comes without Megatron (the job's rank 0 resolves the plan); NeMo-Run, which writes the

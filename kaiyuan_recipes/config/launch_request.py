@@ -29,7 +29,7 @@ from kaiyuan_recipes.config.run_layout import RunLayout
 # The packages whose dataclasses give a ConfigContainer its keys: a key list recorded under other versions is
 # not used.
 STACK_PACKAGES = ("megatron-bridge", "megatron-core", "kaiyuan-recipes")
-KEYS_FORMAT = 2  # 2: the keys before the data source swaps the dataset class
+KEYS_FORMAT = 3  # 3: per data source, the keys the overrides apply to (after the source may swap the dataset class)
 
 
 @dataclass(frozen=True)
@@ -89,18 +89,20 @@ def check_launch_request(recipe: str, overrides: list[str]) -> LaunchRequest:
     assert isinstance(sections, dict)
     knobs = Knobs.from_mapping(sections.pop("kaiyuan", {}) or {})
     profile = sections.pop("profile", None) or {}
-    keys = recorded_keys(recipe)
-    if keys is not None:
+    recorded = recorded_keys(recipe, data_source_kind(knobs))
+    if recorded is not None:
         for override in container_overrides:
             key, _ = ov.split_key(override)
-            if override.startswith("+") or key in keys:
+            if override.startswith("+") or key in recorded.keys:
                 continue
-            if key.split(".", 1)[0] not in {k.split(".", 1)[0] for k in keys}:
-                raise ov.OverrideError(f"unknown override section in {key!r}{ov.closest_key(key, keys)}")
-            raise ov.OverrideError(f"unknown override key {key!r}{ov.closest_key(key, keys)}")
+            if key in recorded.not_with_this_source:
+                raise ov.OverrideError(not_with_this_source(key, knobs, recorded.dataset_class))
+            if key.split(".", 1)[0] not in {k.split(".", 1)[0] for k in recorded.keys}:
+                raise ov.OverrideError(f"unknown override section in {key!r}{ov.closest_key(key, recorded.keys)}")
+            raise ov.OverrideError(f"unknown override key {key!r}{ov.closest_key(key, recorded.keys)}")
     ov.refuse_bad_counts(container_overrides)
     run_dir = Path(knobs.run_root).expanduser().resolve() / (knobs.run_name or recipe)
-    return LaunchRequest(recipe, tuple(overrides), knobs, sections, profile, run_dir, keys is not None)
+    return LaunchRequest(recipe, tuple(overrides), knobs, sections, profile, run_dir, recorded is not None)
 
 
 def _stack_fingerprint(recipe: str) -> str:
@@ -117,38 +119,67 @@ def _stack_fingerprint(recipe: str) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-def keys_file(recipe: str) -> Path:
-    return cache_root() / "container_keys" / f"{recipe}-{_stack_fingerprint(recipe)}.json"
+def data_source_kind(knobs: Knobs) -> str:
+    """What decides the dataset section's class: the source named by kaiyuan.data, or `dirs` for converted ones."""
+    return "dirs" if knobs.data_dirs is not None else str(knobs.data)
 
 
-def recorded_keys(recipe: str) -> frozenset[str] | None:
-    """The container's dotted keys for `recipe` on this stack, as its last full resolution recorded them; None
-    before any (then the process that trains checks the keys). A damaged file counts as none."""
-    if os.environ.get("KAIYUAN_NO_KEY_CACHE") == "1":
+def not_with_this_source(key: str, knobs: Knobs, dataset_class: str) -> str:
+    return (f"override {key}: not read with kaiyuan.data={data_source_kind(knobs)} (its dataset section is "
+            f"{dataset_class}, which has no such field); it applies with other data sources")
+
+
+@dataclass(frozen=True)
+class RecordedKeys:
+    keys: frozenset[str]  # what the overrides of a run on this source apply to
+    not_with_this_source: frozenset[str]  # the recipe's keys that this source's dataset class lacks
+    dataset_class: str
+
+
+def keys_file(recipe: str, source: str) -> Path:
+    return cache_root() / "container_keys" / f"{recipe}-{source}-{_stack_fingerprint(recipe)}.json"
+
+
+def recorded_keys(recipe: str, source: str) -> RecordedKeys | None:
+    """The container's dotted keys for `recipe` on data source `source` (data_source_kind) and this stack, as its
+    last full resolution recorded them; None before any (then the process that trains checks the keys). A damaged
+    file counts as none."""
+    if os.environ.get("KAIYUAN_NO_KEY_CACHE") == "1" or "/" in source:
         return None
     try:
-        record = json.loads(keys_file(recipe).read_text(encoding="utf-8"))
+        record = json.loads(keys_file(recipe, source).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(record, dict) or record.get("format") != KEYS_FORMAT or not isinstance(record.get("keys"), list):
+    if not isinstance(record, dict) or record.get("format") != KEYS_FORMAT or not all(
+            isinstance(record.get(k), list) for k in ("keys", "not_with_this_source")):
         return None
-    return frozenset(str(k) for k in record["keys"])
+    return RecordedKeys(frozenset(map(str, record["keys"])), frozenset(map(str, record["not_with_this_source"])),
+                        str(record.get("dataset_class", "")))
 
 
-def record_keys(recipe: str, cfg: Any) -> None:
-    """Called by every full resolution: the container's keys, for the next launch's early check. Best effort (a
-    read-only cache only loses the early check)."""
+def container_keys(cfg: Any) -> set[str]:
     keys = set(ov.dataclass_keys(cfg))
     if "dataset.sequence_length" in keys:  # what recipes and users write (overrides.py _to_field)
         keys.add("dataset.seq_length")
-    path = keys_file(recipe)
+    return keys
+
+
+def record_keys(recipe: str, source: str, recipe_keys: set[str], cfg: Any) -> None:
+    """Called by every full resolution, once the data source is applied: the keys the overrides apply to on this
+    source, for the next launch's early check. Best effort (a read-only cache only loses the early check)."""
+    keys = container_keys(cfg)
+    path = keys_file(recipe, source)
     try:
         if path.is_file():
             return
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, json.dumps({"format": KEYS_FORMAT, "recipe": recipe, "keys": sorted(keys)}) + "\n")
+        write_text_atomic(path, json.dumps({
+            "format": KEYS_FORMAT, "recipe": recipe, "source": source, "keys": sorted(keys),
+            "not_with_this_source": sorted(recipe_keys - keys),
+            "dataset_class": type(cfg.dataset).__name__}) + "\n")
     except OSError:
         pass
 
 
-__all__ = ["LaunchRequest", "check_launch_request", "keys_file", "record_keys", "recorded_keys"]
+__all__ = ["LaunchRequest", "check_launch_request", "container_keys", "data_source_kind", "keys_file",
+           "not_with_this_source", "record_keys", "recorded_keys"]

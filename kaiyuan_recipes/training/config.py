@@ -17,7 +17,14 @@ from typing import Any
 from kaiyuan_recipes import compat, fastpath
 from kaiyuan_recipes.config import overrides as ov
 from kaiyuan_recipes.config.knobs import Knobs
-from kaiyuan_recipes.config.launch_request import LaunchRequest, check_launch_request, record_keys
+from kaiyuan_recipes.config.launch_request import (
+    LaunchRequest,
+    check_launch_request,
+    container_keys,
+    data_source_kind,
+    not_with_this_source,
+    record_keys,
+)
 from kaiyuan_recipes.config.run_layout import RunLayout
 from kaiyuan_recipes.fastpath.apex_standins import torch_wgrad_accumulation
 from kaiyuan_recipes.fastpath.decisions import FastPathPlan
@@ -327,10 +334,17 @@ def build_config(recipe: str, overrides: list[str] | None = None) -> tuple[Any, 
     fastpath.prepare_megatron_bridge()
     run = resolve_run_settings(recipe, request.knobs.knob_values())
     cfg = _recipe_container(request, run)
-    # the keys overrides apply to: a data source may swap the dataset section's class for one with other fields
-    record_keys(recipe, cfg)
+    recipe_keys = container_keys(cfg)
     _apply_data_source(cfg, run, StatedValues(request, cfg))
-    run.container_overrides = ov.apply_to_container(cfg, [o for o in overrides if not ov.is_tree_override(o)])
+    # the keys overrides apply to: a data source may swap the dataset section's class for one with other fields
+    source = data_source_kind(request.knobs)
+    record_keys(recipe, source, recipe_keys, cfg)
+    container_overrides = [o for o in overrides if not ov.is_tree_override(o)]
+    lacking = recipe_keys - container_keys(cfg)
+    for key in (ov.split_key(o)[0] for o in container_overrides):
+        if key in lacking:
+            raise ov.OverrideError(not_with_this_source(key, request.knobs, type(cfg.dataset).__name__))
+    run.container_overrides = ov.apply_to_container(cfg, container_overrides)
     _derive(cfg, run)
     return cfg, run
 
