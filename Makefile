@@ -106,7 +106,8 @@ test-services:
 FW2606_TESTS := tests/test_providers.py tests/test_model_shape.py tests/test_recipes.py tests/test_knobs.py \
 	tests/test_compat.py tests/test_compat_adam_step.py tests/test_ckpt.py tests/test_keep_last_k.py \
 	tests/test_export_hf.py tests/test_export_knobs.py tests/test_doctor.py tests/test_blend.py \
-	tests/test_ordered_phase.py tests/test_phase_training.py tests/test_serve_batching.py tests/test_serve_attention.py
+	tests/test_ordered_phase.py tests/test_phase_training.py tests/test_one_resolver.py tests/test_serve_batching.py \
+	tests/test_serve_attention.py
 
 # pytest exits 5 when it collected no test: that is a failure here, not a pass.
 # Test files in parallel, a file's tests in one worker (its module fixtures built once): TEST_WORKERS=1 runs them
