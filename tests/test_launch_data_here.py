@@ -24,6 +24,7 @@ def test_a_start_on_a_plan_whose_sources_are_not_converted_is_refused_before_the
     out = kaiyuan("start", "laoyao_moe_2b", "ly", f"kaiyuan.run_root={tmp_path / 'runs'}", cwd=tmp_path)
     assert out.returncode != 0
     assert "manifest.json not found (run `kaiyuan data convert` first)" in out.stderr, out.stderr
+    assert "kaiyuan.plan=laoyao_moe_2b (" in out.stderr and f"relative dirs from {tmp_path}" in out.stderr
     assert "started" not in out.stdout
     assert not (tmp_path / "runs").exists()  # nothing claimed
 

@@ -16,20 +16,36 @@ def refuse_data_missing_here(knobs: Knobs, blend: Any, blend_per_split: Any) -> 
     """The converted directories, the plan's or the curriculum phase's sources (their manifests), or the dataset
     blend's prefixes (`.bin`/`.idx`) that are not on this host: the first one missing, named, with the closest
     existing one where there is one."""
-    from kaiyuan_recipes.data.blend import load_curriculum, load_plan, phase_blend, plan_path
+    from kaiyuan_recipes.data.blend import BlendError, load_curriculum, load_plan, phase_blend, plan_path
     from kaiyuan_recipes.data.converted import resolve_data_dirs
     from kaiyuan_recipes.data.phase_module import curriculum_path
 
     if knobs.data_dirs is not None:
         resolve_data_dirs(knobs.data_dirs, knobs.data_weights)
     elif knobs.data == "plan" and knobs.plan:
-        load_plan(plan_path(knobs.plan))
+        path = plan_path(knobs.plan)
+        try:
+            load_plan(path)
+        except BlendError as err:  # which file named the missing source, and where relative paths start
+            raise _named(err, f"kaiyuan.plan={knobs.plan}", path) from None
     elif knobs.data == "curriculum" and knobs.curriculum and knobs.phase:
-        phase_blend(load_curriculum(curriculum_path(knobs.curriculum)), int(knobs.phase))
+        path = curriculum_path(knobs.curriculum)
+        try:
+            phase_blend(load_curriculum(path), int(knobs.phase))
+        except BlendError as err:
+            raise _named(err, f"kaiyuan.curriculum={knobs.curriculum}", path) from None
     elif knobs.data == "blend":
         for prefix in _prefixes(blend) + _prefixes(blend_per_split):
             if not (Path(f"{prefix}.idx").is_file() and Path(f"{prefix}.bin").is_file()):
                 raise PreflightError(f"dataset.blend: {missing_prefix(prefix)}")
+
+
+def _named(err: Exception, knob: str, path: Path) -> Exception:
+    """`err` (a source the file names is missing) with the file and where its relative directories start."""
+    text = str(err)
+    if text.startswith(str(path)):
+        return err
+    return type(err)(f"{knob} ({path}; relative dirs from {Path.cwd()}): {text}")
 
 
 def _prefixes(value: Any) -> list[str]:
