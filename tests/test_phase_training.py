@@ -64,10 +64,9 @@ def test_phase_flag_and_errors(curriculum):
         module.blend_fields()
 
 
-def test_a_phase_resuming_a_run_trained_on_another_schedule_adopts_the_curriculums(curriculum, tmp_path, capsys):
-    """`kaiyuan train gpt_smoke` (its own 200-step schedule) then `--phase 2`: Megatron refuses a scheduler
-    whose totals changed, so the phase launch overrides it with the curriculum's, and says so. A checkpoint of
-    the same curriculum resumes as is."""
+def _plain_run_checkpointed_at_200(tmp_path):
+    """A `kaiyuan train gpt_smoke` run (its own 200-step schedule) with a checkpoint record at iteration 200: its
+    common overrides and the iteration folder."""
     common = [f"kaiyuan.run_root={tmp_path}", "kaiyuan.run_name=r", f"kaiyuan.tokenizer={default_tokenizer_dir()}"]
     plain, run = build_config("gpt_smoke", common)
     iteration = run.layout.checkpoints / "iter_0000200"
@@ -76,6 +75,14 @@ def test_a_phase_resuming_a_run_trained_on_another_schedule_adopts_the_curriculu
     # 0.5.0 the record has no max_steps (not a field there); its resolved wd_incr_steps says what sized the schedule.
     resolve_with_upstream(plain, world_size=1).to_yaml(str(iteration / "run_config.yaml"))
     (run.layout.checkpoints / "latest_checkpointed_iteration.txt").write_text("200")
+    return common, iteration
+
+
+def test_a_phase_resuming_a_run_trained_on_another_schedule_adopts_the_curriculums(curriculum, tmp_path, capsys):
+    """`kaiyuan train gpt_smoke` (its own 200-step schedule) then `--phase 2`: Megatron refuses a scheduler
+    whose totals changed, so the phase launch overrides it with the curriculum's, and says so. A checkpoint of
+    the same curriculum resumes as is."""
+    common, iteration = _plain_run_checkpointed_at_200(tmp_path)
     phase = common + ["kaiyuan.data=curriculum", f"kaiyuan.curriculum={curriculum}"]
     cfg, _ = build_config("gpt_smoke", phase + ["kaiyuan.phase=2"])
     assert cfg.scheduler.override_opt_param_scheduler is True
@@ -91,12 +98,7 @@ def test_a_phase_leaves_an_explicit_override_opt_param_scheduler_false_to_the_us
     """The adoption is decided after the user's overrides: a `scheduler.override_opt_param_scheduler=false` given on
     the command line is not turned back on behind the user's back; a checkpoint on another schedule is refused at
     once, naming the override, instead of by Megatron after the model is built."""
-    common = [f"kaiyuan.run_root={tmp_path}", "kaiyuan.run_name=r", f"kaiyuan.tokenizer={default_tokenizer_dir()}"]
-    plain, run = build_config("gpt_smoke", common)
-    iteration = run.layout.checkpoints / "iter_0000200"
-    iteration.mkdir(parents=True)
-    resolve_with_upstream(plain, world_size=1).to_yaml(str(iteration / "run_config.yaml"))
-    (run.layout.checkpoints / "latest_checkpointed_iteration.txt").write_text("200")
+    common, _ = _plain_run_checkpointed_at_200(tmp_path)
     phase = common + ["kaiyuan.data=curriculum", f"kaiyuan.curriculum={curriculum}", "kaiyuan.phase=2"]
     with pytest.raises(ValueError, match=r"scheduler.override_opt_param_scheduler=false"):
         build_config("gpt_smoke", phase + ["scheduler.override_opt_param_scheduler=false"])
