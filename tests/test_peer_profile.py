@@ -425,6 +425,9 @@ def test_peer_rows_profile_after_the_stream_ours_reads(tmp_path, monkeypatch):
         return 0, "ok"
 
     monkeypatch.setattr(train_throughput, "run_bounded", fake_run)
+    made_here = train_throughput.tempfile.mkdtemp  # the token stream's folders, in the test's own
+    monkeypatch.setattr(train_throughput.tempfile, "mkdtemp",
+                        lambda prefix=None: made_here(prefix=prefix, dir=tmp_path))
     args = argparse.Namespace(seq=8, steps=15, profile=True, impl_timeout=240.0, peer_pythonpath=None,
                               out=tmp_path / "pt.json")
     streams: dict = {}
