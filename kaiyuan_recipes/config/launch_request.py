@@ -91,15 +91,8 @@ def check_launch_request(recipe: str, overrides: list[str]) -> LaunchRequest:
     profile = sections.pop("profile", None) or {}
     recorded = recorded_keys(recipe, data_source_kind(knobs))
     if recorded is not None:
-        for override in container_overrides:
-            key, _ = ov.split_key(override)
-            if override.startswith("+") or key in recorded.keys:
-                continue
-            if key in recorded.not_with_this_source:
-                raise ov.OverrideError(not_with_this_source(key, knobs, recorded.dataset_class))
-            if key.split(".", 1)[0] not in {k.split(".", 1)[0] for k in recorded.keys}:
-                raise ov.OverrideError(f"unknown override section in {key!r}{ov.closest_key(key, recorded.keys)}")
-            raise ov.OverrideError(f"unknown override key {key!r}{ov.closest_key(key, recorded.keys)}")
+        ov.refuse_unknown_keys(container_overrides, recorded.keys, recorded.not_with_this_source,
+                               lambda key: not_with_this_source(key, knobs, recorded.dataset_class))
     ov.refuse_bad_counts(container_overrides)
     run_dir = Path(knobs.run_root).expanduser().resolve() / (knobs.run_name or recipe)
     return LaunchRequest(recipe, tuple(overrides), knobs, sections, profile, run_dir, recorded is not None)
@@ -164,10 +157,10 @@ def container_keys(cfg: Any) -> set[str]:
     return keys
 
 
-def record_keys(recipe: str, source: str, recipe_keys: set[str], cfg: Any) -> None:
+def record_keys(recipe: str, source: str, keys: set[str], recipe_keys: set[str], dataset_class: str) -> None:
     """Called by every full resolution, once the data source is applied: the keys the overrides apply to on this
-    source, for the next launch's early check. Best effort (a read-only cache only loses the early check)."""
-    keys = container_keys(cfg)
+    source (and the recipe's that its dataset class lacks), for the next launch's early check. Best effort (a
+    read-only cache only loses the early check)."""
     path = keys_file(recipe, source)
     try:
         if path.is_file():
@@ -176,7 +169,7 @@ def record_keys(recipe: str, source: str, recipe_keys: set[str], cfg: Any) -> No
         write_text_atomic(path, json.dumps({
             "format": KEYS_FORMAT, "recipe": recipe, "source": source, "keys": sorted(keys),
             "not_with_this_source": sorted(recipe_keys - keys),
-            "dataset_class": type(cfg.dataset).__name__}) + "\n")
+            "dataset_class": dataset_class}) + "\n")
     except OSError:
         pass
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import Any, Iterable
+from typing import Any, Callable, Collection, Iterable
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -33,7 +33,7 @@ def split_key(override: str) -> tuple[str, str]:
 
 
 def closest_key(key: str, candidates: Iterable[str]) -> str:
-    match = difflib.get_close_matches(key, list(candidates), n=1, cutoff=0.5)
+    match = difflib.get_close_matches(key, sorted(candidates), n=1, cutoff=0.5)
     return f"; closest valid key: {match[0]}" if match else ""
 
 
@@ -126,23 +126,31 @@ def refuse_bad_counts(overrides: list[str]) -> None:
                 raise OverrideError(f"override {problem}")
 
 
+def refuse_unknown_keys(overrides: list[str], keys: Collection[str], lacking: Collection[str] = (),
+                        why_lacking: Callable[[str], str] = str) -> None:
+    """Each override names one of `keys` (`+key=` adds one), else it is refused naming the closest; a key of
+    `lacking` (known elsewhere, not here) is refused with `why_lacking(key)`."""
+    sections = {k.split(".", 1)[0] for k in keys}
+    for override in overrides:
+        key, _ = split_key(override)
+        if override.startswith("+") or key in keys:
+            continue
+        if key in lacking:
+            raise OverrideError(why_lacking(key))
+        if key.split(".", 1)[0] not in sections:
+            raise OverrideError(f"unknown override section in {key!r}{closest_key(key, keys)}")
+        raise OverrideError(f"unknown override key {key!r}{closest_key(key, keys)}")
+
+
 def apply_to_container(cfg: Any, overrides: list[str]) -> dict[str, Any]:
-    """Apply overrides to a ConfigContainer through Megatron-Bridge's process_config_with_overrides; returns each
-    overridden field (dotted) with the value it now has, so a later step can keep the user's value."""
+    """Apply overrides to a ConfigContainer through Megatron-Bridge's process_config_with_overrides, their keys
+    (refuse_unknown_keys) and counts (refuse_bad_counts) checked by the caller; returns each overridden field
+    (dotted) with the value it now has (the run records what the user set)."""
     if not overrides:
         return {}
     from megatron.bridge.training.utils.omegaconf_utils import OverridesError, process_config_with_overrides
 
     overrides = [_to_field(cfg, o) for o in overrides]
-    valid = dataclass_keys(cfg)
-    for override in overrides:
-        key, _ = split_key(override)
-        section = key.split(".", 1)[0]
-        if key not in valid and not override.startswith("+"):
-            if section not in {k.split(".")[0] for k in valid}:
-                raise OverrideError(f"unknown override section in {key!r}{closest_key(key, valid)}")
-            raise OverrideError(f"unknown override key {key!r}{closest_key(key, valid)}")
-    refuse_bad_counts(overrides)
     before = {key: get_field(cfg, key) for key in (split_key(o)[0] for o in overrides)}
     try:
         process_config_with_overrides(cfg, cli_overrides=list(overrides))

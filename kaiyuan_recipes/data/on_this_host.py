@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from kaiyuan_recipes.config.knobs import Knobs
-from kaiyuan_recipes.data.preflight import PreflightError, missing_prefix
+from kaiyuan_recipes.data.preflight import PreflightError, missing_prefix, prefix_present
 
 
 def refuse_data_missing_here(knobs: Knobs, blend: Any, blend_per_split: Any) -> None:
@@ -36,7 +36,7 @@ def refuse_data_missing_here(knobs: Knobs, blend: Any, blend_per_split: Any) -> 
             raise _named(err, f"kaiyuan.curriculum={knobs.curriculum}", path) from None
     elif knobs.data == "blend":
         for prefix in _prefixes(blend) + _prefixes(blend_per_split):
-            if not (Path(f"{prefix}.idx").is_file() and Path(f"{prefix}.bin").is_file()):
+            if not prefix_present(prefix):
                 raise PreflightError(f"dataset.blend: {missing_prefix(prefix)}")
 
 

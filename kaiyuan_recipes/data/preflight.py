@@ -204,6 +204,11 @@ def closest_dir(path: Path) -> str:
     return f"; closest existing: {parent / match[0]}" if match else f" ({parent / missing} does not exist)"
 
 
+def prefix_present(prefix: str) -> bool:
+    """Both files megatron-core's IndexedDataset reads for `prefix` exist."""
+    return Path(f"{prefix}.idx").is_file() and Path(f"{prefix}.bin").is_file()
+
+
 def missing_prefix(prefix: str) -> str:
     path = Path(prefix)
     if path.parent.is_dir():
@@ -267,7 +272,7 @@ def check_data(spec: DataSpec, tokenizer: RunTokenizer | None = None, ranks_here
     if not uses:
         return check
     prefixes = sorted({p for u in uses for p in u.prefixes})
-    present = {p for p in prefixes if Path(f"{p}.idx").is_file() and Path(f"{p}.bin").is_file()}
+    present = {p for p in prefixes if prefix_present(p)}
     if not present and not ranks_here and not any(Path(p).parent.is_dir() for p in prefixes):
         check.not_visible = (f"the data ({len(prefixes)} prefix(es), e.g. {prefixes[0]}) is not on this host: not "
                              "checked here; the training node must see it")

@@ -337,13 +337,11 @@ def build_config(recipe: str, overrides: list[str] | None = None) -> tuple[Any, 
     recipe_keys = container_keys(cfg)
     _apply_data_source(cfg, run, StatedValues(request, cfg))
     # the keys overrides apply to: a data source may swap the dataset section's class for one with other fields
-    source = data_source_kind(request.knobs)
-    record_keys(recipe, source, recipe_keys, cfg)
+    keys, dataset_class = container_keys(cfg), type(cfg.dataset).__name__
+    record_keys(recipe, data_source_kind(request.knobs), keys, recipe_keys, dataset_class)
     container_overrides = [o for o in overrides if not ov.is_tree_override(o)]
-    lacking = recipe_keys - container_keys(cfg)
-    for key in (ov.split_key(o)[0] for o in container_overrides):
-        if key in lacking:
-            raise ov.OverrideError(not_with_this_source(key, request.knobs, type(cfg.dataset).__name__))
+    ov.refuse_unknown_keys(container_overrides, keys, recipe_keys - keys,
+                           lambda key: not_with_this_source(key, request.knobs, dataset_class))
     run.container_overrides = ov.apply_to_container(cfg, container_overrides)
     _derive(cfg, run)
     return cfg, run
@@ -388,10 +386,9 @@ def _derive(cfg: Any, run: RunSettings) -> None:
     """What follows from the final values (the recipe, the data source and the overrides applied): each field here
     is left as the user set it where an override names it."""
     overridden = set(run.container_overrides)
-    if run.data_dirs is None and run.data == "blend" and not (
-            cfg.dataset.blend or cfg.dataset.blend_per_split or cfg.dataset.data_path):
+    if run.data == "blend" and not (cfg.dataset.blend or cfg.dataset.blend_per_split or cfg.dataset.data_path):
         raise ValueError("kaiyuan.data=blend needs dataset.blend, dataset.blend_per_split or dataset.data_path")
-    if run.data_dirs is None and run.data == "curriculum":
+    if run.data == "curriculum":
         from kaiyuan_recipes.data.phase_module import adopt_schedule_over
 
         adopt_schedule_over(cfg, int(run.phase), overridden)
